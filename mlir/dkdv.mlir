@@ -1,0 +1,347 @@
+// dk/dv pass (block-major, no atomics), over the pieces made by @invert_block_indices.
+// A piece is up to ROWS_PER_PIECE query rows that selected one kv block. For each piece, with the block's
+// K/V tile and the piece's gathered q, do, lse and delta rows:
+//   s = q k^T, p = w * exp(scale * s - lse) on visible keys (w: how often the row lists the block),
+//   dv_piece = p^T do;  dp = do v^T, ds = p * (dp - delta), dk_piece = scale * ds^T q.
+// dv and dk are two dispatch regions (IREE 3.13 accepts one root contraction per region); each recomputes s.
+// The pieces of a block are then summed in piece order, so dk/dv are bitwise reproducible.
+func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
+    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+    %scale: f32) -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c0_i32 = arith.constant 0 : i32
+  %zero = arith.constant 0.0 : f32
+  %block_size = arith.constant ${BS} : index
+  %kv_heads = arith.constant ${G} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
+  %num_blocks = arith.ceildivui %n, %block_size : index
+  %offset = arith.subi %n, %m_rows : index
+  %rows_total = arith.muli %batch, %m_rows : index
+  %row_groups = arith.muli %rows_total, %kv_heads : index
+
+  %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
+      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
+
+  // Row-group views: row c = (b * M + m) * G + g holds the HPG heads of group g of query row m.
+  %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
+      : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
+  %q_rows = tensor.collapse_shape %q_grouped [[0, 1, 2], [3], [4]]
+      : tensor<?x?x${G}x${HPG}x${D}x${E}> into tensor<?x${HPG}x${D}x${E}>
+  %do_grouped = tensor.expand_shape %do [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${DV}]
+      : tensor<?x?x${H}x${DV}x${E}> into tensor<?x?x${G}x${HPG}x${DV}x${E}>
+  %do_rows = tensor.collapse_shape %do_grouped [[0, 1, 2], [3], [4]]
+      : tensor<?x?x${G}x${HPG}x${DV}x${E}> into tensor<?x${HPG}x${DV}x${E}>
+  // lse and delta are head-major [B, H, M]; the row gathers below want them row-major.
+  %lse_grouped = tensor.expand_shape %lse [[0], [1, 2], [3]] output_shape [%batch, ${G}, ${HPG}, %m_rows]
+      : tensor<?x${H}x?xf32> into tensor<?x${G}x${HPG}x?xf32>
+  %delta_grouped = tensor.expand_shape %delta [[0], [1, 2], [3]] output_shape [%batch, ${G}, ${HPG}, %m_rows]
+      : tensor<?x${H}x?xf32> into tensor<?x${G}x${HPG}x?xf32>
+  %stats_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}xf32>
+  %lse_t, %delta_t = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, h) -> (b, g, h, m)>, affine_map<(b, m, g, h) -> (b, g, h, m)>,
+                       affine_map<(b, m, g, h) -> (b, m, g, h)>, affine_map<(b, m, g, h) -> (b, m, g, h)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%lse_grouped, %delta_grouped : tensor<?x${G}x${HPG}x?xf32>, tensor<?x${G}x${HPG}x?xf32>)
+      outs(%stats_init, %stats_init : tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>) {
+  ^bb0(%l: f32, %dl: f32, %o1: f32, %o2: f32):
+    linalg.yield %l, %dl : f32, f32
+  } -> (tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>)
+  %lse_rows = tensor.collapse_shape %lse_t [[0, 1, 2], [3]] : tensor<?x?x${G}x${HPG}xf32> into tensor<?x${HPG}xf32>
+  %delta_rows = tensor.collapse_shape %delta_t [[0, 1, 2], [3]] : tensor<?x?x${G}x${HPG}xf32> into tensor<?x${HPG}xf32>
+
+  // Per piece: which key block it reads. Per piece row: which row group, how often that row lists the
+  // block (its weight; 0 pads the piece) and the last visible key of the block (-1 when none).
+  %piece_block_init = tensor.empty(%pieces) : tensor<?xi32>
+  %piece_block = linalg.generic {
+      indexing_maps = [affine_map<(p) -> (p)>], iterator_types = ["parallel"]}
+      outs(%piece_block_init : tensor<?xi32>) {
+  ^bb0(%out: i32):
+    %p = linalg.index 0 : index
+    %fb = tensor.extract %entries[%p, %c0, %c1] : tensor<?x${ROWS_PER_PIECE}x2xi32>
+    %safe = arith.maxsi %fb, %c0_i32 : i32
+    linalg.yield %safe : i32
+  } -> tensor<?xi32>
+  %row_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}xi32>
+  %weight_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}xf32>
+  %row_index, %last_key, %weight = linalg.generic {
+      indexing_maps = [affine_map<(p, r) -> (p)>, affine_map<(p, r) -> (p, r)>, affine_map<(p, r) -> (p, r)>,
+                       affine_map<(p, r) -> (p, r)>],
+      iterator_types = ["parallel", "parallel"]}
+      ins(%piece_block : tensor<?xi32>)
+      outs(%row_init, %row_init, %weight_init : tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xf32>) {
+  ^bb0(%fb_i32: i32, %o1: i32, %o2: i32, %o3: f32):
+    %p = linalg.index 0 : index
+    %r = linalg.index 1 : index
+    %c_i32 = tensor.extract %entries[%p, %r, %c0] : tensor<?x${ROWS_PER_PIECE}x2xi32>
+    %used = arith.cmpi sge, %c_i32, %c0_i32 : i32
+    %c_safe_i32 = arith.maxsi %c_i32, %c0_i32 : i32
+    %c_row = arith.index_cast %c_safe_i32 : i32 to index
+    %fb = arith.index_cast %fb_i32 : i32 to index
+    %block = arith.remui %fb, %num_blocks : index
+    %g = arith.remui %c_row, %kv_heads : index
+    %bm = arith.divui %c_row, %kv_heads : index
+    %m = arith.remui %bm, %m_rows : index
+    %b = arith.divui %bm, %m_rows : index
+    %pos = arith.addi %m, %offset : index
+    %key0 = arith.muli %block, %block_size : index
+    %last = arith.subi %pos, %key0 : index
+    %last_i32 = arith.index_cast %last : index to i32
+    %minus_one = arith.constant -1 : i32
+    %last_key_here = arith.select %used, %last_i32, %minus_one : i32
+    %block_i32 = arith.index_cast %block : index to i32
+    %one = arith.constant 1.0 : f32
+    %slot_count = arith.constant ${T} : index
+    %count = scf.for %t = %c0 to %slot_count step %c1 iter_args(%acc = %zero) -> (f32) {
+      %listed = tensor.extract %block_indices[%b, %m, %g, %t] : tensor<?x?x${G}x${T}xi32>
+      %same = arith.cmpi eq, %listed, %block_i32 : i32
+      %inc = arith.select %same, %one, %zero : f32
+      %next = arith.addf %acc, %inc : f32
+      scf.yield %next : f32
+    }
+    %w = arith.select %used, %count, %zero : f32
+    linalg.yield %c_safe_i32, %last_key_here, %w : i32, i32, f32
+  } -> (tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xf32>)
+
+  // ---- dv: p^T do per piece. (The gathers and p below are repeated in the dk region: one root per region.)
+  %dv_pieces = flow.dispatch.region -> (tensor<?x${BS}x${DV}xf32>{%pieces}) {
+    %pr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
+    %q_sel = iree_linalg_ext.gather dimension_map = [0]
+        ins(%q_rows, %row_index : tensor<?x${HPG}x${D}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
+        outs(%pr_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
+    %kt_init = tensor.empty(%pieces) : tensor<?x${BS}x${D}x${E}>
+    %k_tile = iree_linalg_ext.gather dimension_map = [0]
+        ins(%key_blocks, %piece_block : tensor<?x${BS}x${D}x${E}>, tensor<?xi32>)
+        outs(%kt_init : tensor<?x${BS}x${D}x${E}>) -> tensor<?x${BS}x${D}x${E}>
+    %dr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>
+    %do_sel = iree_linalg_ext.gather dimension_map = [0]
+        ins(%do_rows, %row_index : tensor<?x${HPG}x${DV}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
+        outs(%dr_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>
+    %st_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
+    %lse_sel = iree_linalg_ext.gather dimension_map = [0]
+        ins(%lse_rows, %row_index : tensor<?x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>)
+        outs(%st_init : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
+    %sc_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+    %sc_zero = linalg.fill ins(%zero : f32) outs(%sc_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>)
+        -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+    %s = linalg.generic {
+        indexing_maps = [affine_map<(p, r, h, j, d) -> (p, r, h, d)>, affine_map<(p, r, h, j, d) -> (p, j, d)>,
+                         affine_map<(p, r, h, j, d) -> (p, r, h, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${DV_SCORES_CONFIG}}
+        ins(%q_sel, %k_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>, tensor<?x${BS}x${D}x${E}>)
+        outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+    %pe_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
+    %p_e = linalg.generic {
+        indexing_maps = [affine_map<(p, r, h, j) -> (p, r, h, j)>, affine_map<(p, r, h, j) -> (p, r, h)>,
+                         affine_map<(p, r, h, j) -> (p, r)>, affine_map<(p, r, h, j) -> (p, r)>,
+                         affine_map<(p, r, h, j) -> (p, r, h, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+        ins(%s, %lse_sel, %last_key, %weight : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>,
+            tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xf32>)
+        outs(%pe_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>) {
+    ^bb0(%sv: f32, %l: f32, %last: i32, %w: f32, %out: ${E}):
+      %j = linalg.index 3 : index
+      %j_i32 = arith.index_cast %j : index to i32
+      %visible = arith.cmpi sle, %j_i32, %last : i32
+      %scaled = arith.mulf %sv, %scale : f32
+      %shifted = arith.subf %scaled, %l : f32
+      %e_s = math.exp %shifted : f32
+      %weighted = arith.mulf %w, %e_s : f32
+      %p = arith.select %visible, %weighted, %zero : f32
+      %p_e_value = ${TRUNCF} %p : f32 to ${E}
+      linalg.yield %p_e_value : ${E}
+    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
+    %dv_init = tensor.empty(%pieces) : tensor<?x${BS}x${DV}xf32>
+    %dv_zero = linalg.fill ins(%zero : f32) outs(%dv_init : tensor<?x${BS}x${DV}xf32>) -> tensor<?x${BS}x${DV}xf32>
+    %dv_piece = linalg.generic {
+        indexing_maps = [affine_map<(p, j, e, r, h) -> (p, r, h, j)>, affine_map<(p, j, e, r, h) -> (p, r, h, e)>,
+                         affine_map<(p, j, e, r, h) -> (p, j, e)>],
+        iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]
+        ${DV_ROOT_CONFIG}}
+        ins(%p_e, %do_sel : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>)
+        outs(%dv_zero : tensor<?x${BS}x${DV}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x${BS}x${DV}xf32>
+    flow.return %dv_piece : tensor<?x${BS}x${DV}xf32>
+  }
+
+  // ---- dk: scale * ds^T q per piece, ds = p * (dp - delta), dp = do v^T.
+  %dk_pieces = flow.dispatch.region -> (tensor<?x${BS}x${D}xf32>{%pieces}) {
+    %pr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
+    %q_sel = iree_linalg_ext.gather dimension_map = [0]
+        ins(%q_rows, %row_index : tensor<?x${HPG}x${D}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
+        outs(%pr_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
+    %kt_init = tensor.empty(%pieces) : tensor<?x${BS}x${D}x${E}>
+    %k_tile = iree_linalg_ext.gather dimension_map = [0]
+        ins(%key_blocks, %piece_block : tensor<?x${BS}x${D}x${E}>, tensor<?xi32>)
+        outs(%kt_init : tensor<?x${BS}x${D}x${E}>) -> tensor<?x${BS}x${D}x${E}>
+    %dr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>
+    %do_sel = iree_linalg_ext.gather dimension_map = [0]
+        ins(%do_rows, %row_index : tensor<?x${HPG}x${DV}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
+        outs(%dr_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>
+    %st_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
+    %lse_sel = iree_linalg_ext.gather dimension_map = [0]
+        ins(%lse_rows, %row_index : tensor<?x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>)
+        outs(%st_init : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
+    %sc_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+    %sc_zero = linalg.fill ins(%zero : f32) outs(%sc_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>)
+        -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+    %s = linalg.generic {
+        indexing_maps = [affine_map<(p, r, h, j, d) -> (p, r, h, d)>, affine_map<(p, r, h, j, d) -> (p, j, d)>,
+                         affine_map<(p, r, h, j, d) -> (p, r, h, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${DK_SCORES_CONFIG}}
+        ins(%q_sel, %k_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>, tensor<?x${BS}x${D}x${E}>)
+        outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+    %vt_init = tensor.empty(%pieces) : tensor<?x${BS}x${DV}x${E}>
+    %v_tile = iree_linalg_ext.gather dimension_map = [0]
+        ins(%value_blocks, %piece_block : tensor<?x${BS}x${DV}x${E}>, tensor<?xi32>)
+        outs(%vt_init : tensor<?x${BS}x${DV}x${E}>) -> tensor<?x${BS}x${DV}x${E}>
+    %delta_sel = iree_linalg_ext.gather dimension_map = [0]
+        ins(%delta_rows, %row_index : tensor<?x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>)
+        outs(%st_init : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
+    %dp = linalg.generic {
+        indexing_maps = [affine_map<(p, r, h, j, e) -> (p, r, h, e)>, affine_map<(p, r, h, j, e) -> (p, j, e)>,
+                         affine_map<(p, r, h, j, e) -> (p, r, h, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${DK_SCORES_CONFIG}}
+        ins(%do_sel, %v_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>, tensor<?x${BS}x${DV}x${E}>)
+        outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+    %dse_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
+    %ds_e = linalg.generic {
+        indexing_maps = [affine_map<(p, r, h, j) -> (p, r, h, j)>, affine_map<(p, r, h, j) -> (p, r, h, j)>,
+                         affine_map<(p, r, h, j) -> (p, r, h)>, affine_map<(p, r, h, j) -> (p, r, h)>,
+                         affine_map<(p, r, h, j) -> (p, r)>, affine_map<(p, r, h, j) -> (p, r)>,
+                         affine_map<(p, r, h, j) -> (p, r, h, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+        ins(%s, %dp, %lse_sel, %delta_sel, %last_key, %weight : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>,
+            tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>, tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>,
+            tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xf32>)
+        outs(%dse_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>) {
+    ^bb0(%sv: f32, %dpv: f32, %l: f32, %dl: f32, %last: i32, %w: f32, %out: ${E}):
+      %j = linalg.index 3 : index
+      %j_i32 = arith.index_cast %j : index to i32
+      %visible = arith.cmpi sle, %j_i32, %last : i32
+      %scaled = arith.mulf %sv, %scale : f32
+      %shifted = arith.subf %scaled, %l : f32
+      %e_s = math.exp %shifted : f32
+      %weighted = arith.mulf %w, %e_s : f32
+      %p = arith.select %visible, %weighted, %zero : f32
+      %dp_minus_delta = arith.subf %dpv, %dl : f32
+      %ds_raw = arith.mulf %p, %dp_minus_delta : f32
+      %ds_scaled = arith.mulf %ds_raw, %scale : f32
+      %ds_value = ${TRUNCF} %ds_scaled : f32 to ${E}
+      linalg.yield %ds_value : ${E}
+    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
+    %dk_init = tensor.empty(%pieces) : tensor<?x${BS}x${D}xf32>
+    %dk_zero = linalg.fill ins(%zero : f32) outs(%dk_init : tensor<?x${BS}x${D}xf32>) -> tensor<?x${BS}x${D}xf32>
+    %dk_piece = linalg.generic {
+        indexing_maps = [affine_map<(p, j, d, r, h) -> (p, r, h, j)>, affine_map<(p, j, d, r, h) -> (p, r, h, d)>,
+                         affine_map<(p, j, d, r, h) -> (p, j, d)>],
+        iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]
+        ${DK_ROOT_CONFIG}}
+        ins(%ds_e, %q_sel : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>)
+        outs(%dk_zero : tensor<?x${BS}x${D}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x${BS}x${D}xf32>
+    flow.return %dk_piece : tensor<?x${BS}x${D}xf32>
+  }
+
+  // ---- Sum each block's pieces in piece order (fixed, so bitwise reproducible) and cast to the input type.
+  %dk_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${E}>
+  %dk = linalg.generic {
+      indexing_maps = [affine_map<(b, key, g, d) -> (b, key, g, d)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      outs(%dk_init_out : tensor<?x?x${G}x${D}x${E}>) {
+  ^bb0(%out: ${E}):
+    %b = linalg.index 0 : index
+    %key = linalg.index 1 : index
+    %g = linalg.index 2 : index
+    %d = linalg.index 3 : index
+    %block = arith.divui %key, %block_size : index
+    %j = arith.remui %key, %block_size : index
+    %bg0 = arith.muli %b, %kv_heads : index
+    %bg = arith.addi %bg0, %g : index
+    %fb0 = arith.muli %bg, %num_blocks : index
+    %fb = arith.addi %fb0, %block : index
+    %first_i32 = tensor.extract %piece_start[%fb] : tensor<?xi32>
+    %count_i32 = tensor.extract %piece_count[%fb] : tensor<?xi32>
+    %first = arith.index_cast %first_i32 : i32 to index
+    %count = arith.index_cast %count_i32 : i32 to index
+    %end = arith.addi %first, %count : index
+    %total = scf.for %p = %first to %end step %c1 iter_args(%acc = %zero) -> (f32) {
+      %x = tensor.extract %dk_pieces[%p, %j, %d] : tensor<?x${BS}x${D}xf32>
+      %next = arith.addf %acc, %x : f32
+      scf.yield %next : f32
+    }
+    %total_e = ${TRUNCF} %total : f32 to ${E}
+    linalg.yield %total_e : ${E}
+  } -> tensor<?x?x${G}x${D}x${E}>
+  %dv_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${E}>
+  %dv = linalg.generic {
+      indexing_maps = [affine_map<(b, key, g, e) -> (b, key, g, e)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      outs(%dv_init_out : tensor<?x?x${G}x${DV}x${E}>) {
+  ^bb0(%out: ${E}):
+    %b = linalg.index 0 : index
+    %key = linalg.index 1 : index
+    %g = linalg.index 2 : index
+    %e = linalg.index 3 : index
+    %block = arith.divui %key, %block_size : index
+    %j = arith.remui %key, %block_size : index
+    %bg0 = arith.muli %b, %kv_heads : index
+    %bg = arith.addi %bg0, %g : index
+    %fb0 = arith.muli %bg, %num_blocks : index
+    %fb = arith.addi %fb0, %block : index
+    %first_i32 = tensor.extract %piece_start[%fb] : tensor<?xi32>
+    %count_i32 = tensor.extract %piece_count[%fb] : tensor<?xi32>
+    %first = arith.index_cast %first_i32 : i32 to index
+    %count = arith.index_cast %count_i32 : i32 to index
+    %end = arith.addi %first, %count : index
+    %total = scf.for %p = %first to %end step %c1 iter_args(%acc = %zero) -> (f32) {
+      %x = tensor.extract %dv_pieces[%p, %j, %e] : tensor<?x${BS}x${DV}xf32>
+      %next = arith.addf %acc, %x : f32
+      scf.yield %next : f32
+    }
+    %total_e = ${TRUNCF} %total : f32 to ${E}
+    linalg.yield %total_e : ${E}
+  } -> tensor<?x?x${G}x${DV}x${E}>
+  return %dk, %dv : tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+}

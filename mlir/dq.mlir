@@ -1,0 +1,134 @@
+// dq pass (query-major, no cross-row reduction): for every (b, m, g) row and head h of the group,
+//   s = q k^T over the T*BS gathered keys, p = exp(scale * s - lse) on visible keys,
+//   dp = do v^T, ds = p * (dp - delta), dq = scale * ds k.
+// Everything sits in one flow.dispatch.region, which pins the fusion: the gathered K/V and the s, p, dp,
+// ds tiles live only inside the dispatch, never in memory for the whole sequence. The contraction
+// attributes are empty on CPU and name the matrix-unit layouts on GPU targets (pipelines/<target>.toml).
+func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32)
+    -> tensor<?x?x${H}x${D}x${E}> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+
+  %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
+      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
+  %block_gather_index, %key_mask = func.call @selected_slots(%block_indices, %n)
+      : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}x${BS}xi1>)
+  %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
+      : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
+  %do_grouped = tensor.expand_shape %do [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${DV}]
+      : tensor<?x?x${H}x${DV}x${E}> into tensor<?x?x${G}x${HPG}x${DV}x${E}>
+  %lse_grouped = tensor.expand_shape %lse [[0], [1, 2], [3]] output_shape [%batch, ${G}, ${HPG}, %m_rows]
+      : tensor<?x${H}x?xf32> into tensor<?x${G}x${HPG}x?xf32>
+  %delta_grouped = tensor.expand_shape %delta [[0], [1, 2], [3]] output_shape [%batch, ${G}, ${HPG}, %m_rows]
+      : tensor<?x${H}x?xf32> into tensor<?x${G}x${HPG}x?xf32>
+
+  %dq_grouped = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${D}x${E}>{%batch, %m_rows}) {
+    %zero = arith.constant 0.0 : f32
+    %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
+    %gathered_k = iree_linalg_ext.gather dimension_map = [0]
+        ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
+        outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
+    %vg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
+    %gathered_v = iree_linalg_ext.gather dimension_map = [0]
+        ins(%value_blocks, %block_gather_index : tensor<?x${BS}x${DV}x${E}>, tensor<?x?x${G}x${T}xi32>)
+        outs(%vg_init : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
+
+    %scores_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+    %scores_zero = linalg.fill ins(%zero : f32) outs(%scores_init : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>)
+        -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+    %s = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, d)>,
+                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, t, j, d)>,
+                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, t, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${DQ_SCORES_CONFIG}}
+        ins(%q_grouped, %gathered_k : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
+        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+    %dp = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, t, j, e) -> (b, m, g, h, e)>,
+                         affine_map<(b, m, g, h, t, j, e) -> (b, m, g, t, j, e)>,
+                         affine_map<(b, m, g, h, t, j, e) -> (b, m, g, h, t, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${DQ_SCORES_CONFIG}}
+        ins(%do_grouped, %gathered_v : tensor<?x?x${G}x${HPG}x${DV}x${E}>, tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>)
+        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+
+    // ds * scale, rounded to the input type so that the dq product runs on the matrix units.
+    // The select keeps masked keys exactly zero (and empty rows, whose lse is -inf, free of NaN).
+    %ds_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>
+    %ds = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, g, h, m)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, g, h, m)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel"]}
+        ins(%s, %dp, %lse_grouped, %delta_grouped, %key_mask
+            : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>,
+              tensor<?x${G}x${HPG}x?xf32>, tensor<?x${G}x${HPG}x?xf32>, tensor<?x?x${G}x${T}x${BS}xi1>)
+        outs(%ds_init : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>) {
+    ^bb0(%sv: f32, %dpv: f32, %l: f32, %dl: f32, %visible: i1, %out: ${E}):
+      %scaled = arith.mulf %sv, %scale : f32
+      %shifted = arith.subf %scaled, %l : f32
+      %p = math.exp %shifted : f32
+      %dp_minus_delta = arith.subf %dpv, %dl : f32
+      %ds_raw = arith.mulf %p, %dp_minus_delta : f32
+      %ds_scaled = arith.mulf %ds_raw, %scale : f32
+      %ds_visible = arith.select %visible, %ds_scaled, %zero : f32
+      %ds_e = ${TRUNCF} %ds_visible : f32 to ${E}
+      linalg.yield %ds_e : ${E}
+    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>
+
+    %dq_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${D}xf32>
+    %dq_zero = linalg.fill ins(%zero : f32) outs(%dq_init : tensor<?x?x${G}x${HPG}x${D}xf32>)
+        -> tensor<?x?x${G}x${HPG}x${D}xf32>
+    %dq_f32 = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, d, t, j) -> (b, m, g, h, t, j)>,
+                         affine_map<(b, m, g, h, d, t, j) -> (b, m, g, t, j, d)>,
+                         affine_map<(b, m, g, h, d, t, j) -> (b, m, g, h, d)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction", "reduction"]
+        ${DQ_ROOT_CONFIG}}
+        ins(%ds, %gathered_k : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
+        outs(%dq_zero : tensor<?x?x${G}x${HPG}x${D}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x?x${G}x${HPG}x${D}xf32>
+    %dq_e_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${D}x${E}>
+    %dq_e = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, d) -> (b, m, g, h, d)>, affine_map<(b, m, g, h, d) -> (b, m, g, h, d)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
+        ins(%dq_f32 : tensor<?x?x${G}x${HPG}x${D}xf32>) outs(%dq_e_init : tensor<?x?x${G}x${HPG}x${D}x${E}>) {
+    ^bb0(%x: f32, %out: ${E}):
+      %x_e = ${TRUNCF} %x : f32 to ${E}
+      linalg.yield %x_e : ${E}
+    } -> tensor<?x?x${G}x${HPG}x${D}x${E}>
+    flow.return %dq_e : tensor<?x?x${G}x${HPG}x${D}x${E}>
+  }
+  %dq = tensor.collapse_shape %dq_grouped [[0], [1], [2, 3], [4]]
+      : tensor<?x?x${G}x${HPG}x${D}x${E}> into tensor<?x?x${H}x${D}x${E}>
+  return %dq : tensor<?x?x${H}x${D}x${E}>
+}

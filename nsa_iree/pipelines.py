@@ -1,0 +1,58 @@
+"""Per-target compile recipes, read from ``pipelines/<target>.toml``.
+
+A recipe holds the ``iree-compile`` flags of a target, the IREE runtime driver that runs its artifacts,
+its tuning parameters, and the target-specific attributes substituted into the MLIR templates (GPU
+lowering configurations; none on CPU). It knows nothing about torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+import tomllib
+from pathlib import Path
+
+from .spec import TARGETS, KernelSpec
+
+PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
+
+# Attribute slots the templates may use; a recipe that does not set one renders it empty.
+ATTRIBUTE_SLOTS = (
+    "DQ_SCORES_CONFIG", "DQ_ROOT_CONFIG",
+    "DV_SCORES_CONFIG", "DV_ROOT_CONFIG",
+    "DK_SCORES_CONFIG", "DK_ROOT_CONFIG",
+)
+
+_MMA_DTYPE = {"f16": "F16", "bf16": "BF16", "f32": "F32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    target: str
+    driver: str
+    flags: tuple[str, ...]
+    rows_per_piece: int
+    attribute_templates: dict
+
+    def attributes(self, spec: KernelSpec) -> dict[str, str]:
+        """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
+        values = {"MMA_DTYPE": _MMA_DTYPE[spec.dtype], "HPG": str(spec.heads_per_group),
+                  "D": str(spec.head_dim), "DV": str(spec.value_dim), "BS": str(spec.block_size),
+                  "ROWS_PER_PIECE": str(self.rows_per_piece)}
+        out = {}
+        for slot in ATTRIBUTE_SLOTS:
+            text = self.attribute_templates.get(slot, "")
+            out[slot] = string.Template(text).substitute(values) if text else ""
+        return out
+
+
+def load_recipe(target: str) -> Recipe:
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    data = tomllib.loads((PIPELINES_DIR / f"{target}.toml").read_text())
+    unknown = set(data.get("attributes", {})) - set(ATTRIBUTE_SLOTS)
+    if unknown:
+        raise ValueError(f"pipelines/{target}.toml: unknown attribute slots {sorted(unknown)}")
+    return Recipe(target=target, driver=data["driver"], flags=tuple(data["flags"]),
+                  rows_per_piece=int(data["rows_per_piece"]),
+                  attribute_templates=dict(data.get("attributes", {})))

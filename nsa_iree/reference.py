@@ -1,0 +1,114 @@
+"""The f64 oracle: selection attention in plain torch, straight from ../shared/docs/semantics.md.
+
+This module depends on torch alone and shares nothing with the compiled path, so that it stays an
+independent check of it. It is dense (it builds the [B, M, G, N] key-weight matrix), so it is meant for
+the sizes tests and demos use, not for 64k tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def key_weights(block_indices: torch.Tensor, block_size: int, n: int,
+                block_counts: torch.Tensor | int | None = None) -> torch.Tensor:
+    """w[b, m, g, n]: how many valid slots of row (b, m, g) cover key n (0 = not visible).
+
+    A slot t of row m holding block i is valid when t < count, i >= 0 and i * block_size <= pos(m), with
+    pos(m) = m + N - M; it covers keys i*BS <= n < min(i*BS + BS, N) with n <= pos(m). Duplicates add up.
+
+    Args:
+        block_indices: [B, M, G, T] integer tensor.
+        block_size: BS.
+        n: N, number of keys.
+        block_counts: None (all T slots), an int, or a [B, M, G] integer tensor.
+    Returns:
+        [B, M, G, N] float64 tensor on block_indices' device.
+    """
+    batch, m_rows, groups, slots = block_indices.shape
+    device = block_indices.device
+    idx = block_indices.to(torch.int64)
+    t = torch.arange(slots, device=device)
+    if block_counts is None:
+        in_count = torch.ones_like(idx, dtype=torch.bool)
+    elif isinstance(block_counts, int):
+        in_count = (t < block_counts).expand_as(idx)
+    else:
+        in_count = t < block_counts.to(torch.int64).unsqueeze(-1)
+    pos = torch.arange(m_rows, device=device) + (n - m_rows)              # [M]
+    keys = torch.arange(n, device=device)                                # [N]
+    slot_ok = in_count & (idx >= 0) & (idx * block_size <= pos.view(1, -1, 1, 1))
+    # covers[b, m, g, t, n]: key n lies in slot t's block and is not in the future of row m.
+    start = (idx * block_size).unsqueeze(-1)
+    covers = (keys >= start) & (keys < start + block_size) & (keys <= pos.view(1, -1, 1, 1, 1))
+    covers &= slot_ok.unsqueeze(-1)
+    return covers.to(torch.float64).sum(dim=3)
+
+
+def selection_attention_reference(q, k, v, block_indices, block_size, block_counts=None, scale=None,
+                                  compute_dtype=torch.float64):
+    """Selection attention forward, differentiable (autograd gives dq, dk, dv).
+
+    Args:
+        q: [B, M, H, D]; k: [B, N, G, D]; v: [B, N, G, Dv]; any float dtype (computed in compute_dtype).
+        block_indices: [B, M, G, T] integer; -1 (any negative), future and out-of-range slots are skipped.
+        block_size: BS, keys per block.
+        block_counts: None, an int, or a [B, M, G] integer tensor; slots t >= count are skipped.
+        scale: softmax scale, default D ** -0.5.
+        compute_dtype: float64 for the oracle; float32 to time a plain torch implementation.
+    Returns:
+        o: [B, M, H, Dv] in compute_dtype; lse: [B, H, M] in compute_dtype (natural log, -inf for empty rows).
+    """
+    batch, m_rows, heads, head_dim = q.shape
+    n, groups = k.shape[1], k.shape[2]
+    hpg = heads // groups
+    scale = head_dim ** -0.5 if scale is None else scale
+    qc, kc, vc = (x.to(compute_dtype) for x in (q, k, v))
+    w = key_weights(block_indices, block_size, n, block_counts).to(compute_dtype)      # [B, M, G, N]
+    w = w.repeat_interleave(hpg, dim=2)                                                # [B, M, H, N]
+    kh = kc.repeat_interleave(hpg, dim=2)                                              # [B, N, H, D]
+    vh = vc.repeat_interleave(hpg, dim=2)
+    s = torch.einsum("bmhd,bnhd->bmhn", qc, kh) * scale
+    visible = w > 0
+    empty = ~visible.any(dim=-1, keepdim=True)
+    # A weight of w adds log(w) to the score. Empty rows get finite dummy logits so no NaN reaches autograd.
+    logits = torch.where(visible, s + torch.log(torch.where(visible, w, torch.ones_like(w))),
+                         torch.full_like(s, float("-inf")))
+    logits = torch.where(empty, torch.zeros_like(logits), logits)
+    lse_safe = torch.logsumexp(logits, dim=-1, keepdim=True)
+    p = torch.where(visible, torch.exp(logits - lse_safe), torch.zeros_like(logits))
+    o = torch.einsum("bmhn,bnhe->bmhe", p, vh)
+    lse = torch.where(empty, torch.full_like(lse_safe, float("-inf")), lse_safe).squeeze(-1)
+    return o, lse.permute(0, 2, 1).contiguous()
+
+
+def selection_attention_backward_reference(q, k, v, o, lse, do, block_indices, block_size,
+                                           block_counts=None, scale=None):
+    """The two-stage backward written out (delta, then the formulas of semantics.md), in f64.
+
+    Args:
+        q, k, v, block_indices, block_size, block_counts, scale: as for the forward.
+        o: [B, M, H, Dv]; lse: [B, H, M]; do: [B, M, H, Dv].
+    Returns:
+        delta [B, H, M], dq [B, M, H, D], dk [B, N, G, D], dv [B, N, G, Dv], all float64.
+    """
+    batch, m_rows, heads, head_dim = q.shape
+    n, groups = k.shape[1], k.shape[2]
+    hpg = heads // groups
+    scale = head_dim ** -0.5 if scale is None else scale
+    qd, kd, vd, od, dod = (x.to(torch.float64) for x in (q, k, v, o, do))
+    lse_rows = lse.to(torch.float64).permute(0, 2, 1).unsqueeze(-1)                     # [B, M, H, 1]
+    delta = (od * dod).sum(-1)                                                          # [B, M, H]
+    w = key_weights(block_indices, block_size, n, block_counts).repeat_interleave(hpg, dim=2)
+    kh = kd.repeat_interleave(hpg, dim=2)
+    vh = vd.repeat_interleave(hpg, dim=2)
+    s = torch.einsum("bmhd,bnhd->bmhn", qd, kh) * scale
+    visible = w > 0
+    p = torch.where(visible, w * torch.exp(s - torch.where(visible, lse_rows, torch.zeros_like(lse_rows))),
+                    torch.zeros_like(s))
+    dp = torch.einsum("bmhe,bnhe->bmhn", dod, vh)
+    ds = p * (dp - delta.unsqueeze(-1))
+    dq = scale * torch.einsum("bmhn,bnhd->bmhd", ds, kh)
+    dk = scale * torch.einsum("bmhn,bmhd->bnhd", ds, qd).reshape(batch, n, groups, hpg, head_dim).sum(3)
+    dv = torch.einsum("bmhn,bmhe->bnhe", p, dod).reshape(batch, n, groups, hpg, -1).sum(3)
+    return delta.permute(0, 2, 1).contiguous(), dq, dk, dv

@@ -1,0 +1,63 @@
+"""Render the MLIR templates under ``mlir/`` for one :class:`~nsa_iree.spec.KernelSpec`.
+
+Templates are plain ``.mlir`` files with ``${NAME}`` placeholders for the few per-configuration values
+(head counts and dims, block size, T, element type) and for target-specific attributes, which come from
+the target's recipe in ``pipelines/`` (empty on CPU). Nothing else in the package writes MLIR.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+from .pipelines import Recipe, load_recipe
+from .spec import KernelSpec
+
+MLIR_DIR = Path(__file__).resolve().parent.parent / "mlir"
+
+# Every variant's module: the stage templates it needs, in order (helpers first).
+STAGES = {
+    "forward": ("kv_blocks", "selected_slots", "forward"),
+    "two-pass": ("kv_blocks", "selected_slots", "delta", "dq", "inversion", "dkdv"),
+}
+
+_MLIR_TYPE = {"f32": "f32", "f16": "f16", "bf16": "bf16"}
+
+
+def template_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
+    """The substitutions for one specialisation: configuration values, then the recipe's attributes."""
+    wide = spec.dtype == "f32"
+    values = {
+        "H": spec.heads,
+        "G": spec.kv_heads,
+        "HPG": spec.heads_per_group,
+        "D": spec.head_dim,
+        "DV": spec.value_dim,
+        "BS": spec.block_size,
+        "T": spec.num_blocks,
+        "E": _MLIR_TYPE[spec.dtype],
+        # f32 -> E and E -> f32 conversions; for f32 inputs a same-type bitcast that folds away.
+        "TRUNCF": "arith.bitcast" if wide else "arith.truncf",
+        "EXTF": "arith.bitcast" if wide else "arith.extf",
+        "ROWS_PER_PIECE": recipe.rows_per_piece,
+    }
+    values = {k: str(v) for k, v in values.items()}
+    values.update(recipe.attributes(spec))
+    return values
+
+
+def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None) -> str:
+    """One template, rendered. Raises KeyError naming any placeholder left without a value."""
+    recipe = recipe or load_recipe(spec.target)
+    text = (MLIR_DIR / f"{name}.mlir").read_text()
+    try:
+        return string.Template(text).substitute(template_values(spec, recipe))
+    except KeyError as err:
+        raise KeyError(f"mlir/{name}.mlir: no value for placeholder {err}") from None
+
+
+def render_module(spec: KernelSpec, variant: str) -> str:
+    """The whole module compiled for (spec, variant): its stage templates, rendered and concatenated."""
+    recipe = load_recipe(spec.target)
+    header = f"// nsa_iree: {variant} for {spec.name}\n"
+    return header + "\n".join(render_template(name, spec, recipe) for name in STAGES[variant])

@@ -1,0 +1,117 @@
+"""Running compiled artifacts on the tensors' device, through the IREE runtime.
+
+One IREE device per torch device (CPU -> ``local-task``, CUDA -> ``cuda``, ROCm -> ``hip``). Tensors go in
+zero-copy through DLPack (a contiguous copy is made only for a non-contiguous, offset or unaligned view)
+and results come back zero-copy as torch tensors over IREE's memory. Intermediate results of one stage
+stay IREE buffers and are handed straight to the next stage.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+import torch
+
+_DLPACK_DEVICE = {"cpu": 1, "cuda": 2, "hip": 10}
+_ALIGNMENT = 64
+
+
+def _driver_for(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "local-task"
+    if device.type == "cuda":
+        return "hip" if getattr(torch.version, "hip", None) else "cuda"
+    raise ValueError(f"nsa_iree runs on cpu and cuda/rocm tensors, got a tensor on {device}")
+
+
+class Device:
+    """An IREE device standing for one torch device."""
+
+    def __init__(self, torch_device: torch.device):
+        import iree.runtime as rt
+
+        self.torch_device = torch_device
+        self.driver_name = _driver_for(torch_device)
+        self.instance = rt.VmInstance()
+        driver = rt.get_driver(self.driver_name)
+        if torch_device.type == "cpu":
+            self.hal_device = driver.create_default_device()
+        else:
+            infos = driver.query_available_devices()
+            self.hal_device = driver.create_device(infos[torch_device.index or 0])
+        self.hal_module = rt.create_hal_module(self.instance, self.hal_device)
+        self._dlpack_type = _DLPACK_DEVICE["hip" if self.driver_name == "hip" else torch_device.type]
+        self._modules: dict[Path, Module] = {}
+        self._lock = threading.Lock()
+
+    def module(self, vmfb: Path) -> "Module":
+        with self._lock:
+            if vmfb not in self._modules:
+                self._modules[vmfb] = Module(self, vmfb)
+            return self._modules[vmfb]
+
+    def import_tensor(self, t: torch.Tensor):
+        """A HalBufferView over t's memory (over a contiguous aligned copy when t is not importable)."""
+        t = t.detach()
+        if (not t.is_contiguous() or t.storage_offset() != 0 or t.data_ptr() % _ALIGNMENT != 0):
+            t = t.contiguous().clone() if t.is_contiguous() else t.contiguous()
+            if t.data_ptr() % _ALIGNMENT != 0 or t.storage_offset() != 0:
+                t = t.clone()
+        return self.hal_device.from_dlpack_capsule(t.__dlpack__())
+
+    def export_tensor(self, buffer_view) -> torch.Tensor:
+        """A torch tensor over the memory of an IREE result (no copy)."""
+        index = self.torch_device.index or 0 if self.torch_device.type != "cpu" else 0
+        capsule = self.hal_device.create_dlpack_capsule(buffer_view, self._dlpack_type, index)
+        return torch.from_dlpack(capsule)
+
+
+class Module:
+    """A loaded vmfb: its functions are called with torch tensors, IREE buffers and Python scalars."""
+
+    def __init__(self, device: Device, vmfb: Path):
+        import iree.runtime as rt
+
+        self.device = device
+        self.vm_module = rt.VmModule.mmap(device.instance, str(vmfb))
+        self.context = rt.VmContext(device.instance, modules=[device.hal_module, self.vm_module])
+        self._functions = {}
+
+    def call(self, name: str, *args):
+        """Invoke function `name`; tensors are imported, floats pushed as f32, ints as index/i64.
+
+        Returns the results as IREE buffer views (see Device.export_tensor).
+        """
+        import iree.runtime as rt
+
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = self.vm_module.lookup_function(name)
+            if fn is None:
+                raise KeyError(f"function {name!r} not in {self.vm_module.name}")
+            self._functions[name] = fn
+        inputs = rt.VmVariantList(len(args))
+        for arg in args:
+            if isinstance(arg, torch.Tensor):
+                inputs.push_ref(self.device.import_tensor(arg))
+            elif isinstance(arg, bool):
+                raise TypeError("bool arguments are not supported")
+            elif isinstance(arg, float):
+                inputs.push_float(arg)
+            elif isinstance(arg, int):
+                inputs.push_int(arg)
+            else:
+                inputs.push_ref(arg)
+        outputs = rt.VmVariantList(4)
+        if self.device.torch_device.type == "cuda":
+            # IREE works on its own stream: let torch's pending work finish before IREE reads the inputs.
+            torch.cuda.current_stream(self.device.torch_device).synchronize()
+        self.context.invoke(fn, inputs, outputs)
+        return [outputs.get_as_object(i, rt.HalBufferView) for i in range(outputs.size)]
+
+
+@functools.lru_cache(maxsize=None)
+def device_for(torch_device: torch.device) -> Device:
+    return Device(torch_device)

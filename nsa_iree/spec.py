@@ -1,0 +1,72 @@
+"""The problem description every compiled artifact is specialised on.
+
+A :class:`KernelSpec` holds the static part of a selection-attention problem: head layout, head
+dimensions, block size, selected blocks per row, element type and compile target. Batch size B and the
+sequence lengths M and N stay dynamic in the compiled functions, so one artifact serves them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+DTYPES = ("f32", "f16", "bf16")
+TARGETS = ("cpu", "gfx950", "gfx942", "cuda")
+VARIANTS = ("two-pass",)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """Static configuration of the kernels (the compile-cache key, with the target's flags).
+
+    Attributes:
+        heads: H, query heads.
+        kv_heads: G, key/value heads ("groups"); H must be a multiple of G.
+        head_dim: D, query/key head dimension.
+        value_dim: Dv, value head dimension (may differ from D).
+        block_size: BS, keys per selectable block.
+        num_blocks: T, selected block slots per (query row, group).
+        dtype: element type of q, k, v, o, do, dq, dk, dv: "f32", "f16" or "bf16".
+        target: "cpu", "gfx950", "gfx942" or "cuda".
+    """
+
+    heads: int = 16
+    kv_heads: int = 1
+    head_dim: int = 64
+    value_dim: int = 64
+    block_size: int = 64
+    num_blocks: int = 16
+    dtype: str = "f32"
+    target: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "kv_heads", "head_dim", "value_dim", "block_size", "num_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"KernelSpec.{name} must be a positive int, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
+
+    @property
+    def heads_per_group(self) -> int:
+        """HPG = H // G: query heads sharing one K/V head and one row of block_indices."""
+        return self.heads // self.kv_heads
+
+    def replace(self, **changes) -> "KernelSpec":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def name(self) -> str:
+        """A readable tag for file names: h64g4_d192dv128_bs64t16_bf16_gfx950."""
+        return (f"h{self.heads}g{self.kv_heads}_d{self.head_dim}dv{self.value_dim}"
+                f"_bs{self.block_size}t{self.num_blocks}_{self.dtype}_{self.target}")
+
+
+# The NSA paper's head layout (64 query heads in 4 groups, D 192, Dv 128, BS 64, 16 blocks), scaled to run in
+# seconds on a CPU: one group of 16 heads keeps HPG 16 and the head dimensions, block size and T.
+DEMO_SPEC = KernelSpec(heads=16, kv_heads=1, head_dim=192, value_dim=128, block_size=64, num_blocks=16,
+                       dtype="bf16", target="cpu")

@@ -1,0 +1,89 @@
+"""Input checks at the public API: they run before any compile or launch and name the argument at fault."""
+
+from __future__ import annotations
+
+import torch
+
+from .spec import VARIANTS
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _shape(t) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _tensor(name, t, rank, layout):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have shape {layout}, got a rank-{t.dim()} tensor of shape {_shape(t)}")
+
+
+def _same(name, t, expected, layout):
+    if tuple(t.shape) != tuple(expected):
+        want = "[" + ", ".join(str(s) for s in expected) + "]"
+        raise ValueError(f"{name} must have shape {layout} = {want}, got {_shape(t)}")
+
+
+def check_forward_inputs(q, k, v, block_indices, block_size, block_counts) -> None:
+    _tensor("q", q, 4, "[B, M, H, D]")
+    _tensor("k", k, 4, "[B, N, G, D]")
+    _tensor("v", v, 4, "[B, N, G, Dv]")
+    _tensor("block_indices", block_indices, 4, "[B, M, G, T]")
+    if q.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"q must be float32, float16 or bfloat16, got {q.dtype}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    if block_indices.dtype not in INDEX_DTYPES:
+        raise TypeError(f"block_indices must be int32 or int64, got {block_indices.dtype}")
+    for name, t in (("k", k), ("v", v), ("block_indices", block_indices)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must share a device")
+    batch, m_rows, heads, head_dim = q.shape
+    n, groups = k.shape[1], k.shape[2]
+    _same("k", k, (batch, n, groups, head_dim), "[B, N, G, D]")
+    _same("v", v, (batch, n, groups, v.shape[3]), "[B, N, G, Dv]")
+    if groups == 0 or heads % groups:
+        raise ValueError(f"the number of query heads H={heads} (q.shape[2]) must be a positive multiple of the "
+                         f"number of kv heads G={groups} (k.shape[2])")
+    _same("block_indices", block_indices, (batch, m_rows, groups, block_indices.shape[3]), "[B, M, G, T]")
+    if block_indices.shape[3] == 0:
+        raise ValueError("block_indices must have T >= 1 slots (its last dimension is 0)")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if min(head_dim, v.shape[3]) == 0:
+        raise ValueError(f"head dims must be positive, got D={head_dim}, Dv={v.shape[3]}")
+    if block_counts is None or (isinstance(block_counts, int) and not isinstance(block_counts, bool)):
+        return
+    if not isinstance(block_counts, torch.Tensor):
+        raise TypeError(f"block_counts must be None, an int or a [B, M, G] tensor, got {type(block_counts).__name__}")
+    if block_counts.dtype not in INDEX_DTYPES:
+        raise TypeError(f"block_counts must be int32 or int64, got {block_counts.dtype}")
+    if block_counts.device != q.device:
+        raise ValueError(f"block_counts is on {block_counts.device} but q is on {q.device}")
+    _same("block_counts", block_counts, (batch, m_rows, groups), "[B, M, G]")
+
+
+def check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant) -> None:
+    check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    batch, m_rows, heads, _ = q.shape
+    value_dim = v.shape[3]
+    _tensor("o", o, 4, "[B, M, H, Dv]")
+    _tensor("do", do, 4, "[B, M, H, Dv]")
+    _tensor("lse", lse, 3, "[B, H, M]")
+    _same("o", o, (batch, m_rows, heads, value_dim), "[B, M, H, Dv]")
+    _same("do", do, (batch, m_rows, heads, value_dim), "[B, M, H, Dv]")
+    _same("lse", lse, (batch, heads, m_rows), "[B, H, M]")
+    for name, t in (("o", o), ("do", do)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be float32, got {lse.dtype}")
+    for name, t in (("o", o), ("lse", lse), ("do", do)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must share a device")
