@@ -1,18 +1,18 @@
-// Forward: o [B, M, H, Dv] and lse [B, H, M] (f32, natural log).
-// The selected K/V blocks are gathered with iree_linalg_ext.gather straight into online_attention, so IREE
-// fuses the gather into the attention dispatch and never materialises gathered K/V.
-// online_attention returns an unnormalised accumulator, the running max and the running sum; IREE's
-// decomposition works in base 2 (scores scaled by log2(e)), so lse = max * ln(2) + log(sum).
-// A row with no visible key has sum == 0: o = 0 and lse = -inf (semantics.md, empty rows).
+// Forward: o [B, M, H, Dv] and lse [B, H, M] (f32, natural log), in two fused dispatch regions that share
+// the loop structure of the dq pass (mlir/dq.mlir):
+//   lse region: s = scale * q k^T over the T*BS gathered keys, its row max over visible keys, then
+//               lse = max + log(sum exp(s - max)).
+//   o region:   p = exp(s - lse) on visible keys, o = p v (s recomputed: nothing of size T*BS per row
+//               leaves a dispatch).
+// A row with no visible key gets lse = -inf and o = 0 (semantics.md, empty rows).
+// (iree_linalg_ext.online_attention would do this in one dispatch, but IREE 3.13's llvm-cpu tiling of its
+// head dimension gives wrong results for D > 128, so the forward is written out like the backward.)
 func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32)
     -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %zero = arith.constant 0.0 : f32
-  %lowest = arith.constant -3.40282347e+38 : f32
-  %neg_inf = arith.constant 0xFF800000 : f32
-  %ln2 = arith.constant 0.693147180559945309 : f32
   %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
   %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
   %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
@@ -22,72 +22,162 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
   %block_gather_index, %key_mask = func.call @selected_slots(%block_indices, %n)
       : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}x${BS}xi1>)
 
-  %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-  %gathered_k = iree_linalg_ext.gather dimension_map = [0]
-      ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
-      outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-  %vg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
-  %gathered_v = iree_linalg_ext.gather dimension_map = [0]
-      ins(%value_blocks, %block_gather_index : tensor<?x${BS}x${DV}x${E}>, tensor<?x?x${G}x${T}xi32>)
-      outs(%vg_init : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
-
+  %neg_inf_s = arith.constant 0xFF800000 : f32
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
       : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
 
-  %acc_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${DV}xf32>
-  %acc_zero = linalg.fill ins(%zero : f32) outs(%acc_init : tensor<?x?x${G}x${HPG}x${DV}xf32>) -> tensor<?x?x${G}x${HPG}x${DV}xf32>
-  %row_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}xf32>
-  %max_init = linalg.fill ins(%lowest : f32) outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) -> tensor<?x?x${G}x${HPG}xf32>
-  %sum_init = linalg.fill ins(%zero : f32) outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) -> tensor<?x?x${G}x${HPG}xf32>
-  %acc, %max, %sum = iree_linalg_ext.online_attention <{indexing_maps = [
-        affine_map<(b, m, g, h, t, j, d, e) -> (b, m, g, h, d)>,
-        affine_map<(b, m, g, h, t, j, d, e) -> (b, m, g, t, j, d)>,
-        affine_map<(b, m, g, h, t, j, d, e) -> (b, m, g, t, j, e)>,
-        affine_map<(b, m, g, h, t, j, d, e) -> ()>,
-        affine_map<(b, m, g, h, t, j, d, e) -> (b, m, g, t, j)>,
-        affine_map<(b, m, g, h, t, j, d, e) -> (b, m, g, h, e)>,
-        affine_map<(b, m, g, h, t, j, d, e) -> (b, m, g, h)>,
-        affine_map<(b, m, g, h, t, j, d, e) -> (b, m, g, h)>]}>
-      ins(%q_grouped, %gathered_k, %gathered_v, %scale, %key_mask
-          : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>,
-            tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>, f32, tensor<?x?x${G}x${T}x${BS}xi1>)
-      outs(%acc_zero, %max_init, %sum_init
-          : tensor<?x?x${G}x${HPG}x${DV}xf32>, tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>) {
-  ^bb0(%score: f32):
-    iree_linalg_ext.yield %score : f32
-  } -> tensor<?x?x${G}x${HPG}x${DV}xf32>, tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>
+  %lse_rows = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}xf32>{%batch, %m_rows}) {
+    %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
+    %gathered_k = iree_linalg_ext.gather dimension_map = [0]
+        ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
+        outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
+    %scores_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+    %scores_zero = linalg.fill ins(%zero : f32) outs(%scores_init : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>)
+        -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+    %s = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, d)>,
+                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, t, j, d)>,
+                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, t, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${FWD_LSE_SCORES_CONFIG}}
+        ins(%q_grouped, %gathered_k : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
+        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+    // Row max and sum of exp(s - max) in one pass (the running sum is rescaled when the max grows), so the
+    // region has a single reduction over the T*BS keys that IREE can tile like a contraction.
+    %row_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}xf32>
+    %max_init = linalg.fill ins(%neg_inf_s : f32) outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) -> tensor<?x?x${G}x${HPG}xf32>
+    %sum_init = linalg.fill ins(%zero : f32) outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) -> tensor<?x?x${G}x${HPG}xf32>
+    %row_max, %row_sum = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction"]}
+        ins(%s, %key_mask : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${T}x${BS}xi1>)
+        outs(%max_init, %sum_init : tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>) {
+    ^bb0(%sv: f32, %visible: i1, %mx: f32, %sm: f32):
+      %scaled = arith.mulf %sv, %scale : f32
+      %masked = arith.select %visible, %scaled, %neg_inf_s : f32
+      %new_max = arith.maximumf %mx, %masked : f32
+      // exp(-inf - -inf) would be NaN while nothing is visible yet: the sum is still 0 then, keep it 0.
+      %nothing_yet = arith.cmpf oeq, %new_max, %neg_inf_s : f32
+      %old_shift = arith.subf %mx, %new_max : f32
+      %rescale = math.exp %old_shift : f32
+      %kept = arith.mulf %sm, %rescale : f32
+      %new_shift = arith.subf %masked, %new_max : f32
+      %term = math.exp %new_shift : f32
+      %added = arith.addf %kept, %term : f32
+      %new_sum = arith.select %nothing_yet, %zero, %added : f32
+      linalg.yield %new_max, %new_sum : f32, f32
+    } -> (tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>)
+    %lse_value = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h) -> (b, m, g, h)>, affine_map<(b, m, g, h) -> (b, m, g, h)>,
+                         affine_map<(b, m, g, h) -> (b, m, g, h)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+        ins(%row_max, %row_sum : tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>)
+        outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) {
+    ^bb0(%mx: f32, %sm: f32, %out: f32):
+      %empty_row = arith.cmpf oeq, %sm, %zero : f32
+      %log_sum = math.log %sm : f32
+      %l = arith.addf %mx, %log_sum : f32
+      %value = arith.select %empty_row, %neg_inf_s, %l : f32
+      linalg.yield %value : f32
+    } -> tensor<?x?x${G}x${HPG}xf32>
+    flow.return %lse_value : tensor<?x?x${G}x${HPG}xf32>
+  }
 
-  %o_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${DV}x${E}>
-  %o_grouped = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, h, e) -> (b, m, g, h, e)>, affine_map<(b, m, g, h, e) -> (b, m, g, h)>,
-                       affine_map<(b, m, g, h, e) -> (b, m, g, h, e)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
-      ins(%acc, %sum : tensor<?x?x${G}x${HPG}x${DV}xf32>, tensor<?x?x${G}x${HPG}xf32>)
-      outs(%o_init : tensor<?x?x${G}x${HPG}x${DV}x${E}>) {
-  ^bb0(%a: f32, %s: f32, %out: ${E}):
-    %empty_row = arith.cmpf oeq, %s, %zero : f32
-    %normalised = arith.divf %a, %s : f32
-    %value = arith.select %empty_row, %zero, %normalised : f32
-    %cast = ${TRUNCF} %value : f32 to ${E}
-    linalg.yield %cast : ${E}
-  } -> tensor<?x?x${G}x${HPG}x${DV}x${E}>
+  %o_grouped = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${DV}x${E}>{%batch, %m_rows}) {
+    %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
+    %gathered_k = iree_linalg_ext.gather dimension_map = [0]
+        ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
+        outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
+    %vg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
+    %gathered_v = iree_linalg_ext.gather dimension_map = [0]
+        ins(%value_blocks, %block_gather_index : tensor<?x${BS}x${DV}x${E}>, tensor<?x?x${G}x${T}xi32>)
+        outs(%vg_init : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
+    %scores_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+    %scores_zero = linalg.fill ins(%zero : f32) outs(%scores_init : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>)
+        -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+    %s = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, d)>,
+                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, t, j, d)>,
+                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, t, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${FWD_O_SCORES_CONFIG}}
+        ins(%q_grouped, %gathered_k : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
+        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+    // p in the input type so that p v runs on the matrix units; masked keys (and empty rows) give 0.
+    %p_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>
+    %p = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel"]}
+        ins(%s, %lse_rows, %key_mask : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${HPG}xf32>,
+            tensor<?x?x${G}x${T}x${BS}xi1>)
+        outs(%p_init : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>) {
+    ^bb0(%sv: f32, %l: f32, %visible: i1, %out: ${E}):
+      %scaled = arith.mulf %sv, %scale : f32
+      %shifted = arith.subf %scaled, %l : f32
+      %e = math.exp %shifted : f32
+      %pv = arith.select %visible, %e, %zero : f32
+      %pv_e = ${TRUNCF} %pv : f32 to ${E}
+      linalg.yield %pv_e : ${E}
+    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>
+    %acc_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${DV}xf32>
+    %acc_zero = linalg.fill ins(%zero : f32) outs(%acc_init : tensor<?x?x${G}x${HPG}x${DV}xf32>)
+        -> tensor<?x?x${G}x${HPG}x${DV}xf32>
+    %o_f32 = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, e, t, j) -> (b, m, g, h, t, j)>,
+                         affine_map<(b, m, g, h, e, t, j) -> (b, m, g, t, j, e)>,
+                         affine_map<(b, m, g, h, e, t, j) -> (b, m, g, h, e)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction", "reduction"]
+        ${FWD_O_ROOT_CONFIG}}
+        ins(%p, %gathered_v : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>, tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>)
+        outs(%acc_zero : tensor<?x?x${G}x${HPG}x${DV}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x?x${G}x${HPG}x${DV}xf32>
+    %o_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${DV}x${E}>
+    %o_e = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, e) -> (b, m, g, h, e)>, affine_map<(b, m, g, h, e) -> (b, m, g, h, e)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
+        ins(%o_f32 : tensor<?x?x${G}x${HPG}x${DV}xf32>) outs(%o_init : tensor<?x?x${G}x${HPG}x${DV}x${E}>) {
+    ^bb0(%x: f32, %out: ${E}):
+      %x_e = ${TRUNCF} %x : f32 to ${E}
+      linalg.yield %x_e : ${E}
+    } -> tensor<?x?x${G}x${HPG}x${DV}x${E}>
+    flow.return %o_e : tensor<?x?x${G}x${HPG}x${DV}x${E}>
+  }
   %o = tensor.collapse_shape %o_grouped [[0], [1], [2, 3], [4]]
       : tensor<?x?x${G}x${HPG}x${DV}x${E}> into tensor<?x?x${H}x${DV}x${E}>
 
   %lse_init = tensor.empty(%batch, %m_rows) : tensor<?x${G}x${HPG}x?xf32>
   %lse_grouped = linalg.generic {
-      indexing_maps = [affine_map<(b, g, h, m) -> (b, m, g, h)>, affine_map<(b, g, h, m) -> (b, m, g, h)>,
-                       affine_map<(b, g, h, m) -> (b, g, h, m)>],
+      indexing_maps = [affine_map<(b, g, h, m) -> (b, m, g, h)>, affine_map<(b, g, h, m) -> (b, g, h, m)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%max, %sum : tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>)
-      outs(%lse_init : tensor<?x${G}x${HPG}x?xf32>) {
-  ^bb0(%mx: f32, %s: f32, %out: f32):
-    %empty_row = arith.cmpf oeq, %s, %zero : f32
-    %log_sum = math.log %s : f32
-    %max_nat = arith.mulf %mx, %ln2 : f32
-    %l = arith.addf %max_nat, %log_sum : f32
-    %value = arith.select %empty_row, %neg_inf, %l : f32
-    linalg.yield %value : f32
+      ins(%lse_rows : tensor<?x?x${G}x${HPG}xf32>) outs(%lse_init : tensor<?x${G}x${HPG}x?xf32>) {
+  ^bb0(%l: f32, %out: f32):
+    linalg.yield %l : f32
   } -> tensor<?x${G}x${HPG}x?xf32>
   %lse = tensor.collapse_shape %lse_grouped [[0], [1, 2], [3]]
       : tensor<?x${G}x${HPG}x?xf32> into tensor<?x${H}x?xf32>
