@@ -6,8 +6,8 @@
 // attributes are empty on CPU and name the matrix-unit layouts on GPU targets (pipelines/<target>.toml).
 func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32)
-    -> tensor<?x?x${H}x${D}x${E}> {
+    %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index}) -> tensor<?x?x${H}x${D}x${E}> {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>

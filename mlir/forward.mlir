@@ -5,10 +5,13 @@
 //   o region:   p = exp(s - lse) on visible keys, o = p v (s recomputed: nothing of size T*BS per row
 //               leaves a dispatch).
 // A row with no visible key gets lse = -inf and o = 0 (semantics.md, empty rows).
+// o and lse are written into the caller's %o_out and %lse_out (iree.abi.output: destination passing).
 // (iree_linalg_ext.online_attention would do this in one dispatch, but IREE 3.13's llvm-cpu tiling of its
 // head dimension gives wrong results for D > 128, so the forward is written out like the backward.)
 func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32)
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
+    %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
+    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index})
     -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index

@@ -47,12 +47,14 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
     linalg.yield %any : i32
   } -> tensor<?x${G}x?x?xi32>
 
-  // rank[b, g, i, m]: position of row m in block i's list; rows[b, g, i]: length of the list.
-  %rank_init = tensor.empty(%batch, %num_blocks, %m_rows) : tensor<?x${G}x?x?xi32>
+  // through[b, g, i, m]: how many of rows 0..m selected block i (an inclusive scan over m), so row m's place in
+  // block i's list is through - 1, and through at m = M - 1 is the length of the list. (The accumulator
+  // of an exclusive iree_linalg_ext.scan leaves out the last element, so it cannot give the length.)
+  %through_init = tensor.empty(%batch, %num_blocks, %m_rows) : tensor<?x${G}x?x?xi32>
   %rows_init = tensor.empty(%batch, %num_blocks) : tensor<?x${G}x?xi32>
   %rows_zero = linalg.fill ins(%c0_i32 : i32) outs(%rows_init : tensor<?x${G}x?xi32>) -> tensor<?x${G}x?xi32>
-  %rank, %rows = iree_linalg_ext.scan dimension(3) inclusive(false)
-      ins(%selected : tensor<?x${G}x?x?xi32>) outs(%rank_init, %rows_zero : tensor<?x${G}x?x?xi32>, tensor<?x${G}x?xi32>) {
+  %through, %rows = iree_linalg_ext.scan dimension(3) inclusive(true)
+      ins(%selected : tensor<?x${G}x?x?xi32>) outs(%through_init, %rows_zero : tensor<?x${G}x?x?xi32>, tensor<?x${G}x?xi32>) {
   ^bb0(%a: i32, %b: i32):
     %s = arith.addi %a, %b : i32
     iree_linalg_ext.yield %s : i32
@@ -114,10 +116,11 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
     %bgi = arith.addi %bgx, %g : index
     %fb0 = arith.muli %bgi, %num_blocks : index
     %fb = arith.addi %fb0, %safe_block : index
-    %rank_here = tensor.extract %rank[%b, %g, %safe_block, %m] : tensor<?x${G}x?x?xi32>
+    %through_here = tensor.extract %through[%b, %g, %safe_block, %m] : tensor<?x${G}x?x?xi32>
     %start_here = tensor.extract %piece_start[%fb] : tensor<?xi32>
     %list_start = arith.muli %start_here, %rows_per_piece_i32 : i32
-    %place = arith.addi %list_start, %rank_here : i32
+    %list_end = arith.addi %list_start, %through_here : i32
+    %place = arith.subi %list_end, %c1_i32 : i32
     %slot_target = arith.select %chosen, %place, %capacity_rows_i32 : i32
     %bm = arith.muli %b, %m_rows : index
     %bmm = arith.addi %bm, %m : index

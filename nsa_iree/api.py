@@ -11,7 +11,7 @@ import functools
 import torch
 
 from .compiler import compile_artifact
-from .runtime import device_for
+from .runtime import device_for, importable
 from .spec import VARIANTS, KernelSpec
 from .validate import check_backward_inputs, check_forward_inputs
 
@@ -65,35 +65,61 @@ def _scale_of(q: torch.Tensor, scale) -> float:
     return float(q.shape[-1] ** -0.5 if scale is None else scale)
 
 
-def _forward(q, k, v, idx, block_size, scale):
-    batch, m_rows, heads, _ = q.shape
-    n = k.shape[1]
-    if batch == 0 or m_rows == 0 or n == 0:
-        o = q.new_zeros(batch, m_rows, heads, v.shape[-1])
-        lse = torch.full((batch, heads, m_rows), float("-inf"), dtype=torch.float32, device=q.device)
+def _check_destinations(**outputs):
+    for name, t in outputs.items():
+        if t.numel() and not importable(t):
+            raise ValueError(f"{name} must be contiguous, 64-byte aligned and start its storage: the kernel "
+                             f"writes into its memory")
+
+
+def forward_into(o, lse, q, k, v, idx, block_size, scale):
+    """Run the forward kernel writing into caller-owned o [B, M, H, Dv] and lse [B, H, M] (float32).
+
+    idx is the output of effective_block_indices. Inputs are not validated here (the public functions do
+    that); tests use this entry point to poison o and lse before the run.
+    """
+    _check_destinations(o=o, lse=lse)
+    batch, m_rows, _, _ = q.shape
+    if batch == 0 or m_rows == 0:
         return o, lse
-    spec = describe(q, k, v, idx, block_size)
-    module = kernels(spec, "forward", q.device)
-    o, lse = module.call("selection_attention_fwd", q, k, v, idx, scale)
-    return module.device.export_tensor(o), module.device.export_tensor(lse)
+    if k.shape[1] == 0:
+        o.zero_()
+        lse.fill_(float("-inf"))
+        return o, lse
+    module = kernels(describe(q, k, v, idx, block_size), "forward", q.device)
+    module.call("selection_attention_fwd", q, k, v, idx, scale, o, lse)
+    return o, lse
+
+
+def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant):
+    """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype)."""
+    _check_destinations(dq=dq, dk=dk, dv=dv)
+    batch, m_rows, _, _ = q.shape
+    n = k.shape[1]
+    if batch == 0 or n == 0 or m_rows == 0:
+        for t in (dq, dk, dv):
+            t.zero_()
+        return dq, dk, dv
+    module = kernels(describe(q, k, v, idx, block_size), variant, q.device)
+    if variant == "two-pass":
+        (delta,) = module.call("selection_attention_delta", o, do)
+        module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq)
+        entries, piece_start, piece_count = module.call("invert_block_indices", idx, n)
+        module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
+                    scale, dk, dv)
+        return dq, dk, dv
+    raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def _forward(q, k, v, idx, block_size, scale):
+    o = q.new_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+    return forward_into(o, lse, q, k, v, idx, block_size, scale)
 
 
 def _backward(q, k, v, o, lse, do, idx, block_size, scale, variant):
-    batch, m_rows, _, _ = q.shape
-    n = k.shape[1]
-    if batch == 0 or m_rows == 0 or n == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    spec = describe(q, k, v, idx, block_size)
-    module = kernels(spec, variant, q.device)
-    export = module.device.export_tensor
-    if variant == "two-pass":
-        (delta,) = module.call("selection_attention_delta", o, do)
-        (dq,) = module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale)
-        entries, piece_start, piece_count = module.call("invert_block_indices", idx, n)
-        dk, dv = module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do,
-                             entries, piece_start, piece_count, scale)
-        return export(dq), export(dk), export(dv)
-    raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant)
 
 
 def selection_attention_fwd(q, k, v, block_indices, block_size=64, block_counts=None, scale=None):

@@ -39,7 +39,8 @@ class Recipe:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
         values = {"MMA_DTYPE": _MMA_DTYPE[spec.dtype], "HPG": str(spec.heads_per_group),
                   "D": str(spec.head_dim), "DV": str(spec.value_dim), "BS": str(spec.block_size),
-                  "ROWS_PER_PIECE": str(self.rows_per_piece)}
+                  "ROWS_PER_PIECE": str(self.rows_per_piece),
+                  "HEAD_TILE": "2" if spec.heads_per_group % 2 == 0 else "1"}
         out = {}
         for slot in ATTRIBUTE_SLOTS:
             text = self.attribute_templates.get(slot, "")

@@ -18,6 +18,11 @@ _DLPACK_DEVICE = {"cpu": 1, "cuda": 2, "hip": 10}
 _ALIGNMENT = 64
 
 
+def importable(t: torch.Tensor) -> bool:
+    """Whether IREE can take t's memory as it is: contiguous, at the start of its storage, 64-byte aligned."""
+    return t.is_contiguous() and t.storage_offset() == 0 and t.data_ptr() % _ALIGNMENT == 0
+
+
 def _driver_for(device: torch.device) -> str:
     if device.type == "cpu":
         return "local-task"
@@ -55,10 +60,8 @@ class Device:
     def import_tensor(self, t: torch.Tensor):
         """A HalBufferView over t's memory (over a contiguous aligned copy when t is not importable)."""
         t = t.detach()
-        if (not t.is_contiguous() or t.storage_offset() != 0 or t.data_ptr() % _ALIGNMENT != 0):
-            t = t.contiguous().clone() if t.is_contiguous() else t.contiguous()
-            if t.data_ptr() % _ALIGNMENT != 0 or t.storage_offset() != 0:
-                t = t.clone()
+        if not importable(t):
+            t = t.clone(memory_format=torch.contiguous_format)
         return self.hal_device.from_dlpack_capsule(t.__dlpack__())
 
     def export_tensor(self, buffer_view) -> torch.Tensor:

@@ -1,0 +1,79 @@
+"""``nsa-iree``: compile artifacts, print rendered MLIR, and run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .spec import DEMO_SPEC, DTYPES, TARGETS, VARIANTS, KernelSpec
+
+
+def _add_spec_options(parser: argparse.ArgumentParser, target_default: str = "cpu") -> None:
+    d = DEMO_SPEC
+    parser.add_argument("--target", choices=TARGETS, default=target_default)
+    parser.add_argument("--heads", type=int, default=d.heads, help="H, query heads (default %(default)s)")
+    parser.add_argument("--kv-heads", type=int, default=d.kv_heads, help="G, key/value heads (default %(default)s)")
+    parser.add_argument("--head-dim", type=int, default=d.head_dim, help="D (default %(default)s)")
+    parser.add_argument("--value-dim", type=int, default=d.value_dim, help="Dv (default %(default)s)")
+    parser.add_argument("--block-size", type=int, default=d.block_size, help="BS (default %(default)s)")
+    parser.add_argument("--num-blocks", type=int, default=d.num_blocks, help="T, selected blocks per row (default %(default)s)")
+    parser.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+
+
+def _spec_from(args) -> KernelSpec:
+    return KernelSpec(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, value_dim=args.value_dim,
+                      block_size=args.block_size, num_blocks=args.num_blocks, dtype=args.dtype, target=args.target)
+
+
+def _cmd_compile(args) -> int:
+    from .compiler import compile_artifact
+
+    spec = _spec_from(args)
+    for variant in ("forward", args.variant):
+        art = compile_artifact(spec, variant, out_dir=Path(args.output))
+        how = f"compiled in {art.compile_seconds:.1f} s" if art.compile_seconds else "already there"
+        print(f"{art.path}  ({art.path.stat().st_size / 1024:.0f} KiB, {how})")
+    return 0
+
+
+def _cmd_render(args) -> int:
+    from .render import render_module
+
+    sys.stdout.write(render_module(_spec_from(args), args.variant))
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(seq_len=args.seq_len, seed=args.seed)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="nsa-iree", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="compile the forward and a backward variant into DIR")
+    _add_spec_options(p)
+    p.add_argument("--variant", choices=VARIANTS, default="two-pass")
+    p.add_argument("-o", "--output", default="nsa_iree_artifacts", help="output directory (default %(default)s)")
+    p.set_defaults(fn=_cmd_compile)
+
+    p = sub.add_parser("render", help="print the MLIR module compiled for a configuration")
+    _add_spec_options(p)
+    p.add_argument("--variant", choices=("forward",) + VARIANTS, default="forward")
+    p.set_defaults(fn=_cmd_render)
+
+    p = sub.add_parser("demo", help="compile the default configuration for gfx950 and cpu, run and check it on cpu")
+    p.add_argument("--seq-len", type=int, default=2048, help="M = N (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=_cmd_demo)
+
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The main job: compile the default configuration, run it on the CPU, check it against the f64 oracle."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from . import selection_attention_bwd, selection_attention_fwd
+from .compiler import compile_artifact
+from .reference import selection_attention_backward_reference, selection_attention_reference
+from .selection import realistic_block_indices
+from .spec import DEMO_SPEC
+
+TOLERANCE = {"f32": 1e-5, "f16": 5e-3, "bf16": 1e-2}
+_TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def relative_rms_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| over the finite entries of ref (lse is -inf on empty rows; x must match there)."""
+    x, ref = x.double(), ref.double()
+    finite = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(x), finite) or not torch.equal(x[~finite], ref[~finite]):
+        return float("inf")
+    num = (x[finite] - ref[finite]).norm()
+    den = ref[finite].norm()
+    return float(num / den) if den > 0 else float(num)
+
+
+def _timed(fn, repeats):
+    fn()  # warm-up (and first-call module load)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return out, statistics.median(times)
+
+
+def run_demo(seq_len: int = 2048, seed: int = 0, repeats: int = 3) -> int:
+    spec = DEMO_SPEC
+    print(f"nsa-iree demo: H={spec.heads} G={spec.kv_heads} D={spec.head_dim} Dv={spec.value_dim} "
+          f"BS={spec.block_size} T={spec.num_blocks} {spec.dtype}, B=1, M=N={seq_len}, realistic selection\n")
+
+    rows = []
+    for target in ("cpu",):
+        for variant in ("forward", "two-pass"):
+            art = compile_artifact(spec.replace(target=target), variant)
+            how = f"{art.compile_seconds:.1f} s" if art.compile_seconds else "cached"
+            rows.append((target, variant, how, f"{art.path.stat().st_size / 1024:.0f} KiB", str(art.path)))
+    print(_table(("target", "module", "compile", "size", "artifact"), rows))
+
+    gen = torch.Generator().manual_seed(seed)
+    dtype = _TORCH_DTYPE[spec.dtype]
+    b, m, n = 1, seq_len, seq_len
+    q = torch.randn(b, m, spec.heads, spec.head_dim, generator=gen).to(dtype)
+    k = torch.randn(b, n, spec.kv_heads, spec.head_dim, generator=gen).to(dtype)
+    v = torch.randn(b, n, spec.kv_heads, spec.value_dim, generator=gen).to(dtype)
+    do = torch.randn(b, m, spec.heads, spec.value_dim, generator=gen).to(dtype)
+    idx = realistic_block_indices(b, m, n, spec.kv_heads, spec.num_blocks, spec.block_size, generator=gen)
+    bs = spec.block_size
+
+    (o, lse), t_fwd = _timed(lambda: selection_attention_fwd(q, k, v, idx, bs), repeats)
+    (dq, dk, dv), t_bwd = _timed(lambda: selection_attention_bwd(q, k, v, o, lse, do, idx, bs), repeats)
+    (o_ref, lse_ref), t_ref_fwd = _timed(lambda: selection_attention_reference(q, k, v, idx, bs), 1)
+    (_, dq_ref, dk_ref, dv_ref), t_ref_bwd = _timed(
+        lambda: selection_attention_backward_reference(q, k, v, o_ref, lse_ref, do, idx, bs), 1)
+
+    tol = TOLERANCE[spec.dtype]
+    checks = [(name, relative_rms_error(x, ref)) for name, x, ref in
+              (("o", o, o_ref), ("lse", lse, lse_ref), ("dq", dq, dq_ref), ("dk", dk, dk_ref), ("dv", dv, dv_ref))]
+    nan_free = not any(torch.isnan(x).any() for x in (o, lse, dq, dk, dv))
+    print()
+    print(_table(("output", "rel. RMS error vs f64", f"bound ({spec.dtype})", "ok"),
+                 [(name, f"{err:.2e}", f"{tol:.0e}", "yes" if err < tol else "NO") for name, err in checks]))
+    print()
+    print(_table(("pass", "IREE cpu (median of %d)" % repeats, "torch f64 reference", "speedup"),
+                 [("forward", f"{t_fwd * 1e3:.0f} ms", f"{t_ref_fwd * 1e3:.0f} ms", f"{t_ref_fwd / t_fwd:.1f}x"),
+                  ("backward (two-pass)", f"{t_bwd * 1e3:.0f} ms", f"{t_ref_bwd * 1e3:.0f} ms",
+                   f"{t_ref_bwd / t_bwd:.1f}x")]))
+    ok = nan_free and all(err < tol for _, err in checks)
+    print("\nPASS" if ok else "\nFAIL: " + ("NaN in an output" if not nan_free else "error above bound"))
+    return 0 if ok else 1
+
+
+def _table(header, rows) -> str:
+    cols = list(zip(header, *rows))
+    widths = [max(len(str(c)) for c in col) for col in cols]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep] + [line(r) for r in rows])
