@@ -1,0 +1,92 @@
+"""Shared helpers: problem builders, the tolerance rule of semantics.md, and poisoned runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from nsa_iree.api import backward_into, effective_block_indices, forward_into
+from nsa_iree.demo import relative_rms_error
+from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One selection-attention problem; `select(gen, problem)` returns (block_indices, block_counts)."""
+
+    batch: int = 2
+    m_rows: int = 96
+    n: int = 96
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    value_dim: int = 16
+    block_size: int = 16
+    num_blocks: int = 4
+    select: Callable | None = None
+    scale: float | None = None
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return -(-self.n // self.block_size)
+
+
+def random_indices(gen, p: Problem, low=-1, high=None):
+    """Uniform block ids in [low, high) (default: every block id that exists), -1 included."""
+    high = p.num_kv_blocks if high is None else high
+    return torch.randint(low, high, (p.batch, p.m_rows, p.kv_heads, p.num_blocks), generator=gen, dtype=torch.int32)
+
+
+def make_inputs(p: Problem, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(p.batch, p.m_rows, p.heads, p.head_dim, generator=gen).to(dtype)
+    k = torch.randn(p.batch, p.n, p.kv_heads, p.head_dim, generator=gen).to(dtype)
+    v = torch.randn(p.batch, p.n, p.kv_heads, p.value_dim, generator=gen).to(dtype)
+    do = torch.randn(p.batch, p.m_rows, p.heads, p.value_dim, generator=gen).to(dtype)
+    select = p.select or random_indices
+    out = select(gen, p)
+    block_indices, block_counts = out if isinstance(out, tuple) else (out, None)
+    return q, k, v, do, block_indices, block_counts
+
+
+def poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def run_poisoned(p: Problem, q, k, v, do, block_indices, block_counts, variant="two-pass"):
+    """Forward then backward through the compiled kernels, every output buffer NaN-filled beforehand."""
+    scale = float(p.head_dim ** -0.5 if p.scale is None else p.scale)
+    idx = effective_block_indices(block_indices, block_counts)
+    o = poisoned((p.batch, p.m_rows, p.heads, p.value_dim), q.dtype)
+    lse = poisoned((p.batch, p.heads, p.m_rows), torch.float32)
+    forward_into(o, lse, q, k, v, idx, p.block_size, scale)
+    dq, dk, dv = poisoned(q.shape, q.dtype), poisoned(k.shape, q.dtype), poisoned(v.shape, q.dtype)
+    backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, p.block_size, scale, variant)
+    return o, lse, dq, dk, dv
+
+
+def reference_outputs(p: Problem, q, k, v, do, block_indices, block_counts, o_used, lse_used):
+    """f64 reference forward, and the f64 backward at the o/lse the kernels actually used."""
+    o_ref, lse_ref = selection_attention_reference(q, k, v, block_indices, p.block_size, block_counts, p.scale)
+    _, dq_ref, dk_ref, dv_ref = selection_attention_backward_reference(
+        q, k, v, o_used, lse_used, do, block_indices, p.block_size, block_counts, p.scale)
+    return o_ref, lse_ref, dq_ref, dk_ref, dv_ref
+
+
+def assert_close_to_reference(p: Problem, dtype, seed=0, variant="two-pass"):
+    q, k, v, do, block_indices, block_counts = make_inputs(p, dtype, seed)
+    outs = run_poisoned(p, q, k, v, do, block_indices, block_counts, variant)
+    refs = reference_outputs(p, q, k, v, do, block_indices, block_counts, outs[0], outs[1])
+    tol = TOLERANCE[dtype]
+    report = {}
+    for name, x, ref in zip(("o", "lse", "dq", "dk", "dv"), outs, refs):
+        assert not torch.isnan(x).any(), f"{name}: NaN in the output (an element was never written?)"
+        report[name] = relative_rms_error(x, ref)
+    bad = {k: e for k, e in report.items() if not e < tol}
+    assert not bad, f"relative RMS error above {tol:g}: {bad} (all: {report})"
+    return outs, report

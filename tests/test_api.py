@@ -1,0 +1,127 @@
+"""The public API: autograd, accepted inputs, and clear errors for bad ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nsa_iree
+from nsa_iree.demo import relative_rms_error
+from nsa_iree.reference import selection_attention_reference
+
+B, M, N, H, G, D, DV, BS, T = 2, 40, 56, 4, 2, 16, 8, 8, 3
+
+
+def inputs(dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, M, H, D, generator=gen).to(dtype)
+    k = torch.randn(B, N, G, D, generator=gen).to(dtype)
+    v = torch.randn(B, N, G, DV, generator=gen).to(dtype)
+    idx = torch.randint(-1, N // BS, (B, M, G, T), generator=gen)
+    return q, k, v, idx
+
+
+def test_autograd_matches_reference_gradients():
+    q, k, v, idx = inputs()
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o = nsa_iree.selection_attention(*leaves, idx, block_size=BS)
+    do = torch.randn_like(o)
+    o.backward(do)
+    ref = [t.double().requires_grad_(True) for t in (q, k, v)]
+    o_ref, _ = selection_attention_reference(*ref, idx, BS)
+    o_ref.backward(do.double())
+    assert relative_rms_error(o.detach(), o_ref.detach()) < 1e-5
+    for ours, theirs in zip(leaves, ref):
+        assert relative_rms_error(ours.grad, theirs.grad) < 1e-5
+
+
+def test_fwd_and_bwd_agree_with_autograd_path():
+    q, k, v, idx = inputs()
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    do = torch.randn_like(o)
+    dq, dk, dv = nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, BS)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o2 = nsa_iree.selection_attention(*leaves, idx, block_size=BS)
+    o2.backward(do)
+    assert torch.equal(o, o2.detach())
+    for a, b in zip((dq, dk, dv), leaves):
+        assert torch.equal(a, b.grad)
+
+
+def test_non_contiguous_and_offset_views_are_accepted():
+    q, k, v, idx = inputs()
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    wide = torch.randn(B, M, H, 2 * D)
+    wide[..., ::2] = q                                                  # q as a strided view
+    q_view = wide[..., ::2]
+    k_offset = torch.cat([torch.randn(1, N, G, D), k])[1:]              # a view with a storage offset
+    o2, lse2 = nsa_iree.selection_attention_fwd(q_view, k_offset, v.transpose(1, 2).contiguous().transpose(1, 2),
+                                                idx.transpose(1, 2).contiguous().transpose(1, 2), BS)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+@pytest.mark.parametrize("shape", [(0, M, N), (B, 0, N), (B, M, 0)], ids=["B=0", "M=0", "N=0"])
+def test_zero_size_dimensions(shape):
+    b, m, n = shape
+    q, k, v = torch.randn(b, m, H, D), torch.randn(b, n, G, D), torch.randn(b, n, G, DV)
+    idx = torch.zeros(b, m, G, T, dtype=torch.int32)
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    assert o.shape == (b, m, H, DV) and lse.shape == (b, H, m)
+    assert torch.all(o == 0) and torch.all(lse == float("-inf"))
+    dq, dk, dv = nsa_iree.selection_attention_bwd(q, k, v, o, lse, torch.randn_like(o), idx, BS)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert all(torch.count_nonzero(t) == 0 for t in (dq, dk, dv))
+
+
+def test_nan_input_gives_nan_output_without_hanging():
+    q, k, v, idx = inputs()
+    q[0, 5, 0, 0] = float("nan")
+    idx[0, 5, :, 0] = 0                                                  # row 5 sees block 0
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    assert torch.isnan(o[0, 5, 0]).all() and torch.isnan(lse[0, 0, 5])
+    assert not torch.isnan(o[1]).any()
+    dq, dk, dv = nsa_iree.selection_attention_bwd(q, k, v, o, lse, torch.randn_like(o), idx, BS)
+    assert torch.isnan(dq[0, 5, 0]).any() and not torch.isnan(dq[1]).any()
+
+
+BAD_INPUTS = {
+    "q_rank": (lambda q, k, v, i: (q[0], k, v, i, BS), ValueError, "q must have shape [B, M, H, D]"),
+    "k_batch": (lambda q, k, v, i: (q, k[:1], v, i, BS), ValueError, "k must have shape [B, N, G, D]"),
+    "v_length": (lambda q, k, v, i: (q, k, v[:, :-1], i, BS), ValueError, "v must have shape [B, N, G, Dv]"),
+    "k_head_dim": (lambda q, k, v, i: (q, k[..., :-1], v, i, BS), ValueError, "k must have shape"),
+    "heads_not_multiple": (lambda q, k, v, i: (q[:, :, :3], k, v, i, BS), ValueError, "multiple of the number of kv heads"),
+    "indices_shape": (lambda q, k, v, i: (q, k, v, i[:, :-1], BS), ValueError, "block_indices must have shape [B, M, G, T]"),
+    "indices_float": (lambda q, k, v, i: (q, k, v, i.float(), BS), TypeError, "block_indices must be int32 or int64"),
+    "dtype_mismatch": (lambda q, k, v, i: (q, k.half(), v, i, BS), TypeError, "k must have q's dtype"),
+    "unsupported_dtype": (lambda q, k, v, i: (q.double(), k.double(), v.double(), i, BS), TypeError,
+                          "q must be float32, float16 or bfloat16"),
+    "block_size_zero": (lambda q, k, v, i: (q, k, v, i, 0), ValueError, "block_size must be a positive int"),
+    "counts_shape": (lambda q, k, v, i: (q, k, v, i, BS, torch.ones(B, M, dtype=torch.int32)), ValueError,
+                     "block_counts must have shape [B, M, G]"),
+    "not_a_tensor": (lambda q, k, v, i: (q.numpy(), k, v, i, BS), TypeError, "q must be a torch.Tensor"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=list(BAD_INPUTS))
+def test_bad_forward_inputs_raise_before_any_compile(case, monkeypatch):
+    import nsa_iree.api as api
+
+    monkeypatch.setattr(api, "compile_artifact", lambda *a, **k: pytest.fail("compiled on bad input"))
+    make, error, message = BAD_INPUTS[case]
+    with pytest.raises(error, match=message.replace("[", r"\[").replace("]", r"\]")):
+        nsa_iree.selection_attention_fwd(*make(*inputs()))
+
+
+def test_bad_backward_inputs():
+    q, k, v, idx = inputs()
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    with pytest.raises(ValueError, match=r"lse must have shape \[B, H, M\]"):
+        nsa_iree.selection_attention_bwd(q, k, v, o, lse[:, :, 1:], o, idx, BS)
+    with pytest.raises(TypeError, match="lse must be float32"):
+        nsa_iree.selection_attention_bwd(q, k, v, o, lse.double(), o, idx, BS)
+    with pytest.raises(ValueError, match=r"do must have shape \[B, M, H, Dv\]"):
+        nsa_iree.selection_attention_bwd(q, k, v, o, lse, o[:, 1:], idx, BS)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        nsa_iree.selection_attention_bwd(q, k, v, o, lse, o, idx, BS, variant="three-pass")
+    with pytest.raises(ValueError, match="variant must be one of"):
+        nsa_iree.selection_attention(q, k, v, idx, BS, variant="bogus")

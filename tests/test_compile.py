@@ -1,0 +1,107 @@
+"""Compile pipeline: one template set for every target, an on-disk cache that is hit and never stale."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import nsa_iree
+from nsa_iree import api, compiler, render
+from nsa_iree.compiler import CompileError, compile_artifact
+from nsa_iree.pipelines import load_recipe
+from nsa_iree.spec import DEMO_SPEC
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NSA_IREE_CACHE_DIR", str(tmp_path))
+    api._artifact_path.cache_clear()
+    yield tmp_path
+    api._artifact_path.cache_clear()
+
+
+def _without_attributes(spec, variant):
+    recipe = load_recipe(spec.target)
+    blank = type(recipe)(recipe.target, recipe.driver, recipe.flags, recipe.rows_per_piece, {})
+    return "\n".join(render.render_template(name, spec, blank) for name in render.STAGES[variant])
+
+
+@pytest.mark.parametrize("variant", ["forward", "two-pass"])
+def test_gfx950_renders_the_cpu_mlir_plus_attributes(variant):
+    cpu, gfx = DEMO_SPEC, DEMO_SPEC.replace(target="gfx950")
+    assert _without_attributes(cpu, variant) == _without_attributes(gfx, variant)
+    assert "MFMA_F32_16x16x32_BF16" in render.render_module(gfx, variant)
+    assert "#iree_gpu" not in render.render_module(cpu, variant)
+
+
+@pytest.mark.parametrize("variant", ["forward", "two-pass"])
+def test_gfx950_artifact_compiles(variant, fresh_cache):
+    art = compile_artifact(DEMO_SPEC.replace(target="gfx950"), variant)
+    data = art.path.read_bytes()
+    assert len(data) > 10_000 and b"gfx950" in data
+
+
+def test_other_sequence_lengths_and_batches_hit_the_cache(fresh_cache, monkeypatch):
+    compiles = []
+    real = compiler.compile_artifact
+
+    def counting(*args, **kwargs):
+        art = real(*args, **kwargs)
+        compiles.append(art.compile_seconds > 0)
+        return art
+
+    monkeypatch.setattr(api, "compile_artifact", counting)
+    for b, m, n in ((1, 32, 32), (3, 17, 70), (2, 64, 200)):
+        q, k, v = torch.randn(b, m, 4, 16), torch.randn(b, n, 2, 16), torch.randn(b, n, 2, 8)
+        idx = torch.randint(-1, 4, (b, m, 2, 3))
+        nsa_iree.selection_attention_fwd(q, k, v, idx, block_size=16)
+    assert compiles == [True]                       # compiled once, then served from memory and disk
+    api._artifact_path.cache_clear()
+    nsa_iree.selection_attention_fwd(q, k, v, idx, block_size=16)
+    assert compiles == [True, False]                # a new process finds the vmfb on disk
+    assert len(list(fresh_cache.glob("*.vmfb"))) == 1
+
+
+def test_changed_template_never_loads_a_stale_artifact(fresh_cache, tmp_path_factory, monkeypatch):
+    spec = DEMO_SPEC.replace(heads=2, kv_heads=1, head_dim=16, value_dim=16, block_size=16, num_blocks=2,
+                             dtype="f32")
+    first = compile_artifact(spec, "forward")
+    copy = tmp_path_factory.mktemp("mlir")
+    for f in render.MLIR_DIR.glob("*.mlir"):
+        (copy / f.name).write_text(f.read_text())
+    (copy / "forward.mlir").write_text("// an edited comment\n" + (copy / "forward.mlir").read_text())
+    monkeypatch.setattr(render, "MLIR_DIR", copy)
+    second = compile_artifact(spec, "forward")
+    assert second.key != first.key and second.path != first.path and second.compile_seconds > 0
+
+
+def test_compile_error_carries_the_diagnostic_and_the_rendered_mlir(fresh_cache, tmp_path_factory, monkeypatch):
+    copy = tmp_path_factory.mktemp("mlir")
+    for f in render.MLIR_DIR.glob("*.mlir"):
+        (copy / f.name).write_text(f.read_text())
+    (copy / "forward.mlir").write_text((copy / "forward.mlir").read_text().replace("linalg.fill", "linalg.fil", 1))
+    monkeypatch.setattr(render, "MLIR_DIR", copy)
+    with pytest.raises(CompileError) as err:
+        compile_artifact(DEMO_SPEC.replace(dtype="f32"), "forward")
+    message = str(err.value)
+    assert "error:" in message and "rendered MLIR kept at" in message
+    kept = message.split("rendered MLIR kept at ")[1].split("\n")[0]
+    assert "linalg.fil " in open(kept).read()
+
+
+def test_concurrent_compiles_of_one_key_do_not_corrupt_the_cache(fresh_cache):
+    script = textwrap.dedent("""
+        import torch, nsa_iree
+        q, k, v = torch.randn(1, 24, 2, 8), torch.randn(1, 24, 1, 8), torch.randn(1, 24, 1, 8)
+        idx = torch.randint(-1, 3, (1, 24, 1, 2))
+        o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, block_size=8)
+        assert torch.isfinite(o).all()
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script]) for _ in range(3)]
+    assert [p.wait(timeout=600) for p in procs] == [0, 0, 0]
+    assert len(list(fresh_cache.glob("*.vmfb"))) == 1
+    assert not list(fresh_cache.glob(".*.tmp"))

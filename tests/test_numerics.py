@@ -1,0 +1,172 @@
+"""Forward (o, lse) and two-pass backward (dq, dk, dv) against the f64 reference of semantics.md.
+
+Every run fills the output buffers with NaN first, so an element the kernels never write fails the test.
+Tolerance (relative RMS error per output): 1e-5 for f32, 5e-3 for f16, 1e-2 for bf16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nsa_iree.selection import realistic_block_indices, uniform_block_indices
+
+from conftest import DTYPES, Problem, assert_close_to_reference, random_indices
+
+BASE = Problem()
+
+
+def realistic(gen, p):
+    return realistic_block_indices(p.batch, p.m_rows, p.n, p.kv_heads, p.num_blocks, p.block_size, generator=gen)
+
+
+def uniform(gen, p):
+    return uniform_block_indices(p.batch, p.m_rows, p.n, p.kv_heads, p.num_blocks, p.block_size, generator=gen)
+
+
+# --- configurations: head layout, head dims, block size, T, M < N, partial blocks -------------------------
+
+CONFIGS = {
+    "hpg1": dict(heads=2, kv_heads=2),
+    "hpg2": dict(heads=4, kv_heads=2),
+    "hpg3": dict(heads=6, kv_heads=2),
+    "hpg4": dict(heads=4, kv_heads=1),
+    "hpg8": dict(heads=8, kv_heads=1),
+    "hpg16": dict(heads=16, kv_heads=1, batch=1),
+    "d_eq_dv": dict(head_dim=32, value_dim=32),
+    "d192_dv128": dict(heads=2, kv_heads=1, head_dim=192, value_dim=128, batch=1, block_size=64, m_rows=160, n=200),
+    "bs16_t1": dict(block_size=16, num_blocks=1),
+    "bs32_t4": dict(block_size=32, num_blocks=4, m_rows=130, n=150),
+    "bs64_t16": dict(block_size=64, num_blocks=16, m_rows=300, n=300, select=realistic),
+    "m_lt_n": dict(m_rows=40, n=111),
+    "n_not_multiple_of_bs": dict(m_rows=77, n=77),
+}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=list(CONFIGS))
+def test_configuration_f32(config):
+    assert_close_to_reference(dataclasses.replace(BASE, **CONFIGS[config]), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("config", ["hpg2", "hpg16", "d192_dv128", "bs64_t16", "m_lt_n"])
+def test_configuration_low_precision(config, dtype):
+    assert_close_to_reference(dataclasses.replace(BASE, **CONFIGS[config]), DTYPES[dtype])
+
+
+# --- the edge cases of semantics.md, one test id each, for every dtype ------------------------------------
+
+def minus_one_padding(gen, p):
+    idx = random_indices(gen, p, low=0)
+    idx[..., p.num_blocks // 2:] = -1
+    return idx
+
+
+def any_negative(gen, p):
+    idx = random_indices(gen, p, low=0)
+    idx[..., 0] = -7
+    idx[:, ::3, :, 1] = -(2**31)
+    return idx
+
+
+def future_blocks(gen, p):
+    # Every row lists blocks up to the end of the sequence: the ones after its own position are skipped.
+    return random_indices(gen, p, low=0, high=p.num_kv_blocks)
+
+
+def out_of_range(gen, p):
+    idx = random_indices(gen, p, low=0)
+    idx[..., 0] = p.num_kv_blocks
+    idx[..., 1] = p.num_kv_blocks + 1000
+    return idx
+
+
+def out_of_range_int64(gen, p):
+    idx = random_indices(gen, p, low=0).to(torch.int64)
+    idx[..., 0] = 2**40
+    idx[..., 1] = -(2**40)
+    return idx
+
+
+def counts_int(gen, p):
+    return random_indices(gen, p), 2
+
+
+def counts_tensor(gen, p):
+    counts = torch.randint(0, p.num_blocks + 1, (p.batch, p.m_rows, p.kv_heads), generator=gen)
+    return random_indices(gen, p), counts
+
+
+def duplicates(gen, p):
+    idx = random_indices(gen, p, low=0)
+    idx[..., 1] = idx[..., 0]
+    idx[:, ::2, :, 2] = idx[:, ::2, :, 0]
+    return idx
+
+
+def empty_rows(gen, p):
+    idx = random_indices(gen, p)
+    idx[:, ::4] = -1                       # every slot skipped
+    idx[:, 1::4] = p.num_kv_blocks + 3     # every slot out of range
+    return idx
+
+
+def own_block_only(gen, p):
+    # Row m selects only its own block: offsets 0, 1, ..., BS-1 see 1, 2, ..., BS keys (token-level causal mask).
+    pos = torch.arange(p.m_rows) + (p.n - p.m_rows)
+    own = (pos // p.block_size).to(torch.int32)
+    idx = torch.full((p.batch, p.m_rows, p.kv_heads, p.num_blocks), -1, dtype=torch.int32)
+    idx[..., 0] = own.view(1, -1, 1)
+    return idx
+
+
+def list_length_one_past_a_piece(gen, p):
+    # Block 0 selected by exactly 64 * k + 1 rows, the last row among them (64 = rows per piece on CPU):
+    # the length of a block's list must count its last row.
+    idx = random_indices(gen, p, low=1)
+    idx[..., 0] = -1
+    idx[:, :64, :, 0] = 0
+    idx[:, -1, :, 0] = 0
+    return idx
+
+
+EDGE_CASES = {
+    "minus_one_padding": dict(select=minus_one_padding),
+    "any_negative_index": dict(select=any_negative),
+    "future_blocks": dict(select=future_blocks),
+    "index_ge_num_blocks": dict(select=out_of_range),
+    "int64_beyond_int32": dict(select=out_of_range_int64),
+    "block_counts_int": dict(select=counts_int),
+    "block_counts_tensor": dict(select=counts_tensor),
+    "duplicate_indices": dict(select=duplicates),
+    "empty_rows": dict(select=empty_rows),
+    "query_offsets_in_own_block": dict(select=own_block_only, m_rows=48, n=48),
+    "partial_last_block_m_lt_n": dict(select=uniform, m_rows=50, n=90),
+    "realistic_selection": dict(select=realistic, m_rows=160, n=160),
+    "list_one_past_a_piece": dict(select=list_length_one_past_a_piece, m_rows=200, n=200),
+    "custom_scale": dict(scale=0.3),
+}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("case", EDGE_CASES, ids=list(EDGE_CASES))
+def test_edge_case(case, dtype):
+    assert_close_to_reference(dataclasses.replace(BASE, **EDGE_CASES[case]), DTYPES[dtype])
+
+
+def test_empty_rows_give_zero_output_minus_inf_lse_and_no_gradient():
+    p = dataclasses.replace(BASE, select=empty_rows)
+    (o, lse, dq, dk, dv), _ = assert_close_to_reference(p, torch.float32)
+    assert torch.all(o[:, ::4] == 0) and torch.all(lse[:, :, ::4] == float("-inf"))
+    assert torch.all(dq[:, ::4] == 0) and torch.all(dq[:, 1::4] == 0)
+
+
+def test_everything_skipped_gives_zero_gradients():
+    p = dataclasses.replace(BASE, select=lambda gen, p: -torch.ones(p.batch, p.m_rows, p.kv_heads, p.num_blocks,
+                                                                     dtype=torch.int32))
+    (o, lse, dq, dk, dv), _ = assert_close_to_reference(p, torch.float32)
+    for t in (o, dq, dk, dv):
+        assert torch.count_nonzero(t) == 0
+    assert torch.all(lse == float("-inf"))
