@@ -45,6 +45,21 @@ def _cmd_render(args) -> int:
     return 0
 
 
+def _cmd_inspect(args) -> int:
+    from .inspect import format_table, inspect_spec
+
+    spec = _spec_from(args)
+    variants = ("forward",) + VARIANTS if args.variant == "all" else (args.variant,)
+    for variant in variants:
+        dump = Path(args.dump) / variant if args.dump else None
+        print(f"## {variant}: {spec.name}\n")
+        print(format_table(inspect_spec(spec, variant, dump)))
+        if dump:
+            print(f"\nIR and ISA of every dispatch: {dump}")
+        print()
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -65,6 +80,12 @@ def main(argv=None) -> int:
     _add_spec_options(p)
     p.add_argument("--variant", choices=("forward",) + VARIANTS, default="forward")
     p.set_defaults(fn=_cmd_render)
+
+    p = sub.add_parser("inspect", help="one row per dispatch: pipeline, registers, scratch, LDS, MMA and atomics")
+    _add_spec_options(p, target_default="gfx950")
+    p.add_argument("--variant", choices=("all", "forward") + VARIANTS, default="all")
+    p.add_argument("--dump", help="keep the full IR and ISA of every dispatch under DIR/<variant>")
+    p.set_defaults(fn=_cmd_inspect)
 
     p = sub.add_parser("demo", help="compile the default configuration for gfx950 and cpu, run and check it on cpu")
     p.add_argument("--seq-len", type=int, default=2048, help="M = N (default %(default)s)")

@@ -1,0 +1,164 @@
+"""What each kernel became on each target: one row per dispatch, read from IREE's executable dumps.
+
+gfx950 / gfx942 (the .rocmasm of the linked hsaco): codegen pipeline, workgroup size, VGPRs / AGPRs,
+scratch bytes, LDS bytes, occupancy (waves per SIMD), and counts of MFMA, global loads / stores, atomic
+adds and compare-and-swap loops. cuda (the PTX): declared registers, static shared memory, mma.sync,
+atomics. cpu (the x86 / AArch64 assembly): the widest vector register used and instruction counts.
+
+How to read gfx950 (CDNA4) numbers: ScratchSize 0 (no spills), MFMA in every contraction, at least
+2 waves per SIMD (512 VGPR+AGPR registers per lane are shared by the waves of a SIMD; 8 waves at most),
+LDS within 160 KB per workgroup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from pathlib import Path
+
+from .compiler import cache_dir, cache_key
+from .pipelines import load_recipe
+from .render import render_module
+from .spec import KernelSpec
+
+LDS_BYTES = {"gfx950": 160 * 1024, "gfx942": 64 * 1024}
+VGPRS_PER_SIMD_LANE = 512
+MAX_WAVES_PER_SIMD = 8
+
+
+@dataclasses.dataclass
+class DispatchInfo:
+    name: str
+    pipeline: str = ""
+    workgroup_size: str = ""
+    stats: dict = dataclasses.field(default_factory=dict)
+
+
+def dump_executables(spec: KernelSpec, variant: str, dump_dir: Path | None = None) -> Path:
+    """Compile (spec, variant) with executable dumps, once per cache key; returns the dump directory."""
+    from iree.compiler import compile_str
+
+    recipe = load_recipe(spec.target)
+    text = render_module(spec, variant)
+    key = cache_key(text, recipe.flags, spec.target)
+    target = Path(dump_dir) if dump_dir else cache_dir() / "dumps" / f"{variant}_{spec.name}_{key[:16]}"
+    if not (target / ".complete").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        (target / "module.mlir").write_text(text)
+        compile_str(text, extra_args=[*recipe.flags, f"--iree-hal-dump-executable-files-to={target}"])
+        (target / ".complete").write_text(key)
+    return target
+
+
+def _configurations(dump: Path) -> dict[str, tuple[str, str]]:
+    """dispatch name -> (codegen pipeline, workgroup size) from the configured_module_*.mlir files."""
+    out = {}
+    for f in sorted(dump.glob("configured_module_*.mlir")):
+        text = f.read_text()
+        for m in re.finditer(r"func\.func @(\w+)\(\) attributes \{translation_info = "
+                             r"#iree_codegen\.translation_info<pipeline = (?:#iree_\w+\.pipeline<)?(\w+)([^}]*)", text):
+            name, pipeline, rest = m.groups()
+            wg = re.search(r"workgroup_size = \[([^\]]*)\]", rest)
+            out[name] = (pipeline, wg.group(1).replace(" ", "") if wg else "")
+    return out
+
+
+def _count(pattern: str, text: str) -> int:
+    return len(re.findall(pattern, text, flags=re.MULTILINE))
+
+
+def _rocm(dump: Path, arch: str) -> list[DispatchInfo]:
+    asm = "\n".join(f.read_text() for f in sorted(dump.glob("*.rocmasm")))
+    configs = _configurations(dump)
+    rows = []
+    for meta in re.finditer(r"^  - \.agpr_count:\s+(\d+)\n(.*?)(?=^  - \.agpr_count:|^amdhsa\.target|\Z)", asm,
+                            flags=re.MULTILINE | re.DOTALL):
+        agprs, block = int(meta.group(1)), meta.group(2)
+        field = lambda key: re.search(rf"^\s+\.{key}:\s+(\S+)", block, flags=re.MULTILINE).group(1)
+        name = field("name")
+        body_match = re.search(rf"^{re.escape(name)}:\n(.*?)^\.Lfunc_end", asm, flags=re.MULTILINE | re.DOTALL)
+        body = body_match.group(1) if body_match else ""
+        accum = re.search(rf"\.amdhsa_kernel {re.escape(name)}\n.*?\.amdhsa_accum_offset (\d+)", asm, flags=re.DOTALL)
+        vgprs, lds, scratch = int(field("vgpr_count")), int(field("group_segment_fixed_size")), int(
+            field("private_segment_fixed_size"))
+        wg_threads = int(field("max_flat_workgroup_size"))
+        waves = _waves_per_simd(int(accum.group(1)) if accum else vgprs, agprs, lds, wg_threads, arch)
+        pipeline, wg = configs.get(name, ("", ""))
+        rows.append(DispatchInfo(name, pipeline, wg or str(wg_threads), {
+            "vgpr": vgprs, "agpr": agprs, "scratch": scratch, "lds": lds, "waves/simd": waves,
+            "mfma": _count(r"^\s+v_mfma", body),
+            "gload": _count(r"^\s+(global|buffer)_load", body),
+            "gstore": _count(r"^\s+(global|buffer)_store", body),
+            "atomic_add": _count(r"^\s+(global|buffer|flat)_atomic_(pk_)?add_(f32|bf16|f16)", body),
+            "cmpswap": _count(r"^\s+(global|buffer|flat)_atomic_cmpswap", body),
+        }))
+    return rows
+
+
+def _waves_per_simd(accum_offset: int, agprs: int, lds: int, wg_threads: int, arch: str) -> int:
+    """Occupancy bound from registers (unified VGPR/AGPR file, granule 8) and from LDS per CU."""
+    regs = accum_offset + agprs
+    regs = max(8, -(-regs // 8) * 8)
+    by_regs = min(MAX_WAVES_PER_SIMD, VGPRS_PER_SIMD_LANE // regs)
+    if lds == 0:
+        return by_regs
+    waves_per_group = max(1, -(-wg_threads // 64))
+    groups_per_cu = LDS_BYTES.get(arch, 64 * 1024) // lds
+    return min(by_regs, groups_per_cu * waves_per_group // 4)
+
+
+def _cuda(dump: Path) -> list[DispatchInfo]:
+    ptx = "\n".join(f.read_text() for f in sorted(dump.glob("*.ptx")))
+    configs = _configurations(dump)
+    rows = []
+    entries = list(re.finditer(r"^\.visible \.entry (\w+)\(", ptx, flags=re.MULTILINE))
+    for i, m in enumerate(entries):
+        body = ptx[m.end(): entries[i + 1].start() if i + 1 < len(entries) else len(ptx)]
+        regs = sum(int(n) for n in re.findall(r"\.reg \.(?:b32|f32|b16|f16|pred|b64|f64)\s+%\w+<(\d+)>", body))
+        shared = sum(int(n) for n in re.findall(r"\.shared \.align \d+ \.b8 \w+\[(\d+)\]", body))
+        pipeline, wg = configs.get(m.group(1), ("", ""))
+        rows.append(DispatchInfo(m.group(1), pipeline, wg, {
+            "regs(declared)": regs, "shared": shared,
+            "mma": _count(r"^\s+mma\.sync", body),
+            "gload": _count(r"^\s+ld\.global", body), "gstore": _count(r"^\s+st\.global", body),
+            "atomic_add": _count(r"^\s+(atom|red)\.[\w.]*add\.f32", body),
+            "cas": _count(r"^\s+atom\.[\w.]*cas", body),
+        }))
+    return rows
+
+
+def _cpu(dump: Path) -> list[DispatchInfo]:
+    asm = "\n".join(f.read_text() for f in sorted(dump.glob("*.s")))
+    configs = _configurations(dump)
+    rows = []
+    for name in configs:
+        m = re.search(rf"^{re.escape(name)}:\n(.*?)^\.Lfunc_end", asm, flags=re.MULTILINE | re.DOTALL)
+        body = m.group(1) if m else ""
+        width = 512 if "%zmm" in body else 256 if "%ymm" in body else 128 if "%xmm" in body else (
+            128 if re.search(r"\bv\d+\.\d+[sbhd]\b|\bq\d+\b", body) else 0)
+        pipeline, wg = configs[name]
+        rows.append(DispatchInfo(name, pipeline, wg, {
+            "vector_bits": width, "instructions": _count(r"^\s+[a-z]", body),
+            "fma": _count(r"^\s+v?fmadd|^\s+vfmadd|^\s+fmla", body),
+        }))
+    return rows
+
+
+def inspect_spec(spec: KernelSpec, variant: str, dump_dir: Path | None = None) -> list[DispatchInfo]:
+    dump = dump_executables(spec, variant, dump_dir)
+    if spec.target in ("gfx950", "gfx942"):
+        return _rocm(dump, spec.target)
+    if spec.target == "cuda":
+        return _cuda(dump)
+    return _cpu(dump)
+
+
+def format_table(rows: list[DispatchInfo]) -> str:
+    keys = list(rows[0].stats) if rows else []
+    header = ["dispatch", "pipeline", "workgroup"] + keys
+    table = [[r.name, r.pipeline, r.workgroup_size] + [str(r.stats[k]) for k in keys] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *table)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in table])

@@ -1,0 +1,24 @@
+# lit configuration for the IR-level tests: one file per lowering behaviour.
+# %render prints a rendered module (nsa-iree render), %cpu / %gfx950 / %cuda are the recipes' target flags.
+import os
+import sys
+
+import lit.formats
+
+config.name = "nsa_iree"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".test"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(os.environ.get("NSA_IREE_LIT_OUT", "/tmp/nsa_iree_lit"))
+
+repo = os.path.dirname(os.path.dirname(config.test_source_root))
+sys.path.insert(0, repo)
+from nsa_iree.pipelines import load_recipe  # noqa: E402
+
+config.environment["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
+config.environment["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+config.substitutions.append(("%render", f"{sys.executable} -m nsa_iree.cli render"))
+for target in ("cpu", "gfx950", "gfx942", "cuda"):
+    if not os.path.exists(os.path.join(repo, "pipelines", f"{target}.toml")):
+        continue
+    config.substitutions.append((f"%{target}", " ".join(load_recipe(target).flags)))
