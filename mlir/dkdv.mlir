@@ -231,7 +231,7 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
         indexing_maps = [affine_map<(p, r, h, j, e) -> (p, r, h, e)>, affine_map<(p, r, h, j, e) -> (p, j, e)>,
                          affine_map<(p, r, h, j, e) -> (p, r, h, j)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DK_SCORES_CONFIG}}
+        ${DK_DP_CONFIG}}
         ins(%do_sel, %v_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>, tensor<?x${BS}x${DV}x${E}>)
         outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
     ^bb0(%x: ${E}, %y: ${E}, %acc: f32):

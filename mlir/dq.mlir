@@ -61,7 +61,7 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
                          affine_map<(b, m, g, h, t, j, e) -> (b, m, g, t, j, e)>,
                          affine_map<(b, m, g, h, t, j, e) -> (b, m, g, h, t, j)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DQ_SCORES_CONFIG}}
+        ${DQ_DP_CONFIG}}
         ins(%do_grouped, %gathered_v : tensor<?x?x${G}x${HPG}x${DV}x${E}>, tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>)
         outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
     ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
