@@ -51,7 +51,7 @@ class Recipe:
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
         values = {"MMA_DTYPE": _MMA_DTYPE[spec.dtype], "HPG": str(spec.heads_per_group),
-                  "D": str(spec.head_dim), "DV": str(spec.value_dim), "BS": str(spec.block_size),
+                  "D": str(spec.head_dim), "DV": str(spec.value_dim), "BS": str(spec.block_size), "T": str(spec.num_blocks),
                   "ROWS_PER_PIECE": str(self.rows_per_piece),
                   "HEAD_TILE": "2" if spec.heads_per_group % 2 == 0 else "1"}
         # promote_operands lists for contractions whose operands have D or Dv innermost (see _promotable):
@@ -64,7 +64,10 @@ class Recipe:
         out = {}
         for slot in ATTRIBUTE_SLOTS:
             text = self.attribute_templates.get(slot, "")
-            out[slot] = string.Template(text).substitute(values) if text else ""
+            try:
+                out[slot] = string.Template(text).substitute(values) if text else ""
+            except KeyError as err:
+                raise ValueError(f"pipelines/{self.target}.toml: {slot} uses unknown value {err}") from None
         return out
 
 
