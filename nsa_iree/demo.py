@@ -44,7 +44,7 @@ def run_demo(seq_len: int = 2048, seed: int = 0, repeats: int = 3) -> int:
           f"BS={spec.block_size} T={spec.num_blocks} {spec.dtype}, B=1, M=N={seq_len}, realistic selection\n")
 
     rows = []
-    for target in ("cpu",):
+    for target in ("gfx950", "cpu"):
         for variant in ("forward", "two-pass"):
             art = compile_artifact(spec.replace(target=target), variant)
             how = f"{art.compile_seconds:.1f} s" if art.compile_seconds else "cached"

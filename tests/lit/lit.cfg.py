@@ -1,5 +1,6 @@
 # lit configuration for the IR-level tests: one file per lowering behaviour.
-# %render prints a rendered module (nsa-iree render), %cpu / %gfx950 / %cuda are the recipes' target flags.
+# %render prints a rendered module (nsa-iree render); %cpu_flags, %gfx950_flags, ... are the recipes' flags.
+# iree-compile reading stdin names its dumps module__stdin__*.
 import os
 import sys
 
@@ -8,6 +9,7 @@ import lit.formats
 config.name = "nsa_iree"
 config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".test"]
+config.excludes = ["cat_dumps.py"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(os.environ.get("NSA_IREE_LIT_OUT", "/tmp/nsa_iree_lit"))
 
@@ -17,8 +19,9 @@ from nsa_iree.pipelines import load_recipe  # noqa: E402
 
 config.environment["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
 config.environment["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+config.substitutions.append(("%cat_dumps", f"{sys.executable} {os.path.join(config.test_source_root, 'cat_dumps.py')}"))
 config.substitutions.append(("%render", f"{sys.executable} -m nsa_iree.cli render"))
 for target in ("cpu", "gfx950", "gfx942", "cuda"):
     if not os.path.exists(os.path.join(repo, "pipelines", f"{target}.toml")):
         continue
-    config.substitutions.append((f"%{target}", " ".join(load_recipe(target).flags)))
+    config.substitutions.append((f"%{target}_flags", " ".join(load_recipe(target).flags)))
