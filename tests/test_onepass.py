@@ -16,7 +16,7 @@ from nsa_iree.pipelines import load_recipe
 from nsa_iree.reference import selection_attention_reference
 from nsa_iree.spec import DEMO_SPEC
 
-from conftest import TOLERANCE, Problem, make_inputs, reference_outputs, run_poisoned
+from conftest import TOLERANCE, Problem, assert_close_to_reference, make_inputs, reference_outputs, run_poisoned
 
 # --- skipped slots --------------------------------------------------------------------------------------
 
@@ -80,6 +80,13 @@ def test_skipped_slots_are_never_read_nor_written(dtype):
     _, _, dq_ref, dk_ref, dv_ref = reference_outputs(p, q, k, v, do, block_indices, None, o, lse)
     for name, x, ref in (("dq", dq, dq_ref), ("dk", dk, dk_ref), ("dv", dv, dv_ref)):
         assert relative_rms_error(x, ref) < TOLERANCE[torch_dtype], name
+
+
+def test_paper_head_layout_in_f32():
+    # HPG 16, D 192, Dv 128, BS 64: the largest per-row tiles of the suite (40 KiB of stack on CPU).
+    p = Problem(batch=1, m_rows=200, n=200, heads=16, kv_heads=1, head_dim=192, value_dim=128, block_size=64,
+                num_blocks=7, select=hostile_selection)
+    assert_close_to_reference(p, torch.float32, variant="one-pass")
 
 
 def test_repeated_runs_agree_within_tolerance():
