@@ -92,7 +92,11 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale):
 
 
 def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant):
-    """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype)."""
+    """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype).
+
+    two-pass: dq query-major, the block lists inverted, dk/dv block-major (no atomics).
+    one-pass: a single dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics.
+    """
     _check_destinations(dq=dq, dk=dk, dv=dv)
     batch, m_rows, _, _ = q.shape
     n = k.shape[1]
@@ -107,6 +111,10 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         entries, piece_start, piece_count = module.call("invert_block_indices", idx, n)
         module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
                     scale, dk, dv)
+        return dq, dk, dv
+    if variant == "one-pass":
+        (delta,) = module.call("selection_attention_delta", o, do)
+        module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv)
         return dq, dk, dv
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
 
@@ -151,7 +159,8 @@ def selection_attention_bwd(q, k, v, o, lse, do, block_indices, block_size=64, b
         q, k, v, block_indices, block_size, block_counts, scale: as for selection_attention_fwd.
         o: [B, M, H, Dv] and lse: [B, H, M] float32, as returned by the forward.
         do: [B, M, H, Dv], q's dtype: the gradient flowing into o.
-        variant: "two-pass" (deterministic: bitwise identical results run to run).
+        variant: "two-pass" (deterministic: bitwise identical results run to run) or "one-pass" (one
+            dispatch over query rows with f32 atomics for dk/dv: results vary run to run within rounding).
     Returns:
         dq [B, M, H, D], dk [B, N, G, D], dv [B, N, G, Dv] in q's dtype (accumulated in float32).
     """
@@ -189,7 +198,7 @@ def selection_attention(q, k, v, block_indices, block_size=64, block_counts=None
         block_size: BS, keys per block.
         block_counts: None, an int, or a [B, M, G] integer tensor.
         scale: softmax scale, default D ** -0.5.
-        variant: backward variant, "two-pass".
+        variant: backward variant, "two-pass" (bitwise reproducible) or "one-pass" (f32 atomics).
     Returns:
         o: [B, M, H, Dv] in q's dtype. Backpropagating through it gives dq, dk, dv.
     """

@@ -2,7 +2,10 @@
 
 A recipe holds the ``iree-compile`` flags of a target, the IREE runtime driver that runs its artifacts,
 its tuning parameters, and the target-specific attributes substituted into the MLIR templates (GPU
-lowering configurations; none on CPU). It knows nothing about torch.
+lowering configurations; none on CPU). The ``[onepass]`` table holds the target-specific pieces of the
+hand-written one-pass dispatch (mlir/onepass.mlir), rendered into its ``${ONEPASS_<KEY>}`` placeholders:
+unlike the attribute slots these are required (the CPU has values too), so a recipe without the table
+cannot render the one-pass variant. It knows nothing about torch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,18 @@ ATTRIBUTE_SLOTS = (
     "DQ_SCORES_CONFIG", "DQ_DP_CONFIG", "DQ_ROOT_CONFIG",
     "DV_SCORES_CONFIG", "DV_ROOT_CONFIG",
     "DK_SCORES_CONFIG", "DK_DP_CONFIG", "DK_ROOT_CONFIG",
+)
+
+# Keys of the [onepass] table, each rendered as the placeholder ONEPASS_<KEY> of mlir/onepass.mlir.
+ONEPASS_SLOTS = (
+    "LANES",                # threads per workgroup (1 on CPU: the lanes become loops)
+    "LANE_ID",              # an op giving this thread's lane as an index
+    "BARRIER",              # a workgroup barrier (empty on CPU)
+    "WORKGROUP_ALLOC",      # the op allocating the tiles shared by the lanes
+    "WORKGROUP_SPACE",      # their memory space, with its leading comma (empty on CPU)
+    "GLOBAL_PTR",           # the LLVM pointer type of the dk/dv accumulator's memory
+    "ATOMIC_ATTRIBUTES",    # attributes of the llvm.atomicrmw fadd
+    "FUNC_ATTRIBUTES",      # attributes of the dispatch function (GPU translation_info)
 )
 
 _MMA_DTYPE = {"f16": "F16", "bf16": "BF16", "f32": "F32"}
@@ -47,6 +62,7 @@ class Recipe:
     flags: tuple[str, ...]
     rows_per_piece: int
     attribute_templates: dict
+    onepass_templates: dict = dataclasses.field(default_factory=dict)
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
@@ -68,6 +84,11 @@ class Recipe:
                 out[slot] = string.Template(text).substitute(values) if text else ""
             except KeyError as err:
                 raise ValueError(f"pipelines/{self.target}.toml: {slot} uses unknown value {err}") from None
+        # A recipe without [onepass] leaves these placeholders unset: rendering onepass.mlir then fails
+        # naming the missing placeholder, and the other templates, which do not use them, are unaffected.
+        values["LANES"] = str(self.onepass_templates.get("LANES", ""))
+        for key, text in self.onepass_templates.items():
+            out[f"ONEPASS_{key}"] = string.Template(str(text)).substitute(values)
         return out
 
 
@@ -78,6 +99,10 @@ def load_recipe(target: str) -> Recipe:
     unknown = set(data.get("attributes", {})) - set(ATTRIBUTE_SLOTS)
     if unknown:
         raise ValueError(f"pipelines/{target}.toml: unknown attribute slots {sorted(unknown)}")
+    onepass = data.get("onepass", {})
+    unknown = set(onepass) - set(ONEPASS_SLOTS)
+    if unknown:
+        raise ValueError(f"pipelines/{target}.toml: unknown [onepass] keys {sorted(unknown)}")
     return Recipe(target=target, driver=data["driver"], flags=tuple(data["flags"]),
                   rows_per_piece=int(data["rows_per_piece"]),
-                  attribute_templates=dict(data.get("attributes", {})))
+                  attribute_templates=dict(data.get("attributes", {})), onepass_templates=dict(onepass))

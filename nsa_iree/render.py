@@ -2,7 +2,8 @@
 
 Templates are plain ``.mlir`` files with ``${NAME}`` placeholders for the few per-configuration values
 (head counts and dims, block size, T, element type) and for target-specific attributes, which come from
-the target's recipe in ``pipelines/`` (empty on CPU). Nothing else in the package writes MLIR.
+the target's recipe in ``pipelines/`` (empty on CPU; the one-pass dispatch's ``ONEPASS_*`` pieces have CPU
+values too). Nothing else in the package writes MLIR.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ MLIR_DIR = Path(__file__).resolve().parent.parent / "mlir"
 STAGES = {
     "forward": ("kv_blocks", "selected_slots", "forward"),
     "two-pass": ("kv_blocks", "selected_slots", "delta", "dq", "inversion", "dkdv"),
+    "one-pass": ("delta", "onepass"),
 }
 
 _MLIR_TYPE = {"f32": "f32", "f16": "f16", "bf16": "bf16"}

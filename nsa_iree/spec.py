@@ -11,7 +11,9 @@ import dataclasses
 
 DTYPES = ("f32", "f16", "bf16")
 TARGETS = ("cpu", "gfx950", "gfx942", "cuda")
-VARIANTS = ("two-pass",)
+# Backward variants: "two-pass" (inverted block lists, no atomics, bitwise reproducible) and "one-pass"
+# (one dispatch over query rows, f32 atomics for dk/dv: not bitwise reproducible).
+VARIANTS = ("two-pass", "one-pass")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,339 @@
+// One-pass backward: one hand-written dispatch over work items (m, g, b), i.e. one query row and one kv
+// group per workgroup. For the HPG heads of the group and each of the T selected blocks it recomputes
+// p = exp(scale * s - lse) and ds = p * (dp - delta), accumulates dq on chip and writes it once, and adds
+// the row's dk/dv contributions to f32 accumulators with atomics (not bitwise reproducible: the order of
+// the adds varies run to run). dk/dv are cast to the input type afterwards.
+//
+// One body serves every target. The ONEPASS_* placeholders come from the [onepass] table of
+// pipelines/<target>.toml:
+//   GPU: LANES threads per workgroup (lane = gpu.thread_id), workgroup memory for the tiles shared across
+//        lanes, gpu.barrier between the phases;
+//   CPU: llvm-cpu cannot lower gpu.thread_id, so one "lane" (0) walks every item of each distributed loop
+//        (`scf.for %i = %lane to %count step %lanes` with lanes = 1), tiles live on the stack, no barriers.
+// The f32 atomic add is llvm.atomicrmw fadd through a raw pointer: with rocdl.no_fine_grained_memory it
+// becomes global_atomic_add_f32 on gfx9 and atom/red.global.add.f32 on NVIDIA; memref.atomic_rmw would
+// become a compare-and-swap loop on AMD (../shared/docs/iree-notes.md, "How an f32 atomic add lowers").
+//
+// Skipped slots (i < 0, i * BS > pos(m), which covers i * BS >= N since pos(m) < N) are never read and
+// never written; the test is i <= floor(pos / BS), which cannot overflow. Inside the diagonal block only
+// keys <= pos(m) are read. A block listed twice is processed twice (multiplicity). An empty row selects
+// nothing, so it never touches lse (-inf there), writes dq = 0 and adds nothing.
+
+// Push constants: B, M, N (i32: sequence lengths and batch stay dynamic), then the bits of scale (f32).
+#onepass_layout = #hal.pipeline.layout<constants = 4, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, H, M] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer>,            // dk/dv f32 accumulator (tied, zero on entry)
+  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
+]>
+// Tiles shared by the lanes of a workgroup: the group's q and do rows (every key of a block reads them),
+// p and ds of the current block (computed per (head, key), read per (head, d) and per (key, d)), and the
+// dq accumulator (each lane owns the same (head, d) items throughout, so it needs no barrier).
+!onepass_q_tile = memref<${HPG}x${D}x${E}${ONEPASS_WORKGROUP_SPACE}>
+!onepass_do_tile = memref<${HPG}x${DV}x${E}${ONEPASS_WORKGROUP_SPACE}>
+!onepass_score_tile = memref<${HPG}x${BS}xf32${ONEPASS_WORKGROUP_SPACE}>
+!onepass_dq_tile = memref<${HPG}x${D}xf32${ONEPASS_WORKGROUP_SPACE}>
+
+hal.executable.source private @selection_attention_onepass_exe {
+  hal.executable.export public @selection_attention_onepass_row ordinal(0) layout(#onepass_layout)
+      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
+    hal.return %m_rows, %kv_heads, %batch : index, index, index
+  } <workgroup_size = [${ONEPASS_LANES} : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_onepass_row() ${ONEPASS_FUNC_ATTRIBUTES} {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %zero = arith.constant 0.0 : f32
+      %heads_per_group = arith.constant ${HPG} : index
+      %head_dim = arith.constant ${D} : index
+      %value_dim = arith.constant ${DV} : index
+      %block_size = arith.constant ${BS} : index
+      %kv_heads = arith.constant ${G} : index
+      %slots = arith.constant ${T} : index
+      %q_items = arith.muli %heads_per_group, %head_dim : index
+      %do_items = arith.muli %heads_per_group, %value_dim : index
+      %score_items = arith.muli %heads_per_group, %block_size : index
+
+      %lane = ${ONEPASS_LANE_ID}
+      %lanes = arith.constant ${ONEPASS_LANES} : index
+      %m = hal.interface.workgroup.id[0] : index
+      %g = hal.interface.workgroup.id[1] : index
+      %b = hal.interface.workgroup.id[2] : index
+      %batch_i32 = hal.interface.constant.load layout(#onepass_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#onepass_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#onepass_layout) ordinal(2) : i32
+      %scale_bits = hal.interface.constant.load layout(#onepass_layout) ordinal(3) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %scale = arith.bitcast %scale_bits : i32 to f32
+
+      // The accumulator is flat: dk [B, N, G, D] then dv [B, N, G, Dv]; the atomics address it by offset.
+      %kv_rows = arith.muli %batch, %n : index
+      %kv_group_rows = arith.muli %kv_rows, %kv_heads : index
+      %dk_size = arith.muli %kv_group_rows, %head_dim : index
+      %dv_size = arith.muli %kv_group_rows, %value_dim : index
+      %dkv_size = arith.addi %dk_size, %dv_size : index
+
+      %q = hal.interface.binding.subspan layout(#onepass_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+      %k = hal.interface.binding.subspan layout(#onepass_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${D}x${E}>{%batch, %n}
+      %v = hal.interface.binding.subspan layout(#onepass_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${DV}x${E}>{%batch, %n}
+      %block_indices = hal.interface.binding.subspan layout(#onepass_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#onepass_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+      %delta = hal.interface.binding.subspan layout(#onepass_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+      %do = hal.interface.binding.subspan layout(#onepass_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
+      %dkv = hal.interface.binding.subspan layout(#onepass_layout) binding(7) alignment(64) offset(%c0)
+          : memref<?xf32>{%dkv_size}
+      %dq = hal.interface.binding.subspan layout(#onepass_layout) binding(8) alignment(64) offset(%c0)
+          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+      %dkv_address = memref.extract_aligned_pointer_as_index %dkv : memref<?xf32> -> index
+      %dkv_address_i64 = arith.index_cast %dkv_address : index to i64
+      %dkv_ptr = llvm.inttoptr %dkv_address_i64 : i64 to ${ONEPASS_GLOBAL_PTR}
+
+      %q_tile = ${ONEPASS_WORKGROUP_ALLOC}() : !onepass_q_tile
+      %do_tile = ${ONEPASS_WORKGROUP_ALLOC}() : !onepass_do_tile
+      %p_tile = ${ONEPASS_WORKGROUP_ALLOC}() : !onepass_score_tile
+      %ds_tile = ${ONEPASS_WORKGROUP_ALLOC}() : !onepass_score_tile
+      %dq_tile = ${ONEPASS_WORKGROUP_ALLOC}() : !onepass_dq_tile
+
+      %h0 = arith.muli %g, %heads_per_group : index
+      scf.for %i = %lane to %q_items step %lanes {
+        %h = arith.divui %i, %head_dim : index
+        %d = arith.remui %i, %head_dim : index
+        %head = arith.addi %h0, %h : index
+        %x = memref.load %q[%b, %m, %head, %d] : memref<?x?x${H}x${D}x${E}>
+        memref.store %x, %q_tile[%h, %d] : !onepass_q_tile
+        memref.store %zero, %dq_tile[%h, %d] : !onepass_dq_tile
+      }
+      scf.for %i = %lane to %do_items step %lanes {
+        %h = arith.divui %i, %value_dim : index
+        %e = arith.remui %i, %value_dim : index
+        %head = arith.addi %h0, %h : index
+        %x = memref.load %do[%b, %m, %head, %e] : memref<?x?x${H}x${DV}x${E}>
+        memref.store %x, %do_tile[%h, %e] : !onepass_do_tile
+      }
+      ${ONEPASS_BARRIER}
+
+      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
+      %offset = arith.subi %n, %m_rows : index
+      %pos = arith.addi %m, %offset : index
+      %last_visible = arith.floordivsi %pos, %block_size : index
+      %dv_base = arith.index_cast %dk_size : index to i64
+      scf.for %t = %c0 to %slots step %c1 {
+        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+        %block = arith.index_cast %block_i32 : i32 to index
+        %not_negative = arith.cmpi sge, %block, %c0 : index
+        %not_future = arith.cmpi sle, %block, %last_visible : index
+        %selected = arith.andi %not_negative, %not_future : i1
+        // Uniform across the workgroup, so the barriers inside are reached by every lane or by none.
+        scf.if %selected {
+          %key0 = arith.muli %block, %block_size : index
+          // Keys key0 .. key0 + visible - 1 are visible: the whole block, or up to pos(m) in the diagonal one.
+          %to_pos = arith.subi %pos, %key0 : index
+          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
+          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+
+          // p and ds for every (head, key) of the block; exactly 0 for invisible keys, which are not read.
+          scf.for %i = %lane to %score_items step %lanes {
+            %h = arith.divui %i, %block_size : index
+            %j = arith.remui %i, %block_size : index
+            %is_visible = arith.cmpi slt, %j, %visible : index
+            %p, %ds = scf.if %is_visible -> (f32, f32) {
+              %key = arith.addi %key0, %j : index
+              %s_raw = scf.for %d = %c0 to %head_dim step %c1 iter_args(%acc = %zero) -> (f32) {
+                %x = memref.load %q_tile[%h, %d] : !onepass_q_tile
+                %y = memref.load %k[%b, %key, %g, %d] : memref<?x?x${G}x${D}x${E}>
+                %x32 = ${EXTF} %x : ${E} to f32
+                %y32 = ${EXTF} %y : ${E} to f32
+                %xy = arith.mulf %x32, %y32 : f32
+                %sum = arith.addf %acc, %xy : f32
+                scf.yield %sum : f32
+              }
+              %dp = scf.for %e = %c0 to %value_dim step %c1 iter_args(%acc = %zero) -> (f32) {
+                %x = memref.load %do_tile[%h, %e] : !onepass_do_tile
+                %y = memref.load %v[%b, %key, %g, %e] : memref<?x?x${G}x${DV}x${E}>
+                %x32 = ${EXTF} %x : ${E} to f32
+                %y32 = ${EXTF} %y : ${E} to f32
+                %xy = arith.mulf %x32, %y32 : f32
+                %sum = arith.addf %acc, %xy : f32
+                scf.yield %sum : f32
+              }
+              %head = arith.addi %h0, %h : index
+              %l = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
+              %dl = memref.load %delta[%b, %head, %m] : memref<?x${H}x?xf32>
+              %s = arith.mulf %s_raw, %scale : f32
+              %shifted = arith.subf %s, %l : f32
+              %p_visible = math.exp %shifted : f32
+              %dp_minus_delta = arith.subf %dp, %dl : f32
+              %ds_visible = arith.mulf %p_visible, %dp_minus_delta : f32
+              scf.yield %p_visible, %ds_visible : f32, f32
+            } else {
+              scf.yield %zero, %zero : f32, f32
+            }
+            memref.store %p, %p_tile[%h, %j] : !onepass_score_tile
+            memref.store %ds, %ds_tile[%h, %j] : !onepass_score_tile
+          }
+          ${ONEPASS_BARRIER}
+
+          // dq[h, d] += sum_j ds[h, j] k[key0 + j, d]: lanes over (head, d), coalesced reads of the K rows.
+          scf.for %i = %lane to %q_items step %lanes {
+            %h = arith.divui %i, %head_dim : index
+            %d = arith.remui %i, %head_dim : index
+            %part = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %zero) -> (f32) {
+              %key = arith.addi %key0, %j : index
+              %x = memref.load %ds_tile[%h, %j] : !onepass_score_tile
+              %y = memref.load %k[%b, %key, %g, %d] : memref<?x?x${G}x${D}x${E}>
+              %y32 = ${EXTF} %y : ${E} to f32
+              %xy = arith.mulf %x, %y32 : f32
+              %sum = arith.addf %acc, %xy : f32
+              scf.yield %sum : f32
+            }
+            %old = memref.load %dq_tile[%h, %d] : !onepass_dq_tile
+            %new = arith.addf %old, %part : f32
+            memref.store %new, %dq_tile[%h, %d] : !onepass_dq_tile
+          }
+
+          // dk[key, d] += scale * sum_h ds[h, j] q[h, d] and dv[key, e] += sum_h p[h, j] do[h, e]: the heads
+          // of the group are summed on chip, so one atomic per (key, d) instead of HPG.
+          %kv_row0 = arith.muli %b, %n : index
+          %kv_row1 = arith.addi %kv_row0, %key0 : index
+          %dk_items = arith.muli %visible, %head_dim : index
+          scf.for %i = %lane to %dk_items step %lanes {
+            %j = arith.divui %i, %head_dim : index
+            %d = arith.remui %i, %head_dim : index
+            %ds_q = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%acc = %zero) -> (f32) {
+              %x = memref.load %ds_tile[%h, %j] : !onepass_score_tile
+              %y = memref.load %q_tile[%h, %d] : !onepass_q_tile
+              %y32 = ${EXTF} %y : ${E} to f32
+              %xy = arith.mulf %x, %y32 : f32
+              %sum = arith.addf %acc, %xy : f32
+              scf.yield %sum : f32
+            }
+            %contribution = arith.mulf %ds_q, %scale : f32
+            %row = arith.addi %kv_row1, %j : index
+            %row_group0 = arith.muli %row, %kv_heads : index
+            %row_group = arith.addi %row_group0, %g : index
+            %at0 = arith.muli %row_group, %head_dim : index
+            %at = arith.addi %at0, %d : index
+            %at_i64 = arith.index_cast %at : index to i64
+            %ptr = llvm.getelementptr %dkv_ptr[%at_i64] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
+            %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
+          }
+          %dv_items = arith.muli %visible, %value_dim : index
+          scf.for %i = %lane to %dv_items step %lanes {
+            %j = arith.divui %i, %value_dim : index
+            %e = arith.remui %i, %value_dim : index
+            %contribution = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%acc = %zero) -> (f32) {
+              %x = memref.load %p_tile[%h, %j] : !onepass_score_tile
+              %y = memref.load %do_tile[%h, %e] : !onepass_do_tile
+              %y32 = ${EXTF} %y : ${E} to f32
+              %xy = arith.mulf %x, %y32 : f32
+              %sum = arith.addf %acc, %xy : f32
+              scf.yield %sum : f32
+            }
+            %row = arith.addi %kv_row1, %j : index
+            %row_group0 = arith.muli %row, %kv_heads : index
+            %row_group = arith.addi %row_group0, %g : index
+            %at0 = arith.muli %row_group, %value_dim : index
+            %at = arith.addi %at0, %e : index
+            %at_i64 = arith.index_cast %at : index to i64
+            %at_dv = arith.addi %dv_base, %at_i64 : i64
+            %ptr = llvm.getelementptr %dkv_ptr[%at_dv] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
+            %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
+          }
+          // The next selected block overwrites p_tile and ds_tile.
+          ${ONEPASS_BARRIER}
+        }
+      }
+
+      scf.for %i = %lane to %q_items step %lanes {
+        %h = arith.divui %i, %head_dim : index
+        %d = arith.remui %i, %head_dim : index
+        %head = arith.addi %h0, %h : index
+        %x = memref.load %dq_tile[%h, %d] : !onepass_dq_tile
+        %scaled = arith.mulf %x, %scale : f32
+        %x_e = ${TRUNCF} %scaled : f32 to ${E}
+        memref.store %x_e, %dq[%b, %m, %head, %d] : memref<?x?x${H}x${D}x${E}>
+      }
+      return
+    }
+  }
+}
+
+// Host side: zero the accumulator, run the dispatch, cast dk and dv to the input type.
+// dk and dv share ONE zero-filled accumulator: two separately zero-filled tied operands are CSE'd into one
+// value, and both results would then alias one buffer.
+func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
+    %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 1 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 2 : index})
+    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %zero = arith.constant 0.0 : f32
+  %kv_heads = arith.constant ${G} : index
+  %head_dim = arith.constant ${D} : index
+  %value_dim = arith.constant ${DV} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %kv_rows = arith.muli %batch, %n : index
+  %kv_group_rows = arith.muli %kv_rows, %kv_heads : index
+  %dk_size = arith.muli %kv_group_rows, %head_dim : index
+  %dv_size = arith.muli %kv_group_rows, %value_dim : index
+  %dkv_size = arith.addi %dk_size, %dv_size : index
+
+  %acc_init = tensor.empty(%dkv_size) : tensor<?xf32>
+  %acc_zero = linalg.fill ins(%zero : f32) outs(%acc_init : tensor<?xf32>) -> tensor<?xf32>
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %acc, %dq = flow.dispatch @selection_attention_onepass_exe::@selection_attention_onepass_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do, %acc_zero)
+      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows},
+         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
+         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?xf32>{%dkv_size})
+      -> (%acc_zero{%dkv_size}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
+
+  %dk_flat = tensor.extract_slice %acc[0] [%dk_size] [1] : tensor<?xf32> to tensor<?xf32>
+  %dv_flat = tensor.extract_slice %acc[%dk_size] [%dv_size] [1] : tensor<?xf32> to tensor<?xf32>
+  %dk_f32 = tensor.expand_shape %dk_flat [[0, 1, 2, 3]] output_shape [%batch, %n, ${G}, ${D}]
+      : tensor<?xf32> into tensor<?x?x${G}x${D}xf32>
+  %dv_f32 = tensor.expand_shape %dv_flat [[0, 1, 2, 3]] output_shape [%batch, %n, ${G}, ${DV}]
+      : tensor<?xf32> into tensor<?x?x${G}x${DV}xf32>
+  %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${E}>
+  %dk = linalg.generic {
+      indexing_maps = [affine_map<(b, n, g, d) -> (b, n, g, d)>, affine_map<(b, n, g, d) -> (b, n, g, d)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%dk_f32 : tensor<?x?x${G}x${D}xf32>) outs(%dk_init : tensor<?x?x${G}x${D}x${E}>) {
+  ^bb0(%x: f32, %out: ${E}):
+    %x_e = ${TRUNCF} %x : f32 to ${E}
+    linalg.yield %x_e : ${E}
+  } -> tensor<?x?x${G}x${D}x${E}>
+  %dv_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${E}>
+  %dv = linalg.generic {
+      indexing_maps = [affine_map<(b, n, g, e) -> (b, n, g, e)>, affine_map<(b, n, g, e) -> (b, n, g, e)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%dv_f32 : tensor<?x?x${G}x${DV}xf32>) outs(%dv_init : tensor<?x?x${G}x${DV}x${E}>) {
+  ^bb0(%x: f32, %out: ${E}):
+    %x_e = ${TRUNCF} %x : f32 to ${E}
+    linalg.yield %x_e : ${E}
+  } -> tensor<?x?x${G}x${DV}x${E}>
+  return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+}
