@@ -60,6 +60,14 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+def _cmd_bench(rest) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.bench import main as bench_main
+
+    bench_main(rest)
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -92,6 +100,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_cmd_demo)
 
+    sub.add_parser("bench", help="benchmarks against dense attention and fla (see bench/bench.py --help)",
+                   add_help=False)
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return _cmd_bench(argv[1:])
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -74,8 +74,11 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
     """The vmfb for (spec, variant), from the cache or freshly compiled into it (or into out_dir)."""
     recipe = load_recipe(spec.target)
     text = render_module(spec, variant)
-    key = cache_key(text, recipe.flags, spec.target)
     directory = Path(out_dir) if out_dir is not None else cache_dir()
+    try:
+        key = cache_key(text, recipe.flags, spec.target)
+    except ImportError:
+        return _prebuilt(spec, variant, text, recipe.flags, directory)
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"{variant}_{spec.name}_{key[:16]}"
     vmfb, mlir = directory / f"{stem}.vmfb", directory / f"{stem}.mlir"
@@ -83,6 +86,7 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
         return Artifact(spec, variant, vmfb, mlir, key, 0.0)
 
     _atomic_write(mlir, text.encode())
+    _atomic_write(mlir.with_suffix(".flags"), "\n".join(recipe.flags).encode())
     start = time.perf_counter()
     try:
         from iree.compiler import CompilerToolError, compile_str
@@ -95,11 +99,25 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
     return Artifact(spec, variant, vmfb, mlir, key, seconds)
 
 
+def _prebuilt(spec: KernelSpec, variant: str, text: str, flags, directory: Path) -> Artifact:
+    """On a machine with only the IREE runtime (a GPU box): an artifact compiled elsewhere is used when the
+    MLIR and flags saved beside it are exactly what this checkout renders, so it cannot be stale."""
+    for vmfb in sorted(directory.glob(f"{variant}_{spec.name}_*.vmfb")):
+        mlir, saved_flags = vmfb.with_suffix(".mlir"), vmfb.with_suffix(".flags")
+        if (mlir.exists() and saved_flags.exists() and mlir.read_text() == text
+                and saved_flags.read_text() == "\n".join(flags)):
+            return Artifact(spec, variant, vmfb, mlir, vmfb.stem.rsplit("_", 1)[-1], 0.0)
+    raise CompileError(f"iree-base-compiler is not installed and {directory} holds no artifact compiled from "
+                       f"this checkout's {variant} module for {spec.name}: compile it with `nsa-iree compile` "
+                       f"where the compiler is installed and point NSA_IREE_CACHE_DIR at the result")
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

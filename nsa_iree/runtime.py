@@ -44,8 +44,8 @@ class Device:
         if torch_device.type == "cpu":
             self.hal_device = driver.create_default_device()
         else:
-            infos = driver.query_available_devices()
-            self.hal_device = driver.create_device(infos[torch_device.index or 0])
+            index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
+            self.hal_device = driver.create_device(driver.query_available_devices()[index])
         self.hal_module = rt.create_hal_module(self.instance, self.hal_device)
         self._dlpack_type = _DLPACK_DEVICE["hip" if self.driver_name == "hip" else torch_device.type]
         self._modules: dict[Path, Module] = {}

@@ -1,0 +1,350 @@
+"""Benchmarks: nsa_iree's selection attention against dense SDPA and fla's parallel_nsa, side by side.
+
+    python -m bench.bench --device cuda --seq 8192 16384 32768 65536      # the H200 run
+    python -m bench.bench --device cpu --config cpu --seq 1024 --repeats 2 # small CPU run (CI smoke: --smoke)
+
+Every configuration is checked for correctness at a small size (against fla when importable, else the f64
+reference) before it is timed. Timings: warm-up, then the median of --repeats runs, each synchronised
+(IREE runs on its own CUDA stream: the runtime waits for torch's stream before a call, and a call returns
+when its results are ready). Results go to bench/results/: a Markdown table and a JSON record stamped with
+date, machine and versions, and a PNG plot (time against sequence length) when matplotlib is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import platform
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import nsa_iree
+from nsa_iree.demo import relative_rms_error
+from nsa_iree.reference import selection_attention_reference
+from nsa_iree.selection import realistic_block_indices, uniform_block_indices
+
+RESULTS = Path(__file__).parent / "results"
+
+CONFIGS = {
+    # anchors.md: the configuration fla and dense SDPA were measured in on the H200.
+    "anchors": dict(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    # The NSA paper's head layout.
+    "paper": dict(heads=64, kv_heads=4, head_dim=192, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    # What fits this project's 2-core CPU (anchors.md, CPU baseline).
+    "cpu": dict(heads=16, kv_heads=1, head_dim=64, value_dim=64, block_size=64, num_blocks=16, dtype="f32"),
+    "tiny": dict(heads=16, kv_heads=1, head_dim=32, value_dim=32, block_size=16, num_blocks=4, dtype="f32"),
+}
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SELECTIONS = {"realistic": realistic_block_indices, "uniform": uniform_block_indices}
+
+
+def selection_flops(cfg, seq):
+    """Forward FLOPs of the selection branch (anchors.md): 2 * M * H * (D + Dv) * T * BS; backward ~2.5x."""
+    return 2 * seq * cfg["heads"] * (cfg["head_dim"] + cfg["value_dim"]) * cfg["num_blocks"] * cfg["block_size"]
+
+
+def dense_flops(cfg, seq):
+    return 2 * cfg["heads"] * (cfg["head_dim"] + cfg["value_dim"]) * seq * seq / 2
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeats, warmup=2):
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class PeakMemory:
+    """Peak device memory in use (all allocators: torch's and IREE's), sampled from cudaMemGetInfo."""
+
+    def __init__(self, device):
+        self.device, self.peak, self._stop = device, 0, threading.Event()
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.base = total - free
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def _poll(self):
+        while not self._stop.is_set():
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.peak = max(self.peak, total - free - self.base)
+            time.sleep(0.0005)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.device.type == "cuda":
+            self._thread.join()
+
+
+def make_problem(cfg, seq, selection, device, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = DTYPES[cfg["dtype"]]
+    h, g, d, dv = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["value_dim"]
+    q = torch.randn(1, seq, h, d, generator=gen).to(device=device, dtype=dtype)
+    k = torch.randn(1, seq, g, d, generator=gen).to(device=device, dtype=dtype)
+    v = torch.randn(1, seq, g, dv, generator=gen).to(device=device, dtype=dtype)
+    do = torch.randn(1, seq, h, dv, generator=gen).to(device=device, dtype=dtype)
+    idx = SELECTIONS[selection](1, seq, seq, g, cfg["num_blocks"], cfg["block_size"], generator=gen).to(device)
+    return q, k, v, do, idx
+
+
+def fla_function():
+    try:
+        from fla.ops.nsa.parallel import ParallelNSAFunction
+    except Exception:  # noqa: BLE001 - fla is optional
+        return None
+    return ParallelNSAFunction
+
+
+# --- implementations: each returns (forward callable, backward callable) --------------------------------
+
+def nsa_iree_impl(variant):
+    def build(cfg, q, k, v, do, idx):
+        bs = cfg["block_size"]
+        state = {}
+
+        def fwd():
+            state["o"], state["lse"] = nsa_iree.selection_attention_fwd(q, k, v, idx, bs)
+
+        fwd()
+
+        def bwd():
+            nsa_iree.selection_attention_bwd(q, k, v, state["o"], state["lse"], do, idx, bs, variant=variant)
+        return fwd, bwd
+    return build
+
+
+def sdpa_impl(cfg, q, k, v, do, idx):
+    hpg = cfg["heads"] // cfg["kv_heads"]
+    qt = q.transpose(1, 2).detach().requires_grad_(True)
+    kt = k.transpose(1, 2).repeat_interleave(hpg, dim=1).detach().requires_grad_(True)
+    vt = v.transpose(1, 2).repeat_interleave(hpg, dim=1).detach().requires_grad_(True)
+    dot = do.transpose(1, 2)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            sdpa(qt, kt, vt, is_causal=True)
+
+    def bwd():
+        if "o" not in state:
+            state["o"] = sdpa(qt, kt, vt, is_causal=True)
+        state["o"].backward(dot, retain_graph=True)
+    bwd()
+    return fwd, bwd
+
+
+def fla_impl(cfg, q, k, v, do, idx):
+    fn = fla_function()
+    idx_fla = idx.to(torch.int32)
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], None, None)
+
+    def bwd():
+        if "o" not in state:
+            state["o"] = fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], None, None)
+        state["o"].backward(do, retain_graph=True)
+    bwd()
+    return fwd, bwd
+
+
+IMPLS = {
+    "nsa_iree two-pass": nsa_iree_impl("two-pass"),
+    "nsa_iree one-pass": nsa_iree_impl("one-pass"),
+    "dense sdpa": sdpa_impl,
+    "fla parallel_nsa": fla_impl,
+}
+
+
+def check(cfg, device, selection):
+    """Correctness at a small size before timing: nsa_iree's o and grads against fla or the f64 reference."""
+    seq = 512 if device.type == "cuda" else 128
+    q, k, v, do, idx = make_problem(cfg, seq, selection, device, seed=1)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o = nsa_iree.selection_attention(*leaves, idx, block_size=cfg["block_size"])
+    o.backward(do)
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    o_ref, _ = selection_attention_reference(*ref_leaves, idx, cfg["block_size"])
+    o_ref.backward(do.double())
+    errors = {"o": relative_rms_error(o.detach(), o_ref.detach())}
+    for name, a, b in zip(("dq", "dk", "dv"), leaves, ref_leaves):
+        errors[name] = relative_rms_error(a.grad, b.grad)
+    result = {"against": "f64 reference", "errors": errors}
+    fn = fla_function()
+    if fn is not None and device.type == "cuda":
+        fl = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        o_fla = fn.apply(*fl, idx.to(torch.int32), cfg["num_blocks"], cfg["block_size"], None, None)
+        o_fla.backward(do)
+        result["fla_errors"] = {"o": relative_rms_error(o_fla.detach(), o_ref.detach()),
+                                **{n: relative_rms_error(a.grad, b.grad) for n, a, b in zip(("dq", "dk", "dv"), fl, ref_leaves)}}
+    return result
+
+
+def run(args):
+    device = torch.device(args.device)
+    cfg = CONFIGS[args.config]
+    impls = [i for i in args.impl if i in IMPLS]
+    if fla_function() is None or device.type != "cuda" or cfg["heads"] // cfg["kv_heads"] < 16:
+        impls = [i for i in impls if not i.startswith("fla")]
+    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(device),
+              "versions": _versions(), "config": {"name": args.config, **cfg}, "rows": [], "checks": {}}
+    for selection in args.selection:
+        record["checks"][selection] = check(cfg, device, selection)
+        print(f"check ({selection}):", json.dumps(record["checks"][selection]), flush=True)
+        for seq in args.seq:
+            for impl in impls:
+                try:
+                    q, k, v, do, idx = make_problem(cfg, seq, selection, device)
+                    with PeakMemory(device) as mem:
+                        fwd, bwd = IMPLS[impl](cfg, q, k, v, do, idx)
+                        t_fwd = timed(fwd, device, args.repeats)
+                        t_bwd = timed(bwd, device, args.repeats)
+                    row = dict(selection=selection, seq=seq, impl=impl, fwd_ms=t_fwd * 1e3, bwd_ms=t_bwd * 1e3,
+                               peak_mem_gb=mem.peak / 1e9,
+                               input_gb=sum(t.numel() * t.element_size() for t in (q, k, v, do, idx)) / 1e9)
+                except Exception as err:  # noqa: BLE001 - record and go on (e.g. out of memory)
+                    row = dict(selection=selection, seq=seq, impl=impl, error=f"{type(err).__name__}: {err}"[:300])
+                finally:
+                    q = k = v = do = idx = None
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                record["rows"].append(row)
+                print(json.dumps(row), flush=True)
+    return record
+
+
+def _machine(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def _versions():
+    out = {"torch": torch.__version__, "nsa_iree": nsa_iree.__version__}
+    try:
+        import importlib.metadata as md
+        for name in ("iree-base-runtime", "iree-base-compiler", "fla-core", "triton"):
+            try:
+                out[name] = md.version(name)
+            except md.PackageNotFoundError:
+                pass
+    except ImportError:
+        pass
+    return out
+
+
+def markdown(record) -> str:
+    cfg = record["config"]
+    lines = [f"# Selection attention benchmark: {cfg['name']} ({record['machine']}, {record['date']})", "",
+             f"H={cfg['heads']} G={cfg['kv_heads']} D={cfg['head_dim']} Dv={cfg['value_dim']} BS={cfg['block_size']} "
+             f"T={cfg['num_blocks']} {cfg['dtype']}, B=1. Versions: "
+             + ", ".join(f"{k} {v}" for k, v in record["versions"].items()), "",
+             "Times in ms (median). 'x dense' = dense SDPA time / this time, same run, same selection. "
+             "TFLOP/s use the selection FLOP count of anchors.md (backward = 2.5 x forward).", ""]
+    for selection, check in record["checks"].items():
+        lines.append(f"Check ({selection}): " + ", ".join(f"{k} {v:.1e}" for k, v in check["errors"].items())
+                     + f" vs {check['against']}"
+                     + ("; fla: " + ", ".join(f"{k} {v:.1e}" for k, v in check["fla_errors"].items())
+                        if "fla_errors" in check else ""))
+    lines += ["", "| selection | seq | implementation | fwd ms | bwd ms | bwd x dense | bwd TFLOP/s | peak GB (inputs GB) |",
+              "|---|---|---|---|---|---|---|---|"]
+    dense = {(r["selection"], r["seq"]): r for r in record["rows"] if r["impl"] == "dense sdpa" and "bwd_ms" in r}
+    for r in record["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['selection']} | {r['seq']} | {r['impl']} | {r['error']} | | | | |")
+            continue
+        d = dense.get((r["selection"], r["seq"]))
+        speed = f"{d['bwd_ms'] / r['bwd_ms']:.2f}x" if d else ""
+        flops = 2.5 * (dense_flops if r["impl"] == "dense sdpa" else selection_flops)(cfg, r["seq"])
+        lines.append(f"| {r['selection']} | {r['seq']} | {r['impl']} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | {speed} "
+                     f"| {flops / (r['bwd_ms'] * 1e-3) / 1e12:.1f} | {r['peak_mem_gb']:.2f} ({r['input_gb']:.2f}) |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(record, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    selections = list(record["checks"])
+    fig, axes = plt.subplots(1, len(selections), figsize=(6 * len(selections), 4.5), squeeze=False)
+    for ax, selection in zip(axes[0], selections):
+        rows = [r for r in record["rows"] if r["selection"] == selection and "bwd_ms" in r]
+        dense = {r["seq"]: r["bwd_ms"] for r in rows if r["impl"] == "dense sdpa"}
+        for impl in dict.fromkeys(r["impl"] for r in rows):
+            pts = sorted((r["seq"], r["bwd_ms"]) for r in rows if r["impl"] == impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+            if impl != "dense sdpa":
+                for seq, ms in pts:
+                    if seq in dense:
+                        ax.annotate(f"{dense[seq] / ms:.1f}x", (seq, ms), textcoords="offset points", xytext=(4, -10),
+                                    fontsize=7)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("backward ms")
+        ax.set_title(f"{record['config']['name']}, {selection} selection ({record['machine']})", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="nsa-iree bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--config", choices=CONFIGS, default="anchors")
+    parser.add_argument("--seq", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
+    parser.add_argument("--selection", nargs="+", choices=SELECTIONS, default=["realistic", "uniform"])
+    parser.add_argument("--impl", nargs="+", default=list(IMPLS))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--smoke", action="store_true", help="tiny CPU run: the harness works, nothing is timed seriously")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.device, args.config, args.seq, args.repeats, args.selection = "cpu", "tiny", [256], 1, ["realistic"]
+    record = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{record['config']['name']}_{record['machine'].split()[-1].replace('(', '').replace(')', '')}"
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+    (out / f"{stem}.md").write_text(markdown(record))
+    png = plot(record, out / f"{stem}.png")
+    print(markdown(record))
+    print(f"wrote {out / (stem + '.md')}" + (f" and {png}" if png else ""))
+    return record
+
+
+if __name__ == "__main__":
+    main()
