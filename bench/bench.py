@@ -217,7 +217,10 @@ def run(args):
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(device),
               "versions": _versions(), "config": {"name": args.config, **cfg}, "rows": [], "checks": {}}
     for selection in args.selection:
-        record["checks"][selection] = check(cfg, device, selection)
+        try:
+            record["checks"][selection] = check(cfg, device, selection)
+        except Exception as err:  # noqa: BLE001 - a failed check is reported, the timings still run
+            record["checks"][selection] = {"against": "f64 reference", "errors": {}, "error": repr(err)[:500]}
         print(f"check ({selection}):", json.dumps(record["checks"][selection]), flush=True)
         for seq in args.seq:
             for impl in impls:
