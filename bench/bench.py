@@ -161,16 +161,17 @@ def sdpa_impl(cfg, q, k, v, do, idx):
 def fla_impl(cfg, q, k, v, do, idx):
     fn = fla_function()
     idx_fla = idx.to(torch.int32)
+    scale = cfg["head_dim"] ** -0.5
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
     state = {}
 
     def fwd():
         with torch.no_grad():
-            fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], None, None)
+            fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], scale, None)
 
     def bwd():
         if "o" not in state:
-            state["o"] = fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], None, None)
+            state["o"] = fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], scale, None)
         state["o"].backward(do, retain_graph=True)
     bwd()
     return fwd, bwd
@@ -199,12 +200,22 @@ def check(cfg, device, selection):
         errors[name] = relative_rms_error(a.grad, b.grad)
     result = {"against": "f64 reference", "errors": errors}
     fn = fla_function()
-    if fn is not None and device.type == "cuda":
-        fl = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        o_fla = fn.apply(*fl, idx.to(torch.int32), cfg["num_blocks"], cfg["block_size"], None, None)
-        o_fla.backward(do)
-        result["fla_errors"] = {"o": relative_rms_error(o_fla.detach(), o_ref.detach()),
-                                **{n: relative_rms_error(a.grad, b.grad) for n, a, b in zip(("dq", "dk", "dv"), fl, ref_leaves)}}
+    if fn is not None and device.type == "cuda" and cfg["heads"] // cfg["kv_heads"] >= 16:
+        try:
+            fl = [t.detach().requires_grad_(True) for t in (q, k, v)]
+            o_fla = fn.apply(*fl, idx.to(torch.int32), cfg["num_blocks"], cfg["block_size"], cfg["head_dim"] ** -0.5,
+                             None)
+            o_fla.backward(do)
+            result["fla_errors"] = {"o": relative_rms_error(o_fla.detach(), o_ref.detach()),
+                                    **{n: relative_rms_error(a.grad, b.grad)
+                                       for n, a, b in zip(("dq", "dk", "dv"), fl, ref_leaves)}}
+        except Exception as err:  # noqa: BLE001 - fla is a baseline, not the thing under test
+            result["fla_error"] = repr(err)[:300]
+    for variant in ("one-pass",):
+        vl = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        nsa_iree.selection_attention(*vl, idx, block_size=cfg["block_size"], variant=variant).backward(do)
+        result[f"{variant}_errors"] = {n: relative_rms_error(a.grad, b.grad)
+                                       for n, a, b in zip(("dq", "dk", "dv"), vl, ref_leaves)}
     return result
 
 
@@ -242,6 +253,34 @@ def run(args):
                 record["rows"].append(row)
                 print(json.dumps(row), flush=True)
     return record
+
+
+def profile(args, out):
+    """Per-kernel device time of one nsa_iree forward and backward of each variant (CUPTI sees IREE's kernels)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    device, cfg = torch.device(args.device), CONFIGS[args.config]
+    tables = {}
+    for impl in ("nsa_iree two-pass", "nsa_iree one-pass"):
+        q, k, v, do, idx = make_problem(cfg, args.profile, "realistic", device)
+        fwd, bwd = IMPLS[impl](cfg, q, k, v, do, idx)
+        for name, fn in (("forward", fwd), ("backward", bwd)):
+            if name == "forward" and impl != "nsa_iree two-pass":
+                continue
+            fn()
+            _sync(device)
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                _sync(device)
+            rows = sorted(((e.key, e.device_time_total / 1e3, e.count) for e in prof.key_averages()
+                           if e.device_time_total > 0), key=lambda r: -r[1])
+            tables[f"{impl} {name}"] = [dict(kernel=k, ms=ms, calls=c) for k, ms, c in rows[:25]]
+            print(f"## {impl} {name} at {args.profile}")
+            for k, ms, c in rows[:25]:
+                print(f"  {ms:9.3f} ms  x{c:<3} {k[:110]}")
+    (out / "profile.json").write_text(json.dumps(tables, indent=1))
+    return tables
 
 
 def _machine(device):
@@ -333,6 +372,8 @@ def main(argv=None):
     parser.add_argument("--impl", nargs="+", default=list(IMPLS))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--profile", type=int, default=0, metavar="SEQ",
+                        help="also record per-kernel GPU times (torch.profiler) of nsa_iree at this length")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: the harness works, nothing is timed seriously")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -340,6 +381,8 @@ def main(argv=None):
     record = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        record["profile"] = profile(args, out)
     stem = f"{record['config']['name']}_{record['machine'].split()[-1].replace('(', '').replace(')', '')}"
     (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
     (out / f"{stem}.md").write_text(markdown(record))
