@@ -48,12 +48,12 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   } -> tensor<?x${G}x?x?xi32>
 
   // through[b, g, i, m]: how many of rows 0..m selected block i (an inclusive scan over m), so row m's place in
-  // block i's list is through - 1, and through at m = M - 1 is the length of the list. (The accumulator
-  // of an exclusive iree_linalg_ext.scan leaves out the last element, so it cannot give the length.)
+  // block i's list is through - 1, and through at m = M - 1 is the length of the list. (The scan's
+  // accumulator result leaves out the last element in IREE 3.13, inclusive or not: it is not used.)
   %through_init = tensor.empty(%batch, %num_blocks, %m_rows) : tensor<?x${G}x?x?xi32>
   %rows_init = tensor.empty(%batch, %num_blocks) : tensor<?x${G}x?xi32>
   %rows_zero = linalg.fill ins(%c0_i32 : i32) outs(%rows_init : tensor<?x${G}x?xi32>) -> tensor<?x${G}x?xi32>
-  %through, %rows = iree_linalg_ext.scan dimension(3) inclusive(true)
+  %through, %unused_total = iree_linalg_ext.scan dimension(3) inclusive(true)
       ins(%selected : tensor<?x${G}x?x?xi32>) outs(%through_init, %rows_zero : tensor<?x${G}x?x?xi32>, tensor<?x${G}x?xi32>) {
   ^bb0(%a: i32, %b: i32):
     %s = arith.addi %a, %b : i32
@@ -61,16 +61,21 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   } -> tensor<?x${G}x?x?xi32>, tensor<?x${G}x?xi32>
 
   // Pieces per block, then the first piece of every block in (b, g, i) order.
-  %flat_blocks = tensor.collapse_shape %rows [[0, 1, 2]] : tensor<?x${G}x?xi32> into tensor<?xi32>
-  %total_blocks = tensor.dim %flat_blocks, %c0 : tensor<?xi32>
-  %count_init = tensor.empty(%total_blocks) : tensor<?xi32>
-  %piece_count = linalg.generic {
-      indexing_maps = [affine_map<(f) -> (f)>, affine_map<(f) -> (f)>], iterator_types = ["parallel"]}
-      ins(%flat_blocks : tensor<?xi32>) outs(%count_init : tensor<?xi32>) {
-  ^bb0(%r: i32, %out: i32):
-    %pieces = arith.ceildivui %r, %rows_per_piece_i32 : i32
+  %last_row = arith.subi %m_rows, %c1 : index
+  %count_init = tensor.empty(%batch, %num_blocks) : tensor<?x${G}x?xi32>
+  %piece_count_3d = linalg.generic {
+      indexing_maps = [affine_map<(b, g, i) -> (b, g, i)>], iterator_types = ["parallel", "parallel", "parallel"]}
+      outs(%count_init : tensor<?x${G}x?xi32>) {
+  ^bb0(%out: i32):
+    %b = linalg.index 0 : index
+    %g = linalg.index 1 : index
+    %i = linalg.index 2 : index
+    %rows = tensor.extract %through[%b, %g, %i, %last_row] : tensor<?x${G}x?x?xi32>
+    %pieces = arith.ceildivui %rows, %rows_per_piece_i32 : i32
     linalg.yield %pieces : i32
-  } -> tensor<?xi32>
+  } -> tensor<?x${G}x?xi32>
+  %piece_count = tensor.collapse_shape %piece_count_3d [[0, 1, 2]] : tensor<?x${G}x?xi32> into tensor<?xi32>
+  %total_blocks = tensor.dim %piece_count, %c0 : tensor<?xi32>
   %start_init = tensor.empty(%total_blocks) : tensor<?xi32>
   %total_init = tensor.empty() : tensor<i32>
   %total_zero = linalg.fill ins(%c0_i32 : i32) outs(%total_init : tensor<i32>) -> tensor<i32>

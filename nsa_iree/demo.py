@@ -17,14 +17,18 @@ TOLERANCE = {"f32": 1e-5, "f16": 5e-3, "bf16": 1e-2}
 _TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
-def relative_rms_error(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """||x - ref|| / ||ref|| over the finite entries of ref (lse is -inf on empty rows; x must match there)."""
+def relative_rms_error(x: torch.Tensor, ref: torch.Tensor, rms_floor: float = 0.0) -> float:
+    """||x - ref|| / ||ref|| over the finite entries of ref (lse is -inf on empty rows; x must match there).
+
+    rms_floor bounds the denominator below by rms_floor * sqrt(n): where the exact result is zero up to
+    rounding (e.g. dq and dk of a row that sees a single key), a relative error says nothing.
+    """
     x, ref = x.double(), ref.double()
     finite = torch.isfinite(ref)
     if not torch.equal(torch.isfinite(x), finite) or not torch.equal(x[~finite], ref[~finite]):
         return float("inf")
     num = (x[finite] - ref[finite]).norm()
-    den = ref[finite].norm()
+    den = max(float(ref[finite].norm()), rms_floor * float(finite.sum()) ** 0.5)
     return float(num / den) if den > 0 else float(num)
 
 

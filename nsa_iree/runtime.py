@@ -1,6 +1,7 @@
 """Running compiled artifacts on the tensors' device, through the IREE runtime.
 
-One IREE device per torch device (CPU -> ``local-task``, CUDA -> ``cuda``, ROCm -> ``hip``). Tensors go in
+One IREE device per torch device (CPU -> ``local-task``, CUDA -> ``cuda``, ROCm -> ``hip``).
+``NSA_IREE_CPU_THREADS`` sets the number of CPU worker threads. Tensors go in
 zero-copy through DLPack (a contiguous copy is made only for a non-contiguous, offset or unaligned view)
 and results come back zero-copy as torch tensors over IREE's memory. Intermediate results of one stage
 stay IREE buffers and are handed straight to the next stage.
@@ -9,6 +10,7 @@ stay IREE buffers and are handed straight to the next stage.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from pathlib import Path
 
@@ -40,6 +42,9 @@ class Device:
         self.torch_device = torch_device
         self.driver_name = _driver_for(torch_device)
         self.instance = rt.VmInstance()
+        if torch_device.type == "cpu" and os.environ.get("NSA_IREE_CPU_THREADS"):
+            # local-task worker count (set before the first CPU device is made; the flag is process-wide).
+            rt.flags.parse_flags(f"--task_topology_group_count={int(os.environ['NSA_IREE_CPU_THREADS'])}")
         driver = rt.get_driver(self.driver_name)
         if torch_device.type == "cpu":
             self.hal_device = driver.create_default_device()

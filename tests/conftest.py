@@ -13,6 +13,11 @@ from nsa_iree.reference import selection_attention_backward_reference, selection
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+# Inputs are standard normal, so outputs are O(1) per element. Where an output is exactly zero up to
+# rounding (dq and dk of rows that see one key: the softmax is constant there), the relative error is
+# measured against an RMS of 0.05 per element instead of the reference's own (vanishing) norm. (On the
+# configurations of test_numerics the outputs have RMS 0.11 to 1.2, so the floor never binds there.)
+RMS_FLOOR = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +91,7 @@ def assert_close_to_reference(p: Problem, dtype, seed=0, variant="two-pass"):
     report = {}
     for name, x, ref in zip(("o", "lse", "dq", "dk", "dv"), outs, refs):
         assert not torch.isnan(x).any(), f"{name}: NaN in the output (an element was never written?)"
-        report[name] = relative_rms_error(x, ref)
+        report[name] = relative_rms_error(x, ref, rms_floor=RMS_FLOOR)
     bad = {k: e for k, e in report.items() if not e < tol}
     assert not bad, f"relative RMS error above {tol:g}: {bad} (all: {report})"
     return outs, report

@@ -137,6 +137,10 @@ def list_length_one_past_a_piece(gen, p):
     return idx
 
 
+def block_zero_everywhere(gen, p):
+    return torch.zeros(p.batch, p.m_rows, p.kv_heads, p.num_blocks, dtype=torch.int32)
+
+
 EDGE_CASES = {
     "minus_one_padding": dict(select=minus_one_padding),
     "any_negative_index": dict(select=any_negative),
@@ -152,6 +156,9 @@ EDGE_CASES = {
     "realistic_selection": dict(select=realistic, m_rows=160, n=160),
     "list_one_past_a_piece": dict(select=list_length_one_past_a_piece, m_rows=200, n=200),
     "custom_scale": dict(scale=0.3),
+    # Found by the property tests: with M = 1 the block lists came out empty (the scan's accumulator).
+    "single_query_row": dict(select=block_zero_everywhere, m_rows=1, n=9),
+    "single_key": dict(select=block_zero_everywhere, m_rows=1, n=1),
 }
 
 
