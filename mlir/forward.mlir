@@ -1,13 +1,17 @@
-// Forward: o [B, M, H, Dv] and lse [B, H, M] (f32, natural log), in two fused dispatch regions that share
-// the loop structure of the dq pass (mlir/dq.mlir):
-//   lse region: s = scale * q k^T over the T*BS gathered keys, its row max over visible keys, then
-//               lse = max + log(sum exp(s - max)).
-//   o region:   p = exp(s - lse) on visible keys, o = p v (s recomputed: nothing of size T*BS per row
-//               leaves a dispatch).
+// Forward: o [B, M, H, Dv] and lse [B, H, M] (f32, natural log), with the loop structure of the dq pass
+// (mlir/dq.mlir):
+//   block statistics region: s = scale * q k^T per selected block (matrix units on GPUs), then per (row,
+//       head, slot) the max of the block's visible scores and the sum of exp(s - max). Each reduction spans
+//       one block's BS keys, so the region's root is an ordinary reduction over a contraction.
+//   combine:  lse = M + log(sum_t sum_t * exp(max_t - M)), M = max_t max_t; only 2*T floats per row and
+//       head are written between the two.
+//   o region: p = exp(s - lse) on visible keys, o = p v (s recomputed: nothing of size T*BS per row
+//       leaves a dispatch).
 // A row with no visible key gets lse = -inf and o = 0 (semantics.md, empty rows).
 // o and lse are written into the caller's %o_out and %lse_out (iree.abi.output: destination passing).
 // (iree_linalg_ext.online_attention would do this in one dispatch, but IREE 3.13's llvm-cpu tiling of its
-// head dimension gives wrong results for D > 128, so the forward is written out like the backward.)
+// head dimension gives wrong results for D > 128; a single running max/sum over all T*BS keys instead
+// became scalar code on GPUs.)
 func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
     %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
@@ -29,7 +33,11 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
       : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
 
-  %lse_rows = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}xf32>{%batch, %m_rows}) {
+  // Per selected block (t parallel): its max over the visible keys and the sum of exp(s - that max), two
+  // plain reductions over the block's BS keys. The root (the sum) reduces one block per workgroup, so the
+  // q k^T product in front of it is an ordinary contraction (matrix units on GPU targets).
+  %block_max, %block_sum = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${T}xf32>{%batch, %m_rows},
+      tensor<?x?x${G}x${HPG}x${T}xf32>{%batch, %m_rows}) {
     %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
     %gathered_k = iree_linalg_ext.gather dimension_map = [0]
         ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
@@ -52,49 +60,89 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
       %sum = arith.addf %acc, %xy : f32
       linalg.yield %sum : f32
     } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    // Row max and sum of exp(s - max) in one pass (the running sum is rescaled when the max grows), so the
-    // region has a single reduction over the T*BS keys that IREE can tile like a contraction.
-    %row_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}xf32>
-    %max_init = linalg.fill ins(%neg_inf_s : f32) outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) -> tensor<?x?x${G}x${HPG}xf32>
-    %sum_init = linalg.fill ins(%zero : f32) outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) -> tensor<?x?x${G}x${HPG}xf32>
-    %row_max, %row_sum = linalg.generic {
+    %blk_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}xf32>
+    %max_init = linalg.fill ins(%neg_inf_s : f32) outs(%blk_init : tensor<?x?x${G}x${HPG}x${T}xf32>)
+        -> tensor<?x?x${G}x${HPG}x${T}xf32>
+    %sum_init = linalg.fill ins(%zero : f32) outs(%blk_init : tensor<?x?x${G}x${HPG}x${T}xf32>)
+        -> tensor<?x?x${G}x${HPG}x${T}xf32>
+    %bmax = linalg.generic {
         indexing_maps = [affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, t, j)>,
-                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h)>,
-                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction"]}
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${FWD_LSE_MAX_CONFIG}}
         ins(%s, %key_mask : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${T}x${BS}xi1>)
-        outs(%max_init, %sum_init : tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>) {
-    ^bb0(%sv: f32, %visible: i1, %mx: f32, %sm: f32):
+        outs(%max_init : tensor<?x?x${G}x${HPG}x${T}xf32>) {
+    ^bb0(%sv: f32, %visible: i1, %mx: f32):
       %scaled = arith.mulf %sv, %scale : f32
       %masked = arith.select %visible, %scaled, %neg_inf_s : f32
       %new_max = arith.maximumf %mx, %masked : f32
-      // exp(-inf - -inf) would be NaN while nothing is visible yet: the sum is still 0 then, keep it 0.
-      %nothing_yet = arith.cmpf oeq, %new_max, %neg_inf_s : f32
-      %old_shift = arith.subf %mx, %new_max : f32
-      %rescale = math.exp %old_shift : f32
-      %kept = arith.mulf %sm, %rescale : f32
-      %new_shift = arith.subf %masked, %new_max : f32
-      %term = math.exp %new_shift : f32
-      %added = arith.addf %kept, %term : f32
-      %new_sum = arith.select %nothing_yet, %zero, %added : f32
-      linalg.yield %new_max, %new_sum : f32, f32
-    } -> (tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>)
-    %lse_value = linalg.generic {
-        indexing_maps = [affine_map<(b, m, g, h) -> (b, m, g, h)>, affine_map<(b, m, g, h) -> (b, m, g, h)>,
-                         affine_map<(b, m, g, h) -> (b, m, g, h)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-        ins(%row_max, %row_sum : tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>)
-        outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) {
-    ^bb0(%mx: f32, %sm: f32, %out: f32):
-      %empty_row = arith.cmpf oeq, %sm, %zero : f32
-      %log_sum = math.log %sm : f32
-      %l = arith.addf %mx, %log_sum : f32
-      %value = arith.select %empty_row, %neg_inf_s, %l : f32
-      linalg.yield %value : f32
-    } -> tensor<?x?x${G}x${HPG}xf32>
-    flow.return %lse_value : tensor<?x?x${G}x${HPG}xf32>
+      linalg.yield %new_max : f32
+    } -> tensor<?x?x${G}x${HPG}x${T}xf32>
+    // A block with no visible key has max -inf: its keys contribute 0 (the select keeps exp(-inf - -inf),
+    // NaN, out of the sum).
+    %bsum = linalg.generic {
+        indexing_maps = [affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${FWD_LSE_ROOT_CONFIG}}
+        ins(%s, %key_mask, %bmax : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${T}x${BS}xi1>,
+            tensor<?x?x${G}x${HPG}x${T}xf32>)
+        outs(%sum_init : tensor<?x?x${G}x${HPG}x${T}xf32>) {
+    ^bb0(%sv: f32, %visible: i1, %mx: f32, %sm: f32):
+      %scaled = arith.mulf %sv, %scale : f32
+      %shifted = arith.subf %scaled, %mx : f32
+      %e = math.exp %shifted : f32
+      %term = arith.select %visible, %e, %zero : f32
+      %added = arith.addf %sm, %term : f32
+      linalg.yield %added : f32
+    } -> tensor<?x?x${G}x${HPG}x${T}xf32>
+    flow.return %bmax, %bsum : tensor<?x?x${G}x${HPG}x${T}xf32>, tensor<?x?x${G}x${HPG}x${T}xf32>
   }
+  // Combine the T blocks: M = max_t block_max, lse = M + log(sum_t block_sum * exp(block_max - M)); -inf for
+  // a row with no visible key (M = -inf: every term is skipped and the sum stays 0).
+  %row_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}xf32>
+  %rmax_init = linalg.fill ins(%neg_inf_s : f32) outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) -> tensor<?x?x${G}x${HPG}xf32>
+  %rsum_init = linalg.fill ins(%zero : f32) outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) -> tensor<?x?x${G}x${HPG}xf32>
+  %row_max = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, h, t) -> (b, m, g, h, t)>, affine_map<(b, m, g, h, t) -> (b, m, g, h)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
+      ins(%block_max : tensor<?x?x${G}x${HPG}x${T}xf32>) outs(%rmax_init : tensor<?x?x${G}x${HPG}xf32>) {
+  ^bb0(%bm: f32, %mx: f32):
+    %new_max = arith.maximumf %mx, %bm : f32
+    linalg.yield %new_max : f32
+  } -> tensor<?x?x${G}x${HPG}xf32>
+  %row_sum = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, h, t) -> (b, m, g, h, t)>, affine_map<(b, m, g, h, t) -> (b, m, g, h, t)>,
+                       affine_map<(b, m, g, h, t) -> (b, m, g, h)>, affine_map<(b, m, g, h, t) -> (b, m, g, h)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
+      ins(%block_max, %block_sum, %row_max : tensor<?x?x${G}x${HPG}x${T}xf32>, tensor<?x?x${G}x${HPG}x${T}xf32>,
+          tensor<?x?x${G}x${HPG}xf32>)
+      outs(%rsum_init : tensor<?x?x${G}x${HPG}xf32>) {
+  ^bb0(%bm: f32, %bs: f32, %mx: f32, %sm: f32):
+    %empty_block = arith.cmpf oeq, %bm, %neg_inf_s : f32
+    %shift = arith.subf %bm, %mx : f32
+    %rescale = math.exp %shift : f32
+    %term = arith.mulf %bs, %rescale : f32
+    %kept = arith.select %empty_block, %zero, %term : f32
+    %added = arith.addf %sm, %kept : f32
+    linalg.yield %added : f32
+  } -> tensor<?x?x${G}x${HPG}xf32>
+  %lse_rows = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, h) -> (b, m, g, h)>, affine_map<(b, m, g, h) -> (b, m, g, h)>,
+                       affine_map<(b, m, g, h) -> (b, m, g, h)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%row_max, %row_sum : tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>)
+      outs(%row_init : tensor<?x?x${G}x${HPG}xf32>) {
+  ^bb0(%mx: f32, %sm: f32, %out: f32):
+    %empty_row = arith.cmpf oeq, %sm, %zero : f32
+    %log_sum = math.log %sm : f32
+    %l = arith.addf %mx, %log_sum : f32
+    %value = arith.select %empty_row, %neg_inf_s, %l : f32
+    linalg.yield %value : f32
+  } -> tensor<?x?x${G}x${HPG}xf32>
 
   %o_grouped = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${DV}x${E}>{%batch, %m_rows}) {
     %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>

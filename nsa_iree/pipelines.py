@@ -21,7 +21,7 @@ PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
 # Attribute slots the templates may use; a recipe that does not set one renders it empty.
 ATTRIBUTE_SLOTS = (
-    "FWD_LSE_SCORES_CONFIG", "FWD_O_SCORES_CONFIG", "FWD_O_ROOT_CONFIG",
+    "FWD_LSE_SCORES_CONFIG", "FWD_LSE_MAX_CONFIG", "FWD_LSE_ROOT_CONFIG", "FWD_O_SCORES_CONFIG", "FWD_O_ROOT_CONFIG",
     "DQ_SCORES_CONFIG", "DQ_DP_CONFIG", "DQ_ROOT_CONFIG",
     "DV_SCORES_CONFIG", "DV_ROOT_CONFIG",
     "DK_SCORES_CONFIG", "DK_DP_CONFIG", "DK_ROOT_CONFIG",
