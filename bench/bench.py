@@ -177,11 +177,28 @@ def fla_impl(cfg, q, k, v, do, idx):
     return fwd, bwd
 
 
+def torch_reference_impl(cfg, q, k, v, do, idx):
+    """The package's dense torch reference in f32 (CPU comparisons; it is O(M * N) in memory)."""
+    leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            selection_attention_reference(*leaves, idx, cfg["block_size"], compute_dtype=torch.float32)
+
+    def bwd():
+        if "o" not in state:
+            state["o"], _ = selection_attention_reference(*leaves, idx, cfg["block_size"], compute_dtype=torch.float32)
+        state["o"].backward(do.float(), retain_graph=True)
+    return fwd, bwd
+
+
 IMPLS = {
     "nsa_iree two-pass": nsa_iree_impl("two-pass"),
     "nsa_iree one-pass": nsa_iree_impl("one-pass"),
     "dense sdpa": sdpa_impl,
     "fla parallel_nsa": fla_impl,
+    "torch reference f32": torch_reference_impl,
 }
 
 
@@ -223,6 +240,8 @@ def run(args):
     device = torch.device(args.device)
     cfg = CONFIGS[args.config]
     impls = [i for i in args.impl if i in IMPLS]
+    if device.type == "cuda":
+        impls = [i for i in impls if i != "torch reference f32"]
     if fla_function() is None or device.type != "cuda" or cfg["heads"] // cfg["kv_heads"] < 16:
         impls = [i for i in impls if not i.startswith("fla")]
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(device),
