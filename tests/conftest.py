@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Callable
 
 import torch
@@ -92,6 +94,9 @@ def assert_close_to_reference(p: Problem, dtype, seed=0, variant="two-pass"):
     for name, x, ref in zip(("o", "lse", "dq", "dk", "dv"), outs, refs):
         assert not torch.isnan(x).any(), f"{name}: NaN in the output (an element was never written?)"
         report[name] = relative_rms_error(x, ref, rms_floor=RMS_FLOOR)
+    if os.environ.get("NSA_IREE_ERROR_LOG"):  # collect every error, e.g. for a table of the worst ones
+        with open(os.environ["NSA_IREE_ERROR_LOG"], "a") as log:
+            log.write(json.dumps({"dtype": str(dtype), "variant": variant, "errors": report}) + "\n")
     bad = {k: e for k, e in report.items() if not e < tol}
     assert not bad, f"relative RMS error above {tol:g}: {bad} (all: {report})"
     return outs, report
