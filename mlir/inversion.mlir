@@ -92,31 +92,34 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   %selected = tensor.extract_slice %sel_all[0, 0] [%lines, 256] [1, 1] : tensor<?x256xi16> to tensor<?x256xi16>
 
   // within[fb * chunks + j, k]: how many of rows j*CHUNK .. j*CHUNK + k selected block fb (inclusive,
-  // in-chunk); chunk_rows[fb, j]: the chunk's total (CHUNK > 1, so the accumulator is written).
+  // in-chunk); the chunk's total is its last element. (Scan accumulator results are not used anywhere: in
+  // IREE 3.13 they leave out the last element or, for a scanned dimension of length 1, stay unwritten.)
   // IREE's GPU scan gives each lane one line (its first dimension is spread over the lanes; a layout with
   // the lines innermost, which would coalesce, left the scan on one lane per workgroup).
   %within_init = tensor.empty(%lines) : tensor<?x256xi16>
-  %chunk_rows_init = tensor.empty(%lines) : tensor<?xi16>
-  %chunk_rows_zero = linalg.fill ins(%c0_i16 : i16) outs(%chunk_rows_init : tensor<?xi16>) -> tensor<?xi16>
-  %within, %chunk_rows_flat = iree_linalg_ext.scan dimension(1) inclusive(true)
-      ins(%selected : tensor<?x256xi16>) outs(%within_init, %chunk_rows_zero : tensor<?x256xi16>, tensor<?xi16>) {
+  %unused_init = tensor.empty(%lines) : tensor<?xi16>
+  %unused_zero = linalg.fill ins(%c0_i16 : i16) outs(%unused_init : tensor<?xi16>) -> tensor<?xi16>
+  %within, %unused_chunk_total = iree_linalg_ext.scan dimension(1) inclusive(true)
+      ins(%selected : tensor<?x256xi16>) outs(%within_init, %unused_zero : tensor<?x256xi16>, tensor<?xi16>) {
   ^bb0(%a: i16, %b: i16):
     %s = arith.addi %a, %b : i16
     iree_linalg_ext.yield %s : i16
   } -> tensor<?x256xi16>, tensor<?xi16>
-  %chunk_rows = tensor.expand_shape %chunk_rows_flat [[0, 1]] output_shape [%flat_blocks, %chunks]
-      : tensor<?xi16> into tensor<?x?xi16>
 
   // before_chunk[fb, j]: rows of chunks 0..j-1 that selected fb (an exclusive scan over the chunk totals).
-  // A block's list length is read back as before_chunk + chunk_rows at the last chunk rather than taken from
-  // a scan accumulator: IREE 3.13's llvm-cpu scan never writes the accumulator when the scanned dimension
-  // has length 1 (one chunk, M <= CHUNK), and an exclusive scan's accumulator leaves out the last element.
+  // A block's list length is before_chunk + the chunk total at its last chunk.
+  %last_in_chunk = arith.constant 255 : index
   %chunk_rows_wide_init = tensor.empty(%flat_blocks, %chunks) : tensor<?x?xi32>
   %chunk_rows_wide = linalg.generic {
-      indexing_maps = [affine_map<(f, j) -> (f, j)>, affine_map<(f, j) -> (f, j)>],
+      indexing_maps = [affine_map<(f, j) -> (f, j)>],
       iterator_types = ["parallel", "parallel"]}
-      ins(%chunk_rows : tensor<?x?xi16>) outs(%chunk_rows_wide_init : tensor<?x?xi32>) {
-  ^bb0(%r: i16, %out: i32):
+      outs(%chunk_rows_wide_init : tensor<?x?xi32>) {
+  ^bb0(%out: i32):
+    %f = linalg.index 0 : index
+    %j = linalg.index 1 : index
+    %line_0 = arith.muli %f, %chunks : index
+    %line = arith.addi %line_0, %j : index
+    %r = tensor.extract %within[%line, %last_in_chunk] : tensor<?x256xi16>
     %w = arith.extui %r : i16 to i32
     linalg.yield %w : i32
   } -> tensor<?x?xi32>
