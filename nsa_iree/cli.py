@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     p.set_defaults(fn=_cmd_inspect)
 
     p = sub.add_parser("demo", help="compile the default configuration for gfx950 and cpu, run and check it on cpu")
-    p.add_argument("--seq-len", type=int, default=2048, help="M = N (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=1024, help="M = N (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_cmd_demo)
 

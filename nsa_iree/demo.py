@@ -42,7 +42,7 @@ def _timed(fn, repeats):
     return out, statistics.median(times)
 
 
-def run_demo(seq_len: int = 2048, seed: int = 0, repeats: int = 3) -> int:
+def run_demo(seq_len: int = 1024, seed: int = 0, repeats: int = 3) -> int:
     spec = DEMO_SPEC
     print(f"nsa-iree demo: H={spec.heads} G={spec.kv_heads} D={spec.head_dim} Dv={spec.value_dim} "
           f"BS={spec.block_size} T={spec.num_blocks} {spec.dtype}, B=1, M=N={seq_len}, realistic selection\n")
