@@ -112,6 +112,14 @@ def test_bad_forward_inputs_raise_before_any_compile(case, monkeypatch):
         nsa_iree.selection_attention_fwd(*make(*inputs()))
 
 
+def test_tensors_on_different_devices_are_refused_before_any_launch():
+    q, k, v, idx = inputs()
+    with pytest.raises(ValueError, match="k is on meta but q is on cpu"):
+        nsa_iree.selection_attention_fwd(q, k.to("meta"), v, idx, BS)
+    with pytest.raises(ValueError, match="block_indices is on meta"):
+        nsa_iree.selection_attention_fwd(q, k, v, idx.to("meta"), BS)
+
+
 def test_bad_backward_inputs():
     q, k, v, idx = inputs()
     o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)

@@ -11,13 +11,13 @@ from nsa_iree.selection import realistic_block_indices
 from conftest import Problem, make_inputs, run_poisoned
 
 
-def test_two_pass_is_bitwise_identical_over_repeated_runs():
+def test_two_pass_is_bitwise_identical_over_20_runs():
     p = Problem(batch=2, m_rows=200, n=200, heads=8, kv_heads=2, head_dim=32, value_dim=32, block_size=16,
                 num_blocks=6, select=lambda gen, p: realistic_block_indices(
                     p.batch, p.m_rows, p.n, p.kv_heads, p.num_blocks, p.block_size, generator=gen))
     inputs = make_inputs(p, torch.bfloat16, seed=3)
     first = run_poisoned(p, *inputs)
-    for _ in range(5):
+    for _ in range(19):
         again = run_poisoned(p, *inputs)
         for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), first, again):
             assert torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a.view(torch.int32),
