@@ -18,6 +18,7 @@ import datetime
 import json
 import math
 import platform
+import re
 import statistics
 import threading
 import time
@@ -381,6 +382,10 @@ def plot(record, path):
     return path
 
 
+def device_is_cuda(args) -> bool:
+    return torch.device(args.device).type == "cuda"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="nsa-iree bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -402,7 +407,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     if args.profile:
         record["profile"] = profile(args, out)
-    stem = f"{record['config']['name']}_{record['machine'].split()[-1].replace('(', '').replace(')', '')}"
+    machine = record["machine"].split("(")[0].strip().split()[-1] if device_is_cuda(args) else "cpu"
+    stem = f"{record['config']['name']}_{re.sub(r'[^A-Za-z0-9]+', '_', machine)}"
     (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
     (out / f"{stem}.md").write_text(markdown(record))
     png = plot(record, out / f"{stem}.png")
