@@ -1,10 +1,12 @@
 """Running compiled artifacts on the tensors' device, through the IREE runtime.
 
 One IREE device per torch device (CPU -> ``local-task``, CUDA -> ``cuda``, ROCm -> ``hip``).
-``NSA_IREE_CPU_THREADS`` sets the number of CPU worker threads. Tensors go in
-zero-copy through DLPack (a contiguous copy is made only for a non-contiguous, offset or unaligned view)
-and results come back zero-copy as torch tensors over IREE's memory. Intermediate results of one stage
-stay IREE buffers and are handed straight to the next stage.
+``NSA_IREE_CPU_THREADS`` sets the number of CPU worker threads. Tensors go in zero-copy through DLPack
+(a contiguous copy is made only for a non-contiguous, offset or unaligned view). The public outputs are
+written by the kernels into torch tensors the caller allocated (``iree.abi.output`` arguments); other
+results stay IREE buffers, handed straight to the next stage (``Device.export_tensor`` turns one into a
+torch tensor without a copy). On CUDA, torch's stream is synchronised before each call and a call returns
+once its results are ready (IREE's synchronous calling convention).
 """
 
 from __future__ import annotations
