@@ -73,6 +73,9 @@ def cache_key(text: str, flags: tuple[str, ...], target: str) -> str:
 def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None) -> Artifact:
     """The vmfb for (spec, variant), from the cache or freshly compiled into it (or into out_dir)."""
     recipe = load_recipe(spec.target)
+    if spec.dtype not in recipe.dtypes:
+        raise ValueError(f"target {spec.target} supports dtypes {list(recipe.dtypes)} (pipelines/{spec.target}.toml), "
+                         f"got {spec.dtype}: use bf16 or f16 inputs on GPUs, or the cpu target")
     text = render_module(spec, variant)
     directory = Path(out_dir) if out_dir is not None else cache_dir()
     try:

@@ -62,6 +62,7 @@ class Recipe:
     flags: tuple[str, ...]
     rows_per_piece: int
     attribute_templates: dict
+    dtypes: tuple[str, ...] = ("f32", "f16", "bf16")
     onepass_templates: dict = dataclasses.field(default_factory=dict)
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
@@ -105,4 +106,5 @@ def load_recipe(target: str) -> Recipe:
         raise ValueError(f"pipelines/{target}.toml: unknown [onepass] keys {sorted(unknown)}")
     return Recipe(target=target, driver=data["driver"], flags=tuple(data["flags"]),
                   rows_per_piece=int(data["rows_per_piece"]),
-                  attribute_templates=dict(data.get("attributes", {})), onepass_templates=dict(onepass))
+                  attribute_templates=dict(data.get("attributes", {})), onepass_templates=dict(onepass),
+                  dtypes=tuple(data.get("dtypes", ("f32", "f16", "bf16"))))

@@ -105,3 +105,9 @@ def test_concurrent_compiles_of_one_key_do_not_corrupt_the_cache(fresh_cache):
     assert [p.wait(timeout=600) for p in procs] == [0, 0, 0]
     assert len(list(fresh_cache.glob("*.vmfb"))) == 1
     assert not list(fresh_cache.glob(".*.tmp"))
+
+
+def test_gpu_target_without_a_matrix_layout_for_the_dtype_is_refused_before_compiling(fresh_cache):
+    with pytest.raises(ValueError, match=r"target cuda supports dtypes \['bf16', 'f16'\].*got f32"):
+        compile_artifact(DEMO_SPEC.replace(target="cuda", dtype="f32"), "two-pass")
+    assert not list(fresh_cache.glob("*"))
