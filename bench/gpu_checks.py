@@ -4,6 +4,7 @@
                                               #   meant to run under `compute-sanitizer --tool memcheck|racecheck`
     python3 -m bench.gpu_checks large         # 64k and 128k tokens, B = 2, against fla (no 32-bit overflow)
     python3 -m bench.gpu_checks determinism   # two-pass bitwise identical over repeated runs on the GPU
+    python3 -m bench.gpu_checks inversion     # the inversion stage's lists on the GPU against the oracle
 """
 
 from __future__ import annotations
@@ -89,5 +90,22 @@ def determinism(repeats=20):
                       "one_pass_identical_runs": f"{one_same}/2 (not expected: f32 atomics)"}))
 
 
+def inversion():
+    """Stage-level check for a new inversion: its (entries, piece_start, piece_count) against the oracle."""
+    from nsa_iree.api import describe, kernels
+    from nsa_iree.pipelines import load_recipe
+    from nsa_iree.reference import block_lists_reference
+
+    cfg = CONFIGS["anchors"]
+    for seq in (1, 300, 2048):
+        q, k, v, do, idx = _inputs(cfg, 2, seq)
+        module = kernels(describe(q, k, v, idx, cfg["block_size"]), "two-pass", q.device)
+        got = [module.device.export_tensor(x).cpu() for x in module.call("invert_block_indices", idx, seq)]
+        want = block_lists_reference(idx.cpu(), cfg["block_size"], seq, load_recipe("cuda").rows_per_piece)
+        same = {name: bool(a.shape == e.shape and torch.equal(a, e))
+                for name, a, e in zip(("entries", "piece_start", "piece_count"), got, want)}
+        print(json.dumps({"seq": seq, **same}), flush=True)
+
+
 if __name__ == "__main__":
-    {"sanitize": sanitize, "large": large, "determinism": determinism}[sys.argv[1]]()
+    {"sanitize": sanitize, "large": large, "determinism": determinism, "inversion": inversion}[sys.argv[1]]()

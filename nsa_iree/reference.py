@@ -112,3 +112,41 @@ def selection_attention_backward_reference(q, k, v, o, lse, do, block_indices, b
     dk = scale * torch.einsum("bmhn,bmhd->bnhd", ds, qd).reshape(batch, n, groups, hpg, head_dim).sum(3)
     dv = torch.einsum("bmhn,bmhe->bnhe", p, dod).reshape(batch, n, groups, hpg, -1).sum(3)
     return delta.permute(0, 2, 1).contiguous(), dq, dk, dv
+
+
+def block_lists_reference(block_indices: torch.Tensor, block_size: int, n: int, rows_per_piece: int):
+    """The two-pass inversion's output layout, computed directly (oracle for mlir/inversion.mlir).
+
+    For every flat block fb = (b * G + g) * NB + i, in order: the query rows m (increasing, each once) with
+    a valid slot holding i, cut into pieces of rows_per_piece rows, stored as (c, fb) with
+    c = (b * M + m) * G + g; unused rows of a piece and unused pieces hold (-1, -1).
+
+    Args:
+        block_indices: [B, M, G, T] integer tensor (block_counts already folded in as -1).
+    Returns:
+        entries [P, rows_per_piece, 2] int32 with P = B * G * (ceil(M * T / rows_per_piece) + NB),
+        piece_start [B * G * NB] int32, piece_count [B * G * NB] int32.
+    """
+    batch, m_rows, groups, slots = block_indices.shape
+    num_blocks = -(-n // block_size)
+    pos = torch.arange(m_rows) + (n - m_rows)
+    idx = block_indices.to(torch.int64).cpu()
+    capacity = batch * groups * (-(-(m_rows * slots) // rows_per_piece) + num_blocks)
+    entries = torch.full((capacity * rows_per_piece, 2), -1, dtype=torch.int32)
+    starts, counts = [], []
+    piece = 0
+    for b in range(batch):
+        for g in range(groups):
+            valid = (idx[b, :, g] >= 0) & (idx[b, :, g] <= torch.div(pos, block_size, rounding_mode="floor")[:, None])
+            for i in range(num_blocks):
+                rows = torch.nonzero(((idx[b, :, g] == i) & valid).any(dim=1)).flatten()
+                fb = (b * groups + g) * num_blocks + i
+                pieces = -(-len(rows) // rows_per_piece)
+                starts.append(piece)
+                counts.append(pieces)
+                at = piece * rows_per_piece
+                entries[at:at + len(rows), 0] = ((b * m_rows + rows) * groups + g).to(torch.int32)
+                entries[at:at + len(rows), 1] = fb
+                piece += pieces
+    return (entries.view(capacity, rows_per_piece, 2), torch.tensor(starts, dtype=torch.int32),
+            torch.tensor(counts, dtype=torch.int32))
