@@ -97,6 +97,8 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     two-pass: dq query-major, the block lists inverted, dk/dv block-major (no atomics).
     one-pass: a single dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics.
     """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     _check_destinations(dq=dq, dk=dk, dv=dv)
     batch, m_rows, _, _ = q.shape
     n = k.shape[1]
@@ -105,18 +107,16 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
             t.zero_()
         return dq, dk, dv
     module = kernels(describe(q, k, v, idx, block_size), variant, q.device)
+    (delta,) = module.call("selection_attention_delta", o, do)
     if variant == "two-pass":
-        (delta,) = module.call("selection_attention_delta", o, do)
-        module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq)
-        entries, piece_start, piece_count = module.call("invert_block_indices", idx, n)
+        module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
+        entries, piece_start, piece_count = module.call("invert_block_indices", idx, n, wait_for_torch=False)
         module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
-                    scale, dk, dv)
+                    scale, dk, dv, wait_for_torch=False)
         return dq, dk, dv
-    if variant == "one-pass":
-        (delta,) = module.call("selection_attention_delta", o, do)
-        module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv)
-        return dq, dk, dv
-    raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv,
+                wait_for_torch=False)
+    return dq, dk, dv
 
 
 def _forward(q, k, v, idx, block_size, scale):

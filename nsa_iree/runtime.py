@@ -89,8 +89,11 @@ class Module:
         self.context = rt.VmContext(device.instance, modules=[device.hal_module, self.vm_module])
         self._functions = {}
 
-    def call(self, name: str, *args):
+    def call(self, name: str, *args, wait_for_torch: bool = True):
         """Invoke function `name`; tensors are imported, floats pushed as f32, ints as index/i64.
+
+        wait_for_torch: on CUDA, let torch's pending work finish first (IREE runs on its own stream). A
+        chain of stages needs it only before its first call: IREE's calls complete before they return.
 
         Returns the results as IREE buffer views (see Device.export_tensor).
         """
@@ -115,8 +118,7 @@ class Module:
             else:
                 inputs.push_ref(arg)
         outputs = rt.VmVariantList(4)
-        if self.device.torch_device.type == "cuda":
-            # IREE works on its own stream: let torch's pending work finish before IREE reads the inputs.
+        if wait_for_torch and self.device.torch_device.type == "cuda":
             torch.cuda.current_stream(self.device.torch_device).synchronize()
         self.context.invoke(fn, inputs, outputs)
         return [outputs.get_as_object(i, rt.HalBufferView) for i in range(outputs.size)]
