@@ -1,7 +1,8 @@
 """GPU robustness checks (run on the H200 through bench/run_h200.sh-style setup; no timing):
 
-    python3 -m bench.gpu_checks sanitize      # every nsa_iree dispatch of one forward + both backwards,
+    python3 -m bench.gpu_checks sanitize [SEQ]  # every nsa_iree dispatch of one forward + both backwards,
                                               #   meant to run under `compute-sanitizer --tool memcheck|racecheck`
+                                              #   (racecheck is slow: pass a small SEQ)
     python3 -m bench.gpu_checks large         # 64k and 128k tokens, B = 2, against fla (no 32-bit overflow)
     python3 -m bench.gpu_checks determinism   # two-pass bitwise identical over repeated runs on the GPU
     python3 -m bench.gpu_checks inversion     # the inversion stage's lists on the GPU against the oracle
@@ -30,46 +31,61 @@ def _inputs(cfg, batch, seq, seed=0, device="cuda"):
     return q, k, v, do, idx
 
 
-def sanitize():
-    """A mid-size problem whose selection has -1 padding, negative, future and out-of-range indices."""
-    cfg = CONFIGS["anchors"]
-    q, k, v, do, idx = _inputs(cfg, 2, 1000)
-    nb = -(-1000 // cfg["block_size"])
+def _with_bad_slots(idx, seq, block_size):
+    """-1 padding, far out-of-range, INT32_MIN and future slots mixed into a realistic selection."""
+    nb = -(-seq // block_size)
     idx[:, :, :, -1] = -1
     idx[:, ::3, :, -2] = nb + 5
     idx[:, 1::3, :, -2] = -(2**31)
     idx[:, 2::3, :, -2] = nb - 1                       # future for most rows
+    return idx
+
+
+def sanitize(seq=1000, variants=("two-pass", "one-pass")):
+    """A mid-size problem whose selection has -1 padding, negative, future and out-of-range indices."""
+    cfg = CONFIGS["anchors"]
+    q, k, v, do, idx = _inputs(cfg, 2, seq)
+    idx = _with_bad_slots(idx, seq, cfg["block_size"])
     o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, cfg["block_size"])
     out = {}
-    for variant in ("two-pass", "one-pass"):
+    for variant in variants:
         grads = nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, cfg["block_size"], variant=variant)
         torch.cuda.synchronize()
         out[variant] = [bool(torch.isfinite(t).all()) for t in grads]
-    print(json.dumps({"finite": out}))
+    print(json.dumps({"seq": seq, "finite": out}))
 
 
-def large():
+def large(seqs=(65536, 131072)):
+    """B = 2 at 64k and 128k tokens against fla. Ours runs first and its results wait on the host, so fla
+    gets the whole GPU (in one process with ours still resident, fla asked for 64 GiB more at 128k)."""
     cfg = CONFIGS["anchors"]
     fn = fla_function()
-    results = []
-    for seq in (65536, 131072):
+    for seq in seqs:
         q, k, v, do, idx = _inputs(cfg, 2, seq)
+        torch.cuda.reset_peak_memory_stats()
         o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, cfg["block_size"])
         dq, dk, dv = nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, cfg["block_size"])
-        row = {"seq": seq, "batch": 2}
+        torch.cuda.synchronize()
+        ours = {name: t.cpu() for name, t in (("o", o), ("dq", dq), ("dk", dk), ("dv", dv))}
+        row = {"seq": seq, "batch": 2, "finite": all(bool(torch.isfinite(t).all()) for t in ours.values())}
+        del o, lse, dq, dk, dv
+        torch.cuda.empty_cache()
         if fn is not None:
             leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-            o_fla = fn.apply(*leaves, idx, cfg["num_blocks"], cfg["block_size"], cfg["head_dim"] ** -0.5, None)
-            o_fla.backward(do)
-            row.update({name: relative_rms_error(a, b.grad if b.grad is not None else b)
-                        for name, a, b in (("dq", dq, leaves[0]), ("dk", dk, leaves[1]), ("dv", dv, leaves[2]))})
-            row["o"] = relative_rms_error(o, o_fla.detach())
-            # The last batch's last rows exercise the largest offsets of every address computation.
-            row["o_last_rows"] = relative_rms_error(o[1, -64:], o_fla.detach()[1, -64:])
-        row["finite"] = all(bool(torch.isfinite(t).all()) for t in (o, dq, dk, dv))
-        results.append(row)
+            try:
+                o_fla = fn.apply(*leaves, idx, cfg["num_blocks"], cfg["block_size"], cfg["head_dim"] ** -0.5, None)
+                o_fla.backward(do)
+                theirs = {"o": o_fla.detach().cpu(), "dq": leaves[0].grad.cpu(), "dk": leaves[1].grad.cpu(),
+                          "dv": leaves[2].grad.cpu()}
+                row.update({name: relative_rms_error(ours[name], theirs[name]) for name in theirs})
+                # The last batch's last rows exercise the largest offsets of every address computation.
+                row["o_last_rows"] = relative_rms_error(ours["o"][1, -64:], theirs["o"][1, -64:])
+                row["dk_last_blocks"] = relative_rms_error(ours["dk"][1, -1024:], theirs["dk"][1, -1024:])
+            except torch.OutOfMemoryError as err:
+                row["fla"] = f"out of memory: {str(err).splitlines()[0]}"
+            del leaves
         print(json.dumps(row), flush=True)
-        del q, k, v, do, idx, o, lse, dq, dk, dv
+        del q, k, v, do, idx
         torch.cuda.empty_cache()
 
 
@@ -90,22 +106,31 @@ def determinism(repeats=20):
                       "one_pass_identical_runs": f"{one_same}/2 (not expected: f32 atomics)"}))
 
 
-def inversion():
-    """Stage-level check for a new inversion: its (entries, piece_start, piece_count) against the oracle."""
+def inversion(seqs=(1, 300, 2048, 16384)):
+    """Stage-level check for a new inversion: its (entries, piece_start, piece_count) against the oracle,
+    for realistic selections and for selections with skipped slots of every kind."""
     from nsa_iree.api import describe, kernels
     from nsa_iree.pipelines import load_recipe
     from nsa_iree.reference import block_lists_reference
 
     cfg = CONFIGS["anchors"]
-    for seq in (1, 300, 2048):
-        q, k, v, do, idx = _inputs(cfg, 2, seq)
-        module = kernels(describe(q, k, v, idx, cfg["block_size"]), "two-pass", q.device)
-        got = [module.device.export_tensor(x).cpu() for x in module.call("invert_block_indices", idx, seq)]
-        want = block_lists_reference(idx.cpu(), cfg["block_size"], seq, load_recipe("cuda").rows_per_piece)
-        same = {name: bool(a.shape == e.shape and torch.equal(a, e))
-                for name, a, e in zip(("entries", "piece_start", "piece_count"), got, want)}
-        print(json.dumps({"seq": seq, **same}), flush=True)
+    for seq in seqs:
+        for selection in ("realistic", "bad_slots"):
+            q, k, v, do, idx = _inputs(cfg, 2 if seq <= 2048 else 1, seq)
+            if selection == "bad_slots":
+                idx = _with_bad_slots(idx, seq, cfg["block_size"])
+            module = kernels(describe(q, k, v, idx, cfg["block_size"]), "two-pass", q.device)
+            got = [module.device.copy_to_host(x) for x in module.call("invert_block_indices", idx, seq)]
+            want = block_lists_reference(idx.cpu(), cfg["block_size"], seq, load_recipe("cuda").rows_per_piece)
+            same = {name: bool(a.shape == e.shape and torch.equal(a, e))
+                    for name, a, e in zip(("entries", "piece_start", "piece_count"), got, want)}
+            print(json.dumps({"seq": seq, "selection": selection, **same}), flush=True)
 
 
 if __name__ == "__main__":
-    {"sanitize": sanitize, "large": large, "determinism": determinism, "inversion": inversion}[sys.argv[1]]()
+    check = {"sanitize": sanitize, "large": large, "determinism": determinism, "inversion": inversion}[sys.argv[1]]
+    sizes = [int(s) for s in sys.argv[2:]]        # optional sequence lengths
+    if sizes:
+        check(*([sizes] if check in (large, inversion) else sizes))
+    else:
+        check()

@@ -6,16 +6,30 @@
 //   piece_start[fb]  = first piece of block fb;  piece_count[fb] = ceil(rows that selected fb / ROWS_PER_PIECE)
 //
 // Pieces bound the work of one dk/dv work item: with realistic selections block 0 is selected by every row,
-// and one work item walking all M rows would serialise the pass. The list order comes from a scan over m,
-// not from atomics, so the result (and the dk/dv reduction order built on it) is the same on every run.
+// and one work item walking all M rows would serialise the pass. The list order comes from counting, not
+// from atomics, so the result (and the dk/dv reduction order built on it) is the same on every run.
 // A row that lists a block twice appears once here; the dk/dv pass counts its multiplicity.
+//
+// Cost shape (64k tokens, 4 groups: 4096 blocks x 65536 rows). IREE lowers iree_linalg_ext.scan to one
+// sequential walk per scanned line, so a scan over all M rows of every block walks 65536 steps and took
+// 150 ms on the H200. Rows are instead cut into chunks of 64 (the literal 64 in the shapes below):
+//   selected   [fb, chunk, r] i8: 1 where row chunk*64 + r lists block fb, written by a scatter of the slots;
+//   chunk_rows [.., chunk]      : rows of the chunk that selected the block (a 64-wide reduction);
+//   through    [.., chunk]      : inclusive scan of chunk_rows over the chunks (M/64 steps per line);
+//   rank of a slot              : through - chunk_rows + (rows r' <= r of its chunk that selected the
+//                                 block), a 64-wide reduction per used slot, not a scan.
+// Every scan used here is inclusive and only its first result is read: in IREE 3.13 the accumulator result
+// leaves out the last element (and stays unwritten for a scanned dimension of length 1).
 func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index)
     -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c0_i32 = arith.constant 0 : i32
   %c1_i32 = arith.constant 1 : i32
+  %c0_i8 = arith.constant 0 : i8
+  %c1_i8 = arith.constant 1 : i8
   %minus_one = arith.constant -1 : i32
+  %chunk = arith.constant 64 : index
   %block_size = arith.constant ${BS} : index
   %kv_heads = arith.constant ${G} : index
   %slots = arith.constant ${T} : index
@@ -26,42 +40,90 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   %num_blocks = arith.ceildivui %n, %block_size : index
   %offset = arith.subi %n, %m_rows : index
 
-  // selected[b, g, i, m] = 1 when row m lists block i in a slot that is not skipped.
-  %sel_init = tensor.empty(%batch, %num_blocks, %m_rows) : tensor<?x${G}x?x?xi32>
-  %sel_zero = linalg.fill ins(%c0_i32 : i32) outs(%sel_init : tensor<?x${G}x?x?xi32>) -> tensor<?x${G}x?x?xi32>
-  %selected = linalg.generic {
-      indexing_maps = [affine_map<(b, g, i, m, t) -> (b, m, g, t)>, affine_map<(b, g, i, m, t) -> (b, g, i, m)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
-      ins(%block_indices : tensor<?x?x${G}x${T}xi32>) outs(%sel_zero : tensor<?x${G}x?x?xi32>) {
-  ^bb0(%block_i32: i32, %acc: i32):
-    %i = linalg.index 2 : index
-    %m = linalg.index 3 : index
+  %chunks = arith.ceildivui %m_rows, %chunk : index
+  %bg_count = arith.muli %batch, %kv_heads : index
+  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+
+  // Where each slot's flag lives: element fb * (chunks + 1) * 64 + m of `selected` flattened. Every line
+  // has one spare chunk after its rows: a skipped slot writes there (in block 0's line), so the tensor needs
+  // no slicing before it is reshaped, and nothing reads the spare chunks' flags (their counts come after
+  // every real chunk in the scan below). Every update writes 1, so a row listing a block twice writes 1
+  // twice to one place (benign); the scatter can say unique_indices(true), whose GPU lowering is parallel
+  // (the non-unique form runs on one thread). The index is one i64 per update: a 1-D scatter, with room for
+  // B * G * NB * M flags.
+  %line_chunks = arith.addi %chunks, %c1 : index
+  %line_len = arith.muli %line_chunks, %chunk : index
+  %spare_row = arith.muli %chunks, %chunk : index
+  %flag_where_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}xi64>
+  %flag_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}xi8>
+  %flag_where, %flag_one = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, t) -> (b, m, g, t)>, affine_map<(b, m, g, t) -> (b, m, g, t)>,
+                       affine_map<(b, m, g, t) -> (b, m, g, t)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%block_indices : tensor<?x?x${G}x${T}xi32>)
+      outs(%flag_where_init, %flag_init : tensor<?x?x${G}x${T}xi64>, tensor<?x?x${G}x${T}xi8>) {
+  ^bb0(%block_i32: i32, %out_where: i64, %out_flag: i8):
+    %b = linalg.index 0 : index
+    %m = linalg.index 1 : index
+    %g = linalg.index 2 : index
     %block = arith.index_cast %block_i32 : i32 to index
     %pos = arith.addi %m, %offset : index
     %last_visible = arith.floordivsi %pos, %block_size : index
-    %same = arith.cmpi eq, %block, %i : index
-    %not_future = arith.cmpi sle, %i, %last_visible : index
-    %hit = arith.andi %same, %not_future : i1
-    %hit_i32 = arith.extui %hit : i1 to i32
-    %any = arith.maxsi %acc, %hit_i32 : i32
-    linalg.yield %any : i32
+    %not_negative = arith.cmpi sge, %block, %c0 : index
+    %not_future = arith.cmpi sle, %block, %last_visible : index
+    %chosen = arith.andi %not_negative, %not_future : i1
+    %safe_block = arith.select %chosen, %block, %c0 : index
+    %row = arith.select %chosen, %m, %spare_row : index
+    %bgx = arith.muli %b, %kv_heads : index
+    %bgi = arith.addi %bgx, %g : index
+    %fb0 = arith.muli %bgi, %num_blocks : index
+    %fb = arith.addi %fb0, %safe_block : index
+    %line_start = arith.muli %fb, %line_len : index
+    %where = arith.addi %line_start, %row : index
+    %where_i64 = arith.index_cast %where : index to i64
+    linalg.yield %where_i64, %c1_i8 : i64, i8
+  } -> (tensor<?x?x${G}x${T}xi64>, tensor<?x?x${G}x${T}xi8>)
+  %flag_where_flat = tensor.collapse_shape %flag_where [[0, 1, 2, 3]] : tensor<?x?x${G}x${T}xi64> into tensor<?xi64>
+  %slot_total = tensor.dim %flag_where_flat, %c0 : tensor<?xi64>
+  %flag_where_col = tensor.expand_shape %flag_where_flat [[0, 1]] output_shape [%slot_total, 1]
+      : tensor<?xi64> into tensor<?x1xi64>
+  %ones = tensor.collapse_shape %flag_one [[0, 1, 2, 3]] : tensor<?x?x${G}x${T}xi8> into tensor<?xi8>
+  %flag_count = arith.muli %flat_blocks, %line_len : index
+  %flags_init = tensor.empty(%flag_count) : tensor<?xi8>
+  %flags_zero = linalg.fill ins(%c0_i8 : i8) outs(%flags_init : tensor<?xi8>) -> tensor<?xi8>
+  %flags = iree_linalg_ext.scatter dimension_map = [0] unique_indices(true)
+      ins(%ones, %flag_where_col : tensor<?xi8>, tensor<?x1xi64>) outs(%flags_zero : tensor<?xi8>) {
+  ^bb0(%new: i8, %old: i8):
+    iree_linalg_ext.yield %new : i8
+  } -> tensor<?xi8>
+  %selected = tensor.expand_shape %flags [[0, 1, 2, 3, 4]]
+      output_shape [%batch, ${G}, %num_blocks, %line_chunks, 64] : tensor<?xi8> into tensor<?x${G}x?x?x64xi8>
+
+  %chunk_rows_init = tensor.empty(%batch, %num_blocks, %line_chunks) : tensor<?x${G}x?x?xi32>
+  %chunk_rows_zero = linalg.fill ins(%c0_i32 : i32) outs(%chunk_rows_init : tensor<?x${G}x?x?xi32>) -> tensor<?x${G}x?x?xi32>
+  %chunk_rows = linalg.generic {
+      indexing_maps = [affine_map<(b, g, i, j, r) -> (b, g, i, j, r)>, affine_map<(b, g, i, j, r) -> (b, g, i, j)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
+      ins(%selected : tensor<?x${G}x?x?x64xi8>) outs(%chunk_rows_zero : tensor<?x${G}x?x?xi32>) {
+  ^bb0(%flag: i8, %acc: i32):
+    %flag_i32 = arith.extui %flag : i8 to i32
+    %sum = arith.addi %acc, %flag_i32 : i32
+    linalg.yield %sum : i32
   } -> tensor<?x${G}x?x?xi32>
 
-  // through[b, g, i, m]: how many of rows 0..m selected block i (an inclusive scan over m), so row m's place in
-  // block i's list is through - 1, and through at m = M - 1 is the length of the list. (The scan's
-  // accumulator result leaves out the last element in IREE 3.13, inclusive or not: it is not used.)
-  %through_init = tensor.empty(%batch, %num_blocks, %m_rows) : tensor<?x${G}x?x?xi32>
+  %through_init = tensor.empty(%batch, %num_blocks, %line_chunks) : tensor<?x${G}x?x?xi32>
   %rows_init = tensor.empty(%batch, %num_blocks) : tensor<?x${G}x?xi32>
   %rows_zero = linalg.fill ins(%c0_i32 : i32) outs(%rows_init : tensor<?x${G}x?xi32>) -> tensor<?x${G}x?xi32>
   %through, %unused_total = iree_linalg_ext.scan dimension(3) inclusive(true)
-      ins(%selected : tensor<?x${G}x?x?xi32>) outs(%through_init, %rows_zero : tensor<?x${G}x?x?xi32>, tensor<?x${G}x?xi32>) {
+      ins(%chunk_rows : tensor<?x${G}x?x?xi32>) outs(%through_init, %rows_zero : tensor<?x${G}x?x?xi32>, tensor<?x${G}x?xi32>) {
   ^bb0(%a: i32, %b: i32):
     %s = arith.addi %a, %b : i32
     iree_linalg_ext.yield %s : i32
   } -> tensor<?x${G}x?x?xi32>, tensor<?x${G}x?xi32>
 
-  // Pieces per block, then the first piece of every block in (b, g, i) order.
-  %last_row = arith.subi %m_rows, %c1 : index
+  // Pieces per block (its list length is `through` at the last chunk), then the first piece of every block
+  // in (b, g, i) order.
+  %last_chunk = arith.subi %chunks, %c1 : index
   %count_init = tensor.empty(%batch, %num_blocks) : tensor<?x${G}x?xi32>
   %piece_count_3d = linalg.generic {
       indexing_maps = [affine_map<(b, g, i) -> (b, g, i)>], iterator_types = ["parallel", "parallel", "parallel"]}
@@ -70,13 +132,12 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
     %b = linalg.index 0 : index
     %g = linalg.index 1 : index
     %i = linalg.index 2 : index
-    %rows = tensor.extract %through[%b, %g, %i, %last_row] : tensor<?x${G}x?x?xi32>
+    %rows = tensor.extract %through[%b, %g, %i, %last_chunk] : tensor<?x${G}x?x?xi32>
     %pieces = arith.ceildivui %rows, %rows_per_piece_i32 : i32
     linalg.yield %pieces : i32
   } -> tensor<?x${G}x?xi32>
   %piece_count = tensor.collapse_shape %piece_count_3d [[0, 1, 2]] : tensor<?x${G}x?xi32> into tensor<?xi32>
-  %total_blocks = tensor.dim %piece_count, %c0 : tensor<?xi32>
-  %start_init = tensor.empty(%total_blocks) : tensor<?xi32>
+  %start_init = tensor.empty(%flat_blocks) : tensor<?xi32>
   %total_init = tensor.empty() : tensor<i32>
   %total_zero = linalg.fill ins(%c0_i32 : i32) outs(%total_init : tensor<i32>) -> tensor<i32>
   %piece_start, %total_pieces = iree_linalg_ext.scan dimension(0) inclusive(false)
@@ -86,12 +147,43 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
     iree_linalg_ext.yield %s : i32
   } -> tensor<?xi32>, tensor<i32>
 
+  // rank[b, m, g, t]: 1-based place of row m in the list of the block slot t names = rows of earlier
+  // chunks (through - chunk_rows) + rows r' <= r of its own chunk that selected the block. Skipped slots get
+  // block 0's value, which the scatter below ignores.
+  %rank_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}xi32>
+  %rank = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, t) -> (b, m, g, t)>, affine_map<(b, m, g, t) -> (b, m, g, t)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%block_indices : tensor<?x?x${G}x${T}xi32>) outs(%rank_init : tensor<?x?x${G}x${T}xi32>) {
+  ^bb0(%block_i32: i32, %out: i32):
+    %b = linalg.index 0 : index
+    %m = linalg.index 1 : index
+    %g = linalg.index 2 : index
+    %block = arith.index_cast %block_i32 : i32 to index
+    %in_range = arith.cmpi ult, %block, %num_blocks : index
+    %safe_block = arith.select %in_range, %block, %c0 : index
+    %j = arith.divui %m, %chunk : index
+    %row_in_chunk = arith.remui %m, %chunk : index
+    %through_here = tensor.extract %through[%b, %g, %safe_block, %j] : tensor<?x${G}x?x?xi32>
+    %in_chunk = tensor.extract %chunk_rows[%b, %g, %safe_block, %j] : tensor<?x${G}x?x?xi32>
+    %before = arith.subi %through_here, %in_chunk : i32
+    // A loop in the body, not a reduction dimension: IREE's GPU reduction pipeline failed to distribute
+    // a reduction whose operand is gathered, and the loop stops at the row itself (half the reads).
+    %rows_to_count = arith.addi %row_in_chunk, %c1 : index
+    %rank_here = scf.for %r = %c0 to %rows_to_count step %c1 iter_args(%acc = %before) -> (i32) {
+      %flag = tensor.extract %selected[%b, %g, %safe_block, %j, %r] : tensor<?x${G}x?x?x64xi8>
+      %flag_i32 = arith.extui %flag : i8 to i32
+      %sum = arith.addi %acc, %flag_i32 : i32
+      scf.yield %sum : i32
+    }
+    linalg.yield %rank_here : i32
+  } -> tensor<?x?x${G}x${T}xi32>
+
   // Capacity: every row adds at most T entries and every block pads at most one piece.
   %mt = arith.muli %m_rows, %slots : index
   %row_pieces = arith.ceildivui %mt, %rows_per_piece : index
   %per_group = arith.addi %row_pieces, %num_blocks : index
-  %bg = arith.muli %batch, %kv_heads : index
-  %capacity = arith.muli %bg, %per_group : index
+  %capacity = arith.muli %bg_count, %per_group : index
   %capacity_rows = arith.muli %capacity, %rows_per_piece : index
   %capacity_rows_i32 = arith.index_cast %capacity_rows : index to i32
 
@@ -101,11 +193,11 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   %update_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x2xi32>
   %target, %update = linalg.generic {
       indexing_maps = [affine_map<(b, m, g, t, x) -> (b, m, g, t)>, affine_map<(b, m, g, t, x) -> (b, m, g, t)>,
-                       affine_map<(b, m, g, t, x) -> (b, m, g, t, x)>],
+                       affine_map<(b, m, g, t, x) -> (b, m, g, t)>, affine_map<(b, m, g, t, x) -> (b, m, g, t, x)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
-      ins(%block_indices : tensor<?x?x${G}x${T}xi32>) outs(%target_init, %update_init
+      ins(%block_indices, %rank : tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>) outs(%target_init, %update_init
           : tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}x2xi32>) {
-  ^bb0(%block_i32: i32, %out_target: i32, %out_update: i32):
+  ^bb0(%block_i32: i32, %rank_here: i32, %out_target: i32, %out_update: i32):
     %b = linalg.index 0 : index
     %m = linalg.index 1 : index
     %g = linalg.index 2 : index
@@ -121,10 +213,9 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
     %bgi = arith.addi %bgx, %g : index
     %fb0 = arith.muli %bgi, %num_blocks : index
     %fb = arith.addi %fb0, %safe_block : index
-    %through_here = tensor.extract %through[%b, %g, %safe_block, %m] : tensor<?x${G}x?x?xi32>
     %start_here = tensor.extract %piece_start[%fb] : tensor<?xi32>
     %list_start = arith.muli %start_here, %rows_per_piece_i32 : i32
-    %list_end = arith.addi %list_start, %through_here : i32
+    %list_end = arith.addi %list_start, %rank_here : i32
     %place = arith.subi %list_end, %c1_i32 : i32
     %slot_target = arith.select %chosen, %place, %capacity_rows_i32 : i32
     %bm = arith.muli %b, %m_rows : index
@@ -137,7 +228,6 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
     linalg.yield %slot_target, %field_i32 : i32, i32
   } -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}x2xi32>)
   %target_flat = tensor.collapse_shape %target [[0, 1, 2, 3]] : tensor<?x?x${G}x${T}xi32> into tensor<?xi32>
-  %slot_total = tensor.dim %target_flat, %c0 : tensor<?xi32>
   %target_col = tensor.expand_shape %target_flat [[0, 1]] output_shape [%slot_total, 1] : tensor<?xi32> into tensor<?x1xi32>
   %update_flat = tensor.collapse_shape %update [[0, 1, 2, 3], [4]] : tensor<?x?x${G}x${T}x2xi32> into tensor<?x2xi32>
 

@@ -71,6 +71,12 @@ class Device:
             t = t.clone(memory_format=torch.contiguous_format)
         return self.hal_device.from_dlpack_capsule(t.__dlpack__())
 
+    def copy_to_host(self, buffer_view) -> torch.Tensor:
+        """A host copy of an IREE result (works for buffers IREE allocated itself, which CUDA cannot export)."""
+        import iree.runtime as rt
+
+        return torch.from_numpy(rt.DeviceArray(self.hal_device, buffer_view).to_host().copy())
+
     def export_tensor(self, buffer_view) -> torch.Tensor:
         """A torch tensor over the memory of an IREE result (no copy)."""
         index = self.torch_device.index or 0 if self.torch_device.type != "cpu" else 0
