@@ -11,13 +11,15 @@
 // A row that lists a block twice appears once here; the dk/dv pass counts its multiplicity.
 //
 // Cost shape (64k tokens, 4 groups: 4096 blocks x 65536 rows). IREE lowers iree_linalg_ext.scan to one
-// sequential walk per scanned line, so a scan over all M rows of every block walks 65536 steps and took
-// 150 ms on the H200. Rows are instead cut into chunks of 64 (the literal 64 in the shapes below):
-//   selected   [fb, chunk, r] i8: 1 where row chunk*64 + r lists block fb, written by a scatter of the slots;
-//   chunk_rows [.., chunk]      : rows of the chunk that selected the block (a 64-wide reduction);
-//   through    [.., chunk]      : inclusive scan of chunk_rows over the chunks (M/64 steps per line);
-//   rank of a slot              : through - chunk_rows + (rows r' <= r of its chunk that selected the
-//                                 block), a 64-wide reduction per used slot, not a scan.
+// sequential walk per scanned line, so a scan over all M rows of every block walks 65536 steps (150 ms on
+// the H200). Rows are instead cut into chunks of 64 (the literal 64 in the shapes below); 5.5 ms in all:
+//   selected   [b, g, i, chunk, r] i8: 1 where row chunk*64 + r lists block i, written by a 1-D scatter
+//                                      of the slots (a 2-D scatter of these flags gave wrong lists on the
+//                                      H200; tests/lit/dispatch_count.test keeps every scatter 1-D);
+//   chunk_rows [b, g, i, chunk]      : rows of the chunk that selected the block (a 64-wide reduction);
+//   through    [b, g, i, chunk]      : inclusive scan of chunk_rows over the chunks (M/64 steps per line);
+//   rank of a slot                   : through - chunk_rows + rows r' <= r of its chunk that selected the
+//                                      block (a loop of at most 64 steps per slot, no scan).
 // Every scan used here is inclusive and only its first result is read: in IREE 3.13 the accumulator result
 // leaves out the last element (and stays unwritten for a scanned dimension of length 1).
 func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index)

@@ -11,6 +11,7 @@ cannot render the one-pass variant. It knows nothing about torch.
 from __future__ import annotations
 
 import dataclasses
+import os
 import string
 import tomllib
 from pathlib import Path
@@ -18,6 +19,13 @@ from pathlib import Path
 from .spec import TARGETS, KernelSpec
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
+
+
+def pipelines_dir() -> Path:
+    """Where recipes are read from: ``$NSA_IREE_PIPELINES_DIR`` (tuning sweeps, see bench/sweep.py) or
+    ``pipelines/``. The rendered MLIR and flags key the artifact cache, so a changed recipe never reuses an
+    artifact built from another one."""
+    return Path(os.environ.get("NSA_IREE_PIPELINES_DIR") or PIPELINES_DIR)
 
 # Attribute slots the templates may use; a recipe that does not set one renders it empty.
 ATTRIBUTE_SLOTS = (
@@ -96,7 +104,7 @@ class Recipe:
 def load_recipe(target: str) -> Recipe:
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    data = tomllib.loads((PIPELINES_DIR / f"{target}.toml").read_text())
+    data = tomllib.loads((pipelines_dir() / f"{target}.toml").read_text())
     unknown = set(data.get("attributes", {})) - set(ATTRIBUTE_SLOTS)
     if unknown:
         raise ValueError(f"pipelines/{target}.toml: unknown attribute slots {sorted(unknown)}")

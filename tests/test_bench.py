@@ -19,3 +19,25 @@ def test_bench_smoke_run_writes_table_and_record(tmp_path):
     md = next(tmp_path.glob("*.md")).read_text()
     assert "| realistic | 256 | nsa_iree two-pass |" in md
     assert json.loads(next(tmp_path.glob("*.json")).read_text())["config"]["name"] == "tiny"
+
+
+def test_sweep_variants_load_their_own_recipe(tmp_path):
+    """A sweep variant is compiled from, and run with, its own recipe: rows_per_piece 32 changes the
+    artifact (a different rendered inversion) but not the gradients."""
+    from bench import sweep
+
+    import os
+
+    before = {key: os.environ.get(key) for key in ("NSA_IREE_CACHE_DIR", "NSA_IREE_PIPELINES_DIR")}
+    sweep.main(["prepare", "--target", "cpu", "--config", "tiny", "--dir", str(tmp_path),
+                "--variants", "rows_per_piece 32"])
+    recipes = sorted(p.name for p in (tmp_path / "recipes").iterdir())
+    assert recipes == ["baseline", "rows_per_piece_32"]
+    assert "rows_per_piece = 32" in (tmp_path / "recipes" / "rows_per_piece_32" / "cpu.toml").read_text()
+    assert len(list((tmp_path / "artifacts").glob("two-pass_*.vmfb"))) == 2
+    sweep.main(["run", "--device", "cpu", "--config", "tiny", "--dir", str(tmp_path), "--seq", "200",
+                "--repeats", "1", "--out", str(tmp_path / "out"), "--target", "cpu"])
+    rows = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert [r["variant"] for r in rows] == ["baseline", "rows_per_piece 32"]
+    assert all("bwd_ms" in r and r["difference"] < 1e-5 for r in rows), rows
+    assert {key: os.environ.get(key) for key in before} == before       # the sweep leaves no variant selected
