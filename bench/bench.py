@@ -38,6 +38,11 @@ CONFIGS = {
     "anchors": dict(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     # The NSA paper's head layout.
     "paper": dict(heads=64, kv_heads=4, head_dim=192, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    # Fewer heads per group than the MMA tile's 16 rows (the anchors layout with 32, 16 and 4 query heads):
+    # what the padded tiles cost on GPUs.
+    "hpg8": dict(heads=32, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    "hpg4": dict(heads=16, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    "hpg1": dict(heads=4, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     # What fits this project's 2-core CPU (anchors.md, CPU baseline).
     "cpu": dict(heads=16, kv_heads=1, head_dim=64, value_dim=64, block_size=64, num_blocks=16, dtype="f32"),
     "tiny": dict(heads=16, kv_heads=1, head_dim=32, value_dim=32, block_size=16, num_blocks=4, dtype="f32"),

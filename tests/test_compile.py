@@ -25,8 +25,9 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 def _without_attributes(spec, variant):
+    """The module with the target's attributes left out and its tuning values (rows_per_piece) the CPU's."""
     recipe = load_recipe(spec.target)
-    blank = type(recipe)(recipe.target, recipe.driver, recipe.flags, recipe.rows_per_piece, {})
+    blank = type(recipe)(recipe.target, recipe.driver, recipe.flags, load_recipe("cpu").rows_per_piece, {})
     return "\n".join(render.render_template(name, spec, blank) for name in render.STAGES[variant])
 
 
