@@ -1,0 +1,43 @@
+"""gfx950 ISA budgets of the hot dispatches (compile only: no AMD GPU is reachable).
+
+Every fused contraction region must run on the matrix units, keep at least 2 waves per SIMD, fit its LDS in
+160 KB and never spill; no dispatch of either module may spill. The regions are found by dispatch number
+(tests/lit/dispatch_count.test pins the numbering); IREE names them `matmul_like` or, with fewer than 16
+heads per group, `gather_..._generic`.
+Read from the kernel metadata by `nsa_iree.inspect` (what `nsa-iree inspect --target gfx950` prints).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nsa_iree.inspect import LDS_BYTES, inspect_spec
+from nsa_iree.spec import DEMO_SPEC, KernelSpec
+
+ANCHORS = KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16,
+                     dtype="bf16", target="gfx950")
+
+FUSED_REGIONS = {
+    "forward": ("fwd_dispatch_4_", "fwd_dispatch_6_"),                          # block statistics, o
+    "two-pass": ("dq_dispatch_4_", "dkdv_dispatch_5_", "dkdv_dispatch_6_"),     # dq, dv, dk
+}
+
+CONFIGS = {
+    "demo_h16g1_d192": DEMO_SPEC.replace(target="gfx950"),
+    "anchors_h64g4_d128": ANCHORS,
+    "four_heads_per_group_f16": ANCHORS.replace(heads=16, dtype="f16"),
+}
+
+
+@pytest.mark.parametrize("variant", ["forward", "two-pass"])
+@pytest.mark.parametrize("config", CONFIGS, ids=list(CONFIGS))
+def test_gfx950_fused_regions_within_budget(config, variant):
+    rows = inspect_spec(CONFIGS[config], variant)
+    regions = [r for r in rows if any(tag in r.name for tag in FUSED_REGIONS[variant])]
+    assert len(regions) == len(FUSED_REGIONS[variant]), [r.name for r in rows]
+    for r in regions:
+        assert r.stats["mfma"] > 0, r
+        assert r.stats["waves/simd"] >= 2, r
+        assert r.stats["lds"] <= LDS_BYTES["gfx950"], r
+    for r in rows:
+        assert r.stats["scratch"] == 0, r
