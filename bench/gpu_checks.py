@@ -6,6 +6,7 @@
     python3 -m bench.gpu_checks large         # 64k and 128k tokens, B = 2, against fla (no 32-bit overflow)
     python3 -m bench.gpu_checks determinism   # two-pass bitwise identical over repeated runs on the GPU
     python3 -m bench.gpu_checks inversion     # the inversion stage's lists on the GPU against the oracle
+    python3 -m bench.gpu_checks nonfinite     # NaN / Inf in an unselected block reaches no output
 """
 
 from __future__ import annotations
@@ -139,8 +140,25 @@ def inversion(seqs=(1, 300, 2048, 16384)):
             print(json.dumps({"seq": seq, "selection": selection, **same}), flush=True)
 
 
+def nonfinite(seq=2048):
+    """NaN / Inf in K and V of a block no row selects (every slot naming it set to -1) must not reach any
+    output: skipped slots gather the zero block."""
+    cfg = CONFIGS["anchors"]
+    q, k, v, do, idx = _inputs(cfg, 2, seq)
+    idx = torch.where(idx == 0, torch.full_like(idx, -1), idx)
+    k[:, :cfg["block_size"]] = float("nan")
+    v[:, :cfg["block_size"]] = float("inf")
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, cfg["block_size"])
+    out = {"o": bool(torch.isfinite(o).all())}
+    for variant in ("two-pass", "one-pass"):
+        grads = nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, cfg["block_size"], variant=variant)
+        out[variant] = [bool(torch.isfinite(t).all()) for t in grads]
+    print(json.dumps({"seq": seq, "finite": out}))
+
+
 if __name__ == "__main__":
-    check = {"sanitize": sanitize, "large": large, "determinism": determinism, "inversion": inversion}[sys.argv[1]]
+    check = {"sanitize": sanitize, "large": large, "determinism": determinism, "inversion": inversion,
+             "nonfinite": nonfinite}[sys.argv[1]]
     sizes = [int(s) for s in sys.argv[2:]]        # optional sequence lengths
     if sizes:
         check(*([sizes] if check in (large, inversion) else sizes))

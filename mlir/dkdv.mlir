@@ -82,7 +82,11 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
     %r = linalg.index 1 : index
     %c_i32 = tensor.extract %entries[%p, %r, %c0] : tensor<?x${ROWS_PER_PIECE}x2xi32>
     %used = arith.cmpi sge, %c_i32, %c0_i32 : i32
-    %c_safe_i32 = arith.maxsi %c_i32, %c0_i32 : i32
+    // A padding row re-reads the piece's first row (weight 0): a row of this block's list, so a NaN it
+    // carries (0 * NaN) is one that row already brings to the block, never one from an unrelated row.
+    %first_i32 = tensor.extract %entries[%p, %c0, %c0] : tensor<?x${ROWS_PER_PIECE}x2xi32>
+    %pad_row_i32 = arith.maxsi %first_i32, %c0_i32 : i32
+    %c_safe_i32 = arith.select %used, %c_i32, %pad_row_i32 : i32
     %c_row = arith.index_cast %c_safe_i32 : i32 to index
     %fb = arith.index_cast %fb_i32 : i32 to index
     %block = arith.remui %fb, %num_blocks : index

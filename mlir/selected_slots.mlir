@@ -1,6 +1,6 @@
 // Which keys each (b, m, g) query row sees, from its T slots (semantics.md, "Which keys a query row sees").
-//   block_gather_index[b, m, g, t]: row of key_blocks to gather for slot t; a skipped slot points at a
-//                                   harmless in-range block and is masked out.
+//   block_gather_index[b, m, g, t]: row of key_blocks to gather for slot t; a skipped slot points at the
+//                                   zero block B * G * NB (see kv_blocks.mlir) and is masked out.
 //   key_mask[b, m, g, t, j]:        key i*BS + j is visible: slot not skipped and i*BS + j <= pos(m).
 // A slot is skipped when i < 0 or i*BS > pos(m) (future; covers i*BS >= N); pos(m) = m + N - M.
 // Comparing i <= floor(pos / BS) instead of i*BS <= pos avoids overflow for huge indices.
@@ -31,11 +31,13 @@ func.func private @selected_slots(%block_indices: tensor<?x?x${G}x${T}xi32>, %n:
     %not_negative = arith.cmpi sge, %block, %c0 : index
     %not_future = arith.cmpi sle, %block, %last_visible : index
     %selected = arith.andi %not_negative, %not_future : i1
-    %safe_block = arith.select %selected, %block, %c0 : index
     %bg0 = arith.muli %b, %kv_heads : index
     %bg = arith.addi %bg0, %g : index
     %row0 = arith.muli %bg, %num_blocks : index
-    %row = arith.addi %row0, %safe_block : index
+    %row_selected = arith.addi %row0, %block : index
+    %bg_count = arith.muli %batch, %kv_heads : index
+    %zero_block = arith.muli %bg_count, %num_blocks : index
+    %row = arith.select %selected, %row_selected, %zero_block : index
     %row_i32 = arith.index_cast %row : index to i32
     linalg.yield %row_i32 : i32
   } -> tensor<?x?x${G}x${T}xi32>

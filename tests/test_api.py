@@ -84,6 +84,55 @@ def test_nan_input_gives_nan_output_without_hanging():
     assert torch.isnan(dq[0, 5, 0]).any() and not torch.isnan(dq[1]).any()
 
 
+
+def _grads(q, k, v, idx, do, variant):
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o = nsa_iree.selection_attention(*leaves, idx, block_size=BS, variant=variant)
+    o.backward(do)
+    return [o.detach()] + [t.grad for t in leaves]
+
+
+def _reference_grads(q, k, v, idx, do):
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    o, _ = selection_attention_reference(*leaves, idx, BS)
+    o.backward(do.double())
+    return [o.detach()] + [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("variant", ["two-pass", "one-pass"])
+def test_non_finite_values_in_an_unselected_block_stay_out(variant):
+    """NaN/Inf in K/V of a block no row selects (its slots are -1 or out of range) change nothing: skipped
+    slots gather a zero block, never a real one whose masked values would still be multiplied by 0."""
+    q, k, v, idx = inputs()
+    idx = torch.where(idx == 0, torch.full_like(idx, -1), idx)           # block 0: the first block anyone
+    idx[:, :, :, -1] = 99                                               # would pick for a skipped slot
+    do = torch.randn(B, M, H, DV, generator=torch.Generator().manual_seed(3))
+    clean = _reference_grads(q, k, v, idx, do)
+    k[:, :BS] = float("nan")
+    v[:, :BS] = float("inf")
+    for name, ours, ref in zip(("o", "dq", "dk", "dv"), _grads(q, k, v, idx, do, variant), clean):
+        assert torch.isfinite(ours).all() and relative_rms_error(ours, ref) < 1e-5, name
+
+
+@pytest.mark.parametrize("variant", ["two-pass", "one-pass"])
+def test_a_nan_query_row_reaches_only_its_own_outputs_and_blocks(variant):
+    """A NaN in one query row makes that row's o / dq NaN and may reach the dk / dv of the block it selected,
+    nothing else (the two-pass dk/dv pieces pad with a row of the same block's list, never an unrelated row)."""
+    q, k, v, idx = inputs()
+    idx[0, 0] = torch.tensor([1, -1, 99])                               # row 0 selects only block 1
+    do = torch.randn(B, M, H, DV, generator=torch.Generator().manual_seed(3))
+    clean = _reference_grads(q, k, v, idx, do)
+    q[0, 0] = float("nan")
+    o, dq, dk, dv = _grads(q, k, v, idx, do, variant)
+    rows = torch.ones(B, M, dtype=torch.bool)
+    rows[0, 0] = False
+    keys = torch.ones(B, N, dtype=torch.bool)
+    keys[0, BS:2 * BS] = False
+    for name, ours, ref, keep in (("o", o, clean[0], rows), ("dq", dq, clean[1], rows), ("dk", dk, clean[2], keys),
+                                  ("dv", dv, clean[3], keys)):
+        assert torch.isfinite(ours[keep]).all() and relative_rms_error(ours[keep], ref[keep]) < 1e-5, name
+    assert torch.isnan(o[0, 0]).all()
+
 BAD_INPUTS = {
     "q_rank": (lambda q, k, v, i: (q[0], k, v, i, BS), ValueError, "q must have shape [B, M, H, D]"),
     "k_batch": (lambda q, k, v, i: (q, k[:1], v, i, BS), ValueError, "k must have shape [B, N, G, D]"),
