@@ -85,9 +85,9 @@ def _slug(name: str) -> str:
 def prepare(args):
     from nsa_iree.compiler import CompileError, compile_artifact
     from nsa_iree.pipelines import PIPELINES_DIR
+    from nsa_iree.spec import KernelSpec
 
     from .bench import CONFIGS
-    from nsa_iree.spec import KernelSpec
 
     cfg = CONFIGS[args.config]
     spec = KernelSpec(heads=cfg["heads"], kv_heads=cfg["kv_heads"], head_dim=cfg["head_dim"],
