@@ -105,15 +105,20 @@ class PeakMemory:
             self._thread.join()
 
 
-def make_problem(cfg, seq, selection, device, seed=0):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+def make_problem(cfg, seq, selection, device, seed=0, batch=1, generate_on_device=False):
+    """q, k, v, do (cfg's dtype) and block indices [batch, seq, G, T] on `device`.
+
+    generate_on_device draws them with a generator on `device` instead of the host: the selection's scores
+    are [B, M, G, NB] (2G floats at 128k tokens with B = 2), too slow to rank on the host.
+    """
+    where = device if generate_on_device else "cpu"
+    gen = torch.Generator(device=where).manual_seed(seed)
     dtype = DTYPES[cfg["dtype"]]
     h, g, d, dv = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["value_dim"]
-    q = torch.randn(1, seq, h, d, generator=gen).to(device=device, dtype=dtype)
-    k = torch.randn(1, seq, g, d, generator=gen).to(device=device, dtype=dtype)
-    v = torch.randn(1, seq, g, dv, generator=gen).to(device=device, dtype=dtype)
-    do = torch.randn(1, seq, h, dv, generator=gen).to(device=device, dtype=dtype)
-    idx = SELECTIONS[selection](1, seq, seq, g, cfg["num_blocks"], cfg["block_size"], generator=gen).to(device)
+    q, k, v, do = (torch.randn(batch, seq, heads, dim, generator=gen, device=where).to(device=device, dtype=dtype)
+                   for heads, dim in ((h, d), (g, d), (g, dv), (h, dv)))
+    idx = SELECTIONS[selection](batch, seq, seq, g, cfg["num_blocks"], cfg["block_size"], generator=gen,
+                                device=where).to(device)
     return q, k, v, do, idx
 
 

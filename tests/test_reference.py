@@ -69,3 +69,23 @@ def test_empty_row_output_and_lse():
     o, lse = selection_attention_reference(q, k, v, torch.tensor([[[[-1]], [[0]]]]), block_size=2)
     assert torch.all(o[0, 0] == 0) and torch.all(lse[0, :, 0] == float("-inf"))
     assert torch.isfinite(lse[0, :, 1]).all()
+
+
+def test_relative_rms_error_is_the_same_in_chunks():
+    """The error measure every test uses sums in chunks; chunking must not change it, nor its checks."""
+    import pytest
+
+    from nsa_iree.demo import relative_rms_error
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(300, 37, generator=gen, dtype=torch.float64)
+    x = ref + 1e-3 * torch.randn(300, 37, generator=gen, dtype=torch.float64)
+    ref[3, 4] = x[3, 4] = float("-inf")                      # like lse on an empty row: must match exactly
+    finite = torch.isfinite(ref)
+    direct = float((x[finite] - ref[finite]).norm() / ref[finite].norm())
+    for chunk in (7, 1000, 1 << 24):
+        assert math.isclose(relative_rms_error(x, ref, chunk=chunk), direct, rel_tol=1e-12)
+    x[299, 36] = float("nan")
+    assert relative_rms_error(x, ref, chunk=7) == float("inf")
+    with pytest.raises(ValueError, match="shapes differ"):
+        relative_rms_error(x[0], ref)
