@@ -36,6 +36,17 @@ def _subgroups(count: int):
     return edit
 
 
+def _only(prefix: str, edit):
+    """An edit applied to the attribute lines of one region only."""
+    return lambda line: edit(line) if line.startswith(prefix) else line
+
+
+def _promote_blocks_only(line: str) -> str:
+    """Shared-memory promotion for the gathered K/V block operands only, not for the row's q / do / ds
+    tiles (the same small tile every step of the dq loop)."""
+    return line.replace("[${PROMOTE_BOTH_D}]", "[${PROMOTE_RHS_D}]").replace("[${PROMOTE_BOTH_DV}]", "[${PROMOTE_RHS_DV}]")
+
+
 def _no_promotion(line: str) -> str:
     return re.sub(r"promote_operands = \[[^\]]*\]", "promote_operands = []", line)
 
@@ -54,6 +65,9 @@ VARIANTS = {
     "8 subgroups": (_subgroups(8), None),
     "no shared-memory promotion": (_no_promotion, None),
     "dk/dv subgroups split keys": (_dkdv_split_keys, None),
+    "dq: promote K/V blocks only": (_only("DQ_", _promote_blocks_only), None),
+    "dq: no shared-memory promotion": (_only("DQ_", _no_promotion), None),
+    "dq: 2 subgroups": (_only("DQ_", _subgroups(2)), None),
     "rows_per_piece 32": (None, 32),
     "rows_per_piece 64": (None, 64),
     "rows_per_piece 128": (None, 128),

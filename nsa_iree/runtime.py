@@ -7,11 +7,19 @@ written by the kernels into torch tensors the caller allocated (``iree.abi.outpu
 results stay IREE buffers, handed straight to the next stage (``Device.export_tensor`` turns one into a
 torch tensor without a copy). On CUDA, torch's stream is synchronised before each call and a call returns
 once its results are ready (IREE's synchronous calling convention).
+
+Transient buffers on CUDA: IREE's CUDA driver takes them from a stream-ordered memory pool that gives its
+memory back at every synchronisation, and mapping gigabytes again costs about 8 ms per 64k-token backward
+on the H200 (115.3-116.5 -> 107.5 ms; bench/results/experiments_H200.md). ``NSA_IREE_CACHING_ALLOCATOR=1`` (read when the first CUDA device is
+made) turns those asynchronous allocations off and wraps the device allocator in IREE's caching allocator,
+which keeps freed buffers for the next call of the same sizes. It is off by default because IREE 3.13
+cannot give that memory back: trimming the cache fails (``cuMemFree`` returns CUDA_ERROR_INVALID_VALUE
+under compute-sanitizer), so the kept buffers stay reserved until the process exits, one set per distinct
+problem size. Use it for fixed-shape training runs on a GPU with memory to spare.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from pathlib import Path
@@ -35,6 +43,11 @@ def _driver_for(device: torch.device) -> str:
     raise ValueError(f"nsa_iree runs on cpu and cuda/rocm tensors, got a tensor on {device}")
 
 
+def caching_allocator() -> bool:
+    """Whether CUDA devices keep freed IREE buffers for reuse (``NSA_IREE_CACHING_ALLOCATOR=1``; default off)."""
+    return os.environ.get("NSA_IREE_CACHING_ALLOCATOR", "0") == "1"
+
+
 class Device:
     """An IREE device standing for one torch device."""
 
@@ -47,12 +60,18 @@ class Device:
         if torch_device.type == "cpu" and os.environ.get("NSA_IREE_CPU_THREADS"):
             # local-task worker count (set before the first CPU device is made; the flag is process-wide).
             rt.flags.parse_flags(f"--task_topology_group_count={int(os.environ['NSA_IREE_CPU_THREADS'])}")
+        allocators = None
+        if self.driver_name == "cuda" and caching_allocator():
+            # Process-wide flag, read when the driver makes a device: IREE's queue allocations then come from
+            # the device allocator, which the caching allocator wraps (see the module docstring).
+            rt.flags.parse_flags("--cuda_async_allocations=false")
+            allocators = ["caching"]
         driver = rt.get_driver(self.driver_name)
         if torch_device.type == "cpu":
             self.hal_device = driver.create_default_device()
         else:
             index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
-            self.hal_device = driver.create_device(driver.query_available_devices()[index])
+            self.hal_device = driver.create_device(driver.query_available_devices()[index], allocators=allocators)
         self.hal_module = rt.create_hal_module(self.instance, self.hal_device)
         self._dlpack_type = _DLPACK_DEVICE["hip" if self.driver_name == "hip" else torch_device.type]
         self._modules: dict[Path, Module] = {}
@@ -130,6 +149,13 @@ class Module:
         return [outputs.get_as_object(i, rt.HalBufferView) for i in range(outputs.size)]
 
 
-@functools.lru_cache(maxsize=None)
+_DEVICES: dict[torch.device, Device] = {}
+_DEVICES_LOCK = threading.Lock()
+
+
 def device_for(torch_device: torch.device) -> Device:
-    return Device(torch_device)
+    """The IREE device standing for torch_device (made on first use, then shared)."""
+    with _DEVICES_LOCK:
+        if torch_device not in _DEVICES:
+            _DEVICES[torch_device] = Device(torch_device)
+        return _DEVICES[torch_device]

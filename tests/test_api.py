@@ -182,3 +182,14 @@ def test_bad_backward_inputs():
         nsa_iree.selection_attention_bwd(q, k, v, o, lse, o, idx, BS, variant="three-pass")
     with pytest.raises(ValueError, match="variant must be one of"):
         nsa_iree.selection_attention(q, k, v, idx, BS, variant="bogus")
+
+
+@pytest.mark.parametrize("value, expected", [(None, False), ("0", False), ("1", True)], ids=["unset", "0", "1"])
+def test_caching_allocator_is_opt_in(value, expected, monkeypatch):
+    from nsa_iree.runtime import caching_allocator
+
+    if value is None:
+        monkeypatch.delenv("NSA_IREE_CACHING_ALLOCATOR", raising=False)
+    else:
+        monkeypatch.setenv("NSA_IREE_CACHING_ALLOCATOR", value)
+    assert caching_allocator() is expected
