@@ -1,6 +1,6 @@
 // dq pass (query-major, no cross-row reduction): for every (b, m, g) row and head h of the group,
 //   s = q k^T over the T*BS gathered keys, p = exp(scale * s - lse) on visible keys,
-//   dp = do v^T, ds = p * (dp - delta), dq = scale * ds k.
+//   dp = do v^T, ds = p * (dp - delta), dq = scale * ds k; key j of slot t is visible iff j <= last_key[t].
 // Everything sits in one flow.dispatch.region, which pins the fusion: the gathered K/V and the s, p, dp,
 // ds tiles live only inside the dispatch, never in memory for the whole sequence. The contraction
 // attributes are empty on CPU and name the matrix-unit layouts on GPU targets (pipelines/<target>.toml).
@@ -16,8 +16,8 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
 
   %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
       : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
-  %block_gather_index, %key_mask = func.call @selected_slots(%block_indices, %n)
-      : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}x${BS}xi1>)
+  %block_gather_index, %last_key = func.call @selected_slots(%block_indices, %n)
+      : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>)
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
       : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
   %do_grouped = tensor.expand_shape %do [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${DV}]
@@ -80,14 +80,17 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
                          affine_map<(b, m, g, h, t, j) -> (b, g, h, m)>,
                          affine_map<(b, m, g, h, t, j) -> (b, g, h, m)>,
-                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel"]}
-        ins(%s, %dp, %lse_grouped, %delta_grouped, %key_mask
+        ins(%s, %dp, %lse_grouped, %delta_grouped, %last_key
             : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>,
-              tensor<?x${G}x${HPG}x?xf32>, tensor<?x${G}x${HPG}x?xf32>, tensor<?x?x${G}x${T}x${BS}xi1>)
+              tensor<?x${G}x${HPG}x?xf32>, tensor<?x${G}x${HPG}x?xf32>, tensor<?x?x${G}x${T}xi32>)
         outs(%ds_init : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>) {
-    ^bb0(%sv: f32, %dpv: f32, %l: f32, %dl: f32, %visible: i1, %out: ${E}):
+    ^bb0(%sv: f32, %dpv: f32, %l: f32, %dl: f32, %last: i32, %out: ${E}):
+      %j = linalg.index 5 : index
+      %j_i32 = arith.index_cast %j : index to i32
+      %visible = arith.cmpi sle, %j_i32, %last : i32
       %scaled = arith.mulf %sv, %scale : f32
       %shifted = arith.subf %scaled, %l : f32
       %p = math.exp %shifted : f32

@@ -7,6 +7,7 @@
 //       head are written between the two.
 //   o region: p = exp(s - lse) on visible keys, o = p v (s recomputed: nothing of size T*BS per row
 //       leaves a dispatch).
+// Key j of slot t is visible iff j <= last_key[t] (mlir/selected_slots.mlir), compared inside the regions.
 // A row with no visible key gets lse = -inf and o = 0 (semantics.md, empty rows).
 // o and lse are written into the caller's %o_out and %lse_out (iree.abi.output: destination passing).
 // (iree_linalg_ext.online_attention would do this in one dispatch, but IREE 3.13's llvm-cpu tiling of its
@@ -26,8 +27,8 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
 
   %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
       : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
-  %block_gather_index, %key_mask = func.call @selected_slots(%block_indices, %n)
-      : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}x${BS}xi1>)
+  %block_gather_index, %last_key = func.call @selected_slots(%block_indices, %n)
+      : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>)
 
   %neg_inf_s = arith.constant 0xFF800000 : f32
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
@@ -67,13 +68,16 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
         -> tensor<?x?x${G}x${HPG}x${T}xf32>
     %bmax = linalg.generic {
         indexing_maps = [affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
-                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
         ${FWD_LSE_MAX_CONFIG}}
-        ins(%s, %key_mask : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${T}x${BS}xi1>)
+        ins(%s, %last_key : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${T}xi32>)
         outs(%max_init : tensor<?x?x${G}x${HPG}x${T}xf32>) {
-    ^bb0(%sv: f32, %visible: i1, %mx: f32):
+    ^bb0(%sv: f32, %last: i32, %mx: f32):
+      %j = linalg.index 5 : index
+      %j_i32 = arith.index_cast %j : index to i32
+      %visible = arith.cmpi sle, %j_i32, %last : i32
       %scaled = arith.mulf %sv, %scale : f32
       %masked = arith.select %visible, %scaled, %neg_inf_s : f32
       %new_max = arith.maximumf %mx, %masked : f32
@@ -83,15 +87,18 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
     // NaN, out of the sum).
     %bsum = linalg.generic {
         indexing_maps = [affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
-                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
         ${FWD_LSE_ROOT_CONFIG}}
-        ins(%s, %key_mask, %bmax : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${T}x${BS}xi1>,
+        ins(%s, %last_key, %bmax : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${T}xi32>,
             tensor<?x?x${G}x${HPG}x${T}xf32>)
         outs(%sum_init : tensor<?x?x${G}x${HPG}x${T}xf32>) {
-    ^bb0(%sv: f32, %visible: i1, %mx: f32, %sm: f32):
+    ^bb0(%sv: f32, %last: i32, %mx: f32, %sm: f32):
+      %j = linalg.index 5 : index
+      %j_i32 = arith.index_cast %j : index to i32
+      %visible = arith.cmpi sle, %j_i32, %last : i32
       %scaled = arith.mulf %sv, %scale : f32
       %shifted = arith.subf %scaled, %mx : f32
       %e = math.exp %shifted : f32
@@ -176,13 +183,16 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
     %p = linalg.generic {
         indexing_maps = [affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, h)>,
-                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t, j)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, t)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel"]}
-        ins(%s, %lse_rows, %key_mask : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${HPG}xf32>,
-            tensor<?x?x${G}x${T}x${BS}xi1>)
+        ins(%s, %lse_rows, %last_key : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${HPG}xf32>,
+            tensor<?x?x${G}x${T}xi32>)
         outs(%p_init : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>) {
-    ^bb0(%sv: f32, %l: f32, %visible: i1, %out: ${E}):
+    ^bb0(%sv: f32, %l: f32, %last: i32, %out: ${E}):
+      %j = linalg.index 5 : index
+      %j_i32 = arith.index_cast %j : index to i32
+      %visible = arith.cmpi sle, %j_i32, %last : i32
       %scaled = arith.mulf %sv, %scale : f32
       %shifted = arith.subf %scaled, %l : f32
       %e = math.exp %shifted : f32

@@ -1,12 +1,15 @@
 // Which keys each (b, m, g) query row sees, from its T slots (semantics.md, "Which keys a query row sees").
 //   block_gather_index[b, m, g, t]: row of key_blocks to gather for slot t; a skipped slot points at the
 //                                   zero block B * G * NB (see kv_blocks.mlir) and is masked out.
-//   key_mask[b, m, g, t, j]:        key i*BS + j is visible: slot not skipped and i*BS + j <= pos(m).
+//   last_key[b, m, g, t]:           the last visible key of the slot's block, as an offset j in [0, BS):
+//                                   key i*BS + j is visible iff j <= last_key (-1 for a skipped slot).
+//                                   One i32 per slot instead of a [T, BS] mask per row: consumers
+//                                   compare it with their key index inside the fused regions.
 // A slot is skipped when i < 0 or i*BS > pos(m) (future; covers i*BS >= N); pos(m) = m + N - M.
 // Comparing i <= floor(pos / BS) instead of i*BS <= pos avoids overflow for huge indices.
 // Slots past block_counts arrive here already set to -1 by the host.
 func.func private @selected_slots(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index)
-    -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}x${BS}xi1>) {
+    -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %block_size = arith.constant ${BS} : index
@@ -42,25 +45,28 @@ func.func private @selected_slots(%block_indices: tensor<?x?x${G}x${T}xi32>, %n:
     linalg.yield %row_i32 : i32
   } -> tensor<?x?x${G}x${T}xi32>
 
-  %mask_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}xi1>
-  %key_mask = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, t, j) -> (b, m, g, t)>, affine_map<(b, m, g, t, j) -> (b, m, g, t, j)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
-      ins(%block_indices : tensor<?x?x${G}x${T}xi32>) outs(%mask_init : tensor<?x?x${G}x${T}x${BS}xi1>) {
-  ^bb0(%block_i32: i32, %out: i1):
+  %last_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}xi32>
+  %last_key = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, t) -> (b, m, g, t)>, affine_map<(b, m, g, t) -> (b, m, g, t)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%block_indices : tensor<?x?x${G}x${T}xi32>) outs(%last_init : tensor<?x?x${G}x${T}xi32>) {
+  ^bb0(%block_i32: i32, %out: i32):
     %m = linalg.index 1 : index
-    %j = linalg.index 4 : index
     %block = arith.index_cast %block_i32 : i32 to index
     %pos = arith.addi %m, %offset : index
     %last_visible = arith.floordivsi %pos, %block_size : index
     %not_negative = arith.cmpi sge, %block, %c0 : index
     %not_future = arith.cmpi sle, %block, %last_visible : index
     %selected = arith.andi %not_negative, %not_future : i1
+    // Only read when selected (0 <= i <= pos / BS), so key0 <= pos; capped at BS - 1 to stay in i32.
     %key0 = arith.muli %block, %block_size : index
-    %key = arith.addi %key0, %j : index
-    %causal = arith.cmpi sle, %key, %pos : index
-    %visible = arith.andi %selected, %causal : i1
-    linalg.yield %visible : i1
-  } -> tensor<?x?x${G}x${T}x${BS}xi1>
-  return %block_gather_index, %key_mask : tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}x${BS}xi1>
+    %past = arith.subi %pos, %key0 : index
+    %last_in_block = arith.subi %block_size, %c1 : index
+    %last = arith.minsi %past, %last_in_block : index
+    %last_i32 = arith.index_cast %last : index to i32
+    %none = arith.constant -1 : i32
+    %result = arith.select %selected, %last_i32, %none : i32
+    linalg.yield %result : i32
+  } -> tensor<?x?x${G}x${T}xi32>
+  return %block_gather_index, %last_key : tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>
 }
