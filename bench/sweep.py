@@ -44,7 +44,8 @@ def _only(prefix: str, edit):
 def _promote_blocks_only(line: str) -> str:
     """Shared-memory promotion for the gathered K/V block operands only, not for the row's q / do / ds
     tiles (the same small tile every step of the dq loop)."""
-    return line.replace("[${PROMOTE_BOTH_D}]", "[${PROMOTE_RHS_D}]").replace("[${PROMOTE_BOTH_DV}]", "[${PROMOTE_RHS_DV}]")
+    line = line.replace("[${PROMOTE_BOTH_D}]", "[${PROMOTE_RHS_D}]")
+    return line.replace("[${PROMOTE_BOTH_DV}]", "[${PROMOTE_RHS_DV}]")
 
 
 def _no_promotion(line: str) -> str:

@@ -10,16 +10,18 @@ once its results are ready (IREE's synchronous calling convention).
 
 Transient buffers on CUDA: IREE's CUDA driver takes them from a stream-ordered memory pool that gives its
 memory back at every synchronisation, and mapping gigabytes again costs about 8 ms per 64k-token backward
-on the H200 (115.3-116.5 -> 107.5 ms; bench/results/experiments_H200.md). ``NSA_IREE_CACHING_ALLOCATOR=1`` (read when the first CUDA device is
-made) turns those asynchronous allocations off and wraps the device allocator in IREE's caching allocator,
-which keeps freed buffers for the next call of the same sizes. It is off by default because IREE 3.13
-cannot give that memory back: trimming the cache fails (``cuMemFree`` returns CUDA_ERROR_INVALID_VALUE
-under compute-sanitizer), so the kept buffers stay reserved until the process exits, one set per distinct
-problem size. Use it for fixed-shape training runs on a GPU with memory to spare.
+on the H200 (115.3-116.5 -> 107.5 ms; bench/results/experiments_H200.md). ``NSA_IREE_CACHING_ALLOCATOR=1``
+(read when the first CUDA device is made) turns those asynchronous allocations off and wraps the device
+allocator in IREE's caching allocator, which keeps freed buffers for the next call of the same sizes.
+It is off by default because IREE 3.13 cannot give that memory back: trimming the cache fails
+(``cuMemFree`` returns CUDA_ERROR_INVALID_VALUE under compute-sanitizer), so the kept buffers stay
+reserved until the process exits, one set per distinct problem size. Use it for fixed-shape training runs
+on a GPU with memory to spare.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from pathlib import Path
@@ -149,13 +151,6 @@ class Module:
         return [outputs.get_as_object(i, rt.HalBufferView) for i in range(outputs.size)]
 
 
-_DEVICES: dict[torch.device, Device] = {}
-_DEVICES_LOCK = threading.Lock()
-
-
+@functools.lru_cache(maxsize=None)
 def device_for(torch_device: torch.device) -> Device:
-    """The IREE device standing for torch_device (made on first use, then shared)."""
-    with _DEVICES_LOCK:
-        if torch_device not in _DEVICES:
-            _DEVICES[torch_device] = Device(torch_device)
-        return _DEVICES[torch_device]
+    return Device(torch_device)
