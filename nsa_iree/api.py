@@ -12,8 +12,8 @@ import torch
 
 from .compiler import compile_artifact
 from .runtime import device_for, importable
-from .spec import VARIANTS, KernelSpec
-from .validate import check_backward_inputs, check_forward_inputs
+from .spec import KernelSpec
+from .validate import check_backward_inputs, check_forward_inputs, check_variant
 
 _DTYPE_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _INT32_MAX = 2**31 - 1
@@ -97,8 +97,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     two-pass: dq query-major, the block lists inverted, dk/dv block-major (no atomics).
     one-pass: a single dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    check_variant(variant)
     _check_destinations(dq=dq, dk=dk, dv=dv)
     batch, m_rows, _, _ = q.shape
     n = k.shape[1]
@@ -203,7 +202,6 @@ def selection_attention(q, k, v, block_indices, block_size=64, block_counts=None
         o: [B, M, H, Dv] in q's dtype. Backpropagating through it gives dq, dk, dv.
     """
     check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    check_variant(variant)
     idx = effective_block_indices(block_indices, block_counts)
     return SelectionAttentionFunction.apply(q, k, v, idx, block_size, _scale_of(q, scale), variant)

@@ -67,10 +67,14 @@ def check_forward_inputs(q, k, v, block_indices, block_size, block_counts) -> No
     _same("block_counts", block_counts, (batch, m_rows, groups), "[B, M, G]")
 
 
-def check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant) -> None:
-    check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+def check_variant(variant) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant) -> None:
+    check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+    check_variant(variant)
     batch, m_rows, heads, _ = q.shape
     value_dim = v.shape[3]
     _tensor("o", o, 4, "[B, M, H, Dv]")

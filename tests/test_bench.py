@@ -15,7 +15,8 @@ def test_bench_smoke_run_writes_table_and_record(tmp_path):
     record = main(["--smoke", "--out", str(tmp_path)])
     assert all("error" not in row for row in record["rows"]), record["rows"]
     assert {row["impl"] for row in record["rows"]} >= {"nsa_iree two-pass", "nsa_iree one-pass", "dense sdpa"}
-    assert all(err < 1e-5 for err in record["checks"]["realistic"]["errors"].values())
+    for key in ("errors", "one-pass_errors"):                       # f32 config: the f32 tolerance
+        assert all(err < 1e-5 for err in record["checks"]["realistic"][key].values()), key
     md = next(tmp_path.glob("*.md")).read_text()
     assert "| realistic | 256 | nsa_iree two-pass |" in md
     assert json.loads(next(tmp_path.glob("*.json")).read_text())["config"]["name"] == "tiny"
@@ -39,5 +40,6 @@ def test_sweep_variants_load_their_own_recipe(tmp_path):
                 "--repeats", "1", "--out", str(tmp_path / "out"), "--target", "cpu"])
     rows = json.loads((tmp_path / "out" / "sweep.json").read_text())
     assert [r["variant"] for r in rows] == ["baseline", "rows_per_piece 32"]
-    assert all("bwd_ms" in r and r["difference"] < 1e-5 for r in rows), rows
+    assert all("bwd_ms" in r for r in rows), rows
+    assert rows[1]["difference"] < 1e-5, rows                           # (the baseline is its own reference)
     assert {key: os.environ.get(key) for key in before} == before       # the sweep leaves no variant selected

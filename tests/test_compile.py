@@ -67,25 +67,29 @@ def test_other_sequence_lengths_and_batches_hit_the_cache(fresh_cache, monkeypat
     assert len(list(fresh_cache.glob("*.vmfb"))) == 1
 
 
-def test_changed_template_never_loads_a_stale_artifact(fresh_cache, tmp_path_factory, monkeypatch):
+@pytest.fixture
+def edit_forward_template(tmp_path_factory, monkeypatch):
+    """edit(change) renders from a copy of mlir/ whose forward.mlir is change(original text)."""
+    def edit(change):
+        copy = tmp_path_factory.mktemp("mlir")
+        for f in render.MLIR_DIR.glob("*.mlir"):
+            (copy / f.name).write_text(f.read_text())
+        (copy / "forward.mlir").write_text(change((copy / "forward.mlir").read_text()))
+        monkeypatch.setattr(render, "MLIR_DIR", copy)
+    return edit
+
+
+def test_changed_template_never_loads_a_stale_artifact(fresh_cache, edit_forward_template):
     spec = DEMO_SPEC.replace(heads=2, kv_heads=1, head_dim=16, value_dim=16, block_size=16, num_blocks=2,
                              dtype="f32")
     first = compile_artifact(spec, "forward")
-    copy = tmp_path_factory.mktemp("mlir")
-    for f in render.MLIR_DIR.glob("*.mlir"):
-        (copy / f.name).write_text(f.read_text())
-    (copy / "forward.mlir").write_text("// an edited comment\n" + (copy / "forward.mlir").read_text())
-    monkeypatch.setattr(render, "MLIR_DIR", copy)
+    edit_forward_template(lambda text: "// an edited comment\n" + text)
     second = compile_artifact(spec, "forward")
     assert second.key != first.key and second.path != first.path and second.compile_seconds > 0
 
 
-def test_compile_error_carries_the_diagnostic_and_the_rendered_mlir(fresh_cache, tmp_path_factory, monkeypatch):
-    copy = tmp_path_factory.mktemp("mlir")
-    for f in render.MLIR_DIR.glob("*.mlir"):
-        (copy / f.name).write_text(f.read_text())
-    (copy / "forward.mlir").write_text((copy / "forward.mlir").read_text().replace("linalg.fill", "linalg.fil", 1))
-    monkeypatch.setattr(render, "MLIR_DIR", copy)
+def test_compile_error_carries_the_diagnostic_and_the_rendered_mlir(fresh_cache, edit_forward_template):
+    edit_forward_template(lambda text: text.replace("linalg.fill", "linalg.fil", 1))
     with pytest.raises(CompileError) as err:
         compile_artifact(DEMO_SPEC.replace(dtype="f32"), "forward")
     message = str(err.value)

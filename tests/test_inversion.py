@@ -10,13 +10,16 @@ from nsa_iree.pipelines import load_recipe
 from nsa_iree.reference import block_lists_reference
 from nsa_iree.selection import realistic_block_indices
 
+ROWS_PER_PIECE = load_recipe("cpu").rows_per_piece
+
 CASES = {
     # (B, M, N, G, T, BS, selection)
     "random": (2, 150, 170, 2, 4, 16, "random"),
     "realistic_long_lists": (1, 300, 300, 1, 6, 16, "realistic"),
     "single_row": (1, 1, 9, 1, 3, 8, "zeros"),
     "m_lt_n_partial_block": (2, 33, 100, 2, 5, 16, "random"),
-    "piece_boundary": (1, 129, 129, 1, 2, 64, "zeros"),
+    # Every row selects block 0: its list is two full pieces and one row.
+    "piece_boundary": (1, 2 * ROWS_PER_PIECE + 1, 2 * ROWS_PER_PIECE + 1, 1, 2, 64, "zeros"),
 }
 
 
@@ -35,6 +38,6 @@ def test_inversion_matches_the_direct_layout(case):
     q, k, v = torch.zeros(b, m, 2 * g, 8), torch.zeros(b, n, g, 8), torch.zeros(b, n, g, 8)
     module = kernels(describe(q, k, v, idx, bs), "two-pass", q.device)
     got = [module.device.export_tensor(x).clone() for x in module.call("invert_block_indices", idx, n)]
-    want = block_lists_reference(idx, bs, n, load_recipe("cpu").rows_per_piece)
+    want = block_lists_reference(idx, bs, n, ROWS_PER_PIECE)
     for name, a, e in zip(("entries", "piece_start", "piece_count"), got, want):
         assert a.shape == e.shape and torch.equal(a, e), name

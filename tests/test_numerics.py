@@ -13,16 +13,13 @@ import dataclasses
 import pytest
 import torch
 
-from nsa_iree.selection import realistic_block_indices, uniform_block_indices
+from nsa_iree.pipelines import load_recipe
+from nsa_iree.selection import uniform_block_indices
 
-from conftest import DTYPES, Problem, assert_close_to_reference, random_indices
+from conftest import DTYPES, Problem, assert_close_to_reference, random_indices, realistic_indices
 
 BASE = Problem()
 BACKWARDS = ["two-pass", "one-pass"]
-
-
-def realistic(gen, p):
-    return realistic_block_indices(p.batch, p.m_rows, p.n, p.kv_heads, p.num_blocks, p.block_size, generator=gen)
 
 
 def uniform(gen, p):
@@ -42,7 +39,7 @@ CONFIGS = {
     "d192_dv128": dict(heads=2, kv_heads=1, head_dim=192, value_dim=128, batch=1, block_size=64, m_rows=160, n=200),
     "bs16_t1": dict(block_size=16, num_blocks=1),
     "bs32_t4": dict(block_size=32, num_blocks=4, m_rows=130, n=150),
-    "bs64_t16": dict(block_size=64, num_blocks=16, m_rows=300, n=300, select=realistic),
+    "bs64_t16": dict(block_size=64, num_blocks=16, m_rows=300, n=300, select=realistic_indices),
     "m_lt_n": dict(m_rows=40, n=111),
     "n_not_multiple_of_bs": dict(m_rows=77, n=77),
 }
@@ -127,12 +124,16 @@ def own_block_only(gen, p):
     return idx
 
 
+ROWS_PER_PIECE = load_recipe("cpu").rows_per_piece
+
+
 def list_length_one_past_a_piece(gen, p):
-    # Block 0 selected by exactly 64 * k + 1 rows, the last row among them (64 = rows per piece on CPU):
-    # the length of a block's list must count its last row.
+    # Block 0 selected by exactly one piece of rows plus one, the last row among them: the length of a
+    # block's list must count its last row.
+    assert p.m_rows > ROWS_PER_PIECE + 1, "the problem must hold a full piece and one more row"
     idx = random_indices(gen, p, low=1)
     idx[..., 0] = -1
-    idx[:, :64, :, 0] = 0
+    idx[:, :ROWS_PER_PIECE, :, 0] = 0
     idx[:, -1, :, 0] = 0
     return idx
 
@@ -153,7 +154,7 @@ EDGE_CASES = {
     "empty_rows": dict(select=empty_rows),
     "query_offsets_in_own_block": dict(select=own_block_only, m_rows=48, n=48),
     "partial_last_block_m_lt_n": dict(select=uniform, m_rows=50, n=90),
-    "realistic_selection": dict(select=realistic, m_rows=160, n=160),
+    "realistic_selection": dict(select=realistic_indices, m_rows=160, n=160),
     "list_one_past_a_piece": dict(select=list_length_one_past_a_piece, m_rows=200, n=200),
     "custom_scale": dict(scale=0.3),
     # Found by the property tests: with M = 1 the block lists came out empty (the scan's accumulator).

@@ -12,8 +12,8 @@ import torch
 import nsa_iree
 from nsa_iree import render
 from nsa_iree.demo import relative_rms_error
+from nsa_iree.inspect import dump_executables
 from nsa_iree.pipelines import load_recipe
-from nsa_iree.reference import selection_attention_reference
 from nsa_iree.spec import DEMO_SPEC
 
 from conftest import TOLERANCE, Problem, assert_close_to_reference, make_inputs, reference_outputs, run_poisoned
@@ -99,22 +99,6 @@ def test_repeated_runs_agree_within_tolerance():
         assert relative_rms_error(a, b) < 1e-6
 
 
-def test_autograd_with_one_pass():
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(2, 40, 4, 16, generator=gen), torch.randn(2, 56, 2, 16, generator=gen), \
-        torch.randn(2, 56, 2, 8, generator=gen)
-    idx = torch.randint(-1, 7, (2, 40, 2, 3), generator=gen)
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    o = nsa_iree.selection_attention(*leaves, idx, block_size=8, variant="one-pass")
-    do = torch.randn_like(o)
-    o.backward(do)
-    ref = [t.double().requires_grad_(True) for t in (q, k, v)]
-    o_ref, _ = selection_attention_reference(*ref, idx, 8)
-    o_ref.backward(do.double())
-    for ours, theirs in zip(leaves, ref):
-        assert relative_rms_error(ours.grad, theirs.grad) < 1e-5
-
-
 # --- one template, every target -------------------------------------------------------------------------
 
 def test_every_target_renders_one_template():
@@ -132,15 +116,6 @@ def test_every_target_renders_one_template():
 
 # --- native atomics in the GPU code (compile only) --------------------------------------------------------
 
-def _compile_with_dumps(spec, variant, tmp_path):
-    from iree.compiler import compile_str
-
-    dump = tmp_path / f"{variant}_{spec.target}"
-    flags = list(load_recipe(spec.target).flags) + [f"--iree-hal-dump-executable-files-to={dump}"]
-    compile_str(render.render_module(spec, variant), extra_args=flags)
-    return dump
-
-
 def _kernels(asm_text: str) -> dict[str, str]:
     """AMDGPU assembly split per kernel: name -> its instructions (from its label to .Lfunc_endN)."""
     out = {}
@@ -154,7 +129,7 @@ ANY_AMD_ATOMIC = re.compile(r"\b(global|buffer|flat|ds)_atomic_\w+")
 
 
 def test_gfx950_one_pass_uses_native_f32_atomics(tmp_path):
-    dump = _compile_with_dumps(DEMO_SPEC.replace(target="gfx950"), "one-pass", tmp_path)
+    dump = dump_executables(DEMO_SPEC.replace(target="gfx950"), "one-pass", tmp_path / "gfx950")
     (asm,) = dump.glob("*.rocmasm")
     kernels = _kernels(asm.read_text())
     onepass = [body for name, body in kernels.items() if name == "selection_attention_onepass_row"]
@@ -167,7 +142,7 @@ def test_gfx950_one_pass_uses_native_f32_atomics(tmp_path):
 
 
 def test_sm80_one_pass_uses_native_f32_atomics(tmp_path):
-    dump = _compile_with_dumps(DEMO_SPEC.replace(target="cuda"), "one-pass", tmp_path)
+    dump = dump_executables(DEMO_SPEC.replace(target="cuda"), "one-pass", tmp_path / "cuda")
     (ptx,) = dump.glob("*.ptx")
     text = ptx.read_text()
     entry = re.search(r"\.entry\s+(selection_attention_onepass_row)\((.*?)^\}", text, re.S | re.M)
