@@ -1,6 +1,6 @@
 // Backward preprocess: delta[b, h, m] = sum_d o[b, m, h, d] * do[b, m, h, d], accumulated in f32.
-func.func @selection_attention_delta(%o: tensor<?x?x${H}x${DV}x${E}>, %do: tensor<?x?x${H}x${DV}x${E}>)
-    -> tensor<?x${H}x?xf32> {
+func.func @selection_attention_delta(%o: tensor<?x?x${H}x${DV}x${E}>, %do: tensor<?x?x${H}x${DV}x${E}>,
+    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x${H}x?xf32> {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %zero = arith.constant 0.0 : f32

@@ -10,7 +10,8 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
     %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
     %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
     %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 0 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 1 : index})
+    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index

@@ -7,7 +7,8 @@
 func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
-    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index}) -> tensor<?x?x${H}x${D}x${E}> {
+    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
+    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>

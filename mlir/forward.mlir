@@ -16,7 +16,8 @@
 func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
     %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
-    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index})
+    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index

@@ -22,7 +22,8 @@
 //                                      block (a loop of at most 64 steps per slot, no scan).
 // Every scan used here is inclusive and only its first result is read: in IREE 3.13 the accumulator result
 // leaves out the last element (and stays unwritten for a scanned dimension of length 1).
-func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index)
+func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index,
+    %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index

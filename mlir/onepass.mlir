@@ -280,7 +280,8 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
     %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
     %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 1 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 2 : index})
+    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 2 : index},
+    %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index

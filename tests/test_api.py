@@ -196,3 +196,36 @@ def test_caching_allocator_is_opt_in(value, expected, monkeypatch):
     else:
         monkeypatch.setenv("NSA_IREE_CACHING_ALLOCATOR", value)
     assert caching_allocator() is expected
+
+
+def test_every_stage_takes_its_scratch_memory_from_torch(monkeypatch):
+    """Each stage call gets a torch byte tensor sized by the module's own query; the dk/dv call's holds at
+    least the f32 partial sums of every piece (pieces x BS x (D + Dv) x 4 bytes)."""
+    from nsa_iree import runtime
+
+    calls, storage = [], {}
+    original_call, original_storage = runtime.Module.call, runtime.Module._transient_storage
+
+    def call(self, name, *args, **kwargs):
+        calls.append(name)
+        return original_call(self, name, *args, **kwargs)
+
+    def transient_storage(self, size_fn, values):
+        workspace = original_storage(self, size_fn, values)
+        assert isinstance(workspace, torch.Tensor) and workspace.dtype == torch.uint8
+        storage[calls[-1]] = workspace.numel()
+        return workspace
+
+    monkeypatch.setattr(runtime.Module, "call", call)
+    monkeypatch.setattr(runtime.Module, "_transient_storage", transient_storage)
+    q, k, v, idx = inputs()
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    nsa_iree.selection_attention_bwd(q, k, v, o, lse, torch.randn_like(o), idx, BS)
+    assert set(storage) == set(calls) == {"selection_attention_fwd", "selection_attention_delta",
+                                          "selection_attention_dq", "invert_block_indices",
+                                          "selection_attention_dkdv"}
+    spec = nsa_iree.api.describe(q, k, v, idx, BS)
+    module = nsa_iree.api.kernels(spec, "two-pass", q.device)
+    entries = module.call("invert_block_indices", nsa_iree.api.effective_block_indices(idx, None), N)[0]
+    pieces = entries.shape[0]
+    assert storage["selection_attention_dkdv"] >= pieces * BS * (D + DV) * 4
