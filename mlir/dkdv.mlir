@@ -7,7 +7,7 @@
 // The pieces of a block are then summed in piece order, so dk/dv are bitwise reproducible.
 func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
     %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
     %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 0 : index},
     %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 1 : index},
@@ -40,23 +40,16 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
       : tensor<?x?x${H}x${DV}x${E}> into tensor<?x?x${G}x${HPG}x${DV}x${E}>
   %do_rows = tensor.collapse_shape %do_grouped [[0, 1, 2], [3], [4]]
       : tensor<?x?x${G}x${HPG}x${DV}x${E}> into tensor<?x${HPG}x${DV}x${E}>
-  // lse and delta are head-major [B, H, M]; the row gathers below want them row-major.
+  // lse is head-major [B, H, M]; the row gathers below want it row-major, as delta already is.
   %lse_grouped = tensor.expand_shape %lse [[0], [1, 2], [3]] output_shape [%batch, ${G}, ${HPG}, %m_rows]
       : tensor<?x${H}x?xf32> into tensor<?x${G}x${HPG}x?xf32>
-  %delta_grouped = tensor.expand_shape %delta [[0], [1, 2], [3]] output_shape [%batch, ${G}, ${HPG}, %m_rows]
-      : tensor<?x${H}x?xf32> into tensor<?x${G}x${HPG}x?xf32>
   %stats_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}xf32>
-  %lse_t, %delta_t = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, h) -> (b, g, h, m)>, affine_map<(b, m, g, h) -> (b, g, h, m)>,
-                       affine_map<(b, m, g, h) -> (b, m, g, h)>, affine_map<(b, m, g, h) -> (b, m, g, h)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%lse_grouped, %delta_grouped : tensor<?x${G}x${HPG}x?xf32>, tensor<?x${G}x${HPG}x?xf32>)
-      outs(%stats_init, %stats_init : tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>) {
-  ^bb0(%l: f32, %dl: f32, %o1: f32, %o2: f32):
-    linalg.yield %l, %dl : f32, f32
-  } -> (tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${HPG}xf32>)
+  %lse_t = linalg.transpose ins(%lse_grouped : tensor<?x${G}x${HPG}x?xf32>)
+      outs(%stats_init : tensor<?x?x${G}x${HPG}xf32>) permutation = [0, 3, 1, 2]
   %lse_rows = tensor.collapse_shape %lse_t [[0, 1, 2], [3]] : tensor<?x?x${G}x${HPG}xf32> into tensor<?x${HPG}xf32>
-  %delta_rows = tensor.collapse_shape %delta_t [[0, 1, 2], [3]] : tensor<?x?x${G}x${HPG}xf32> into tensor<?x${HPG}xf32>
+  %delta_grouped = tensor.expand_shape %delta [[0], [1], [2, 3]] output_shape [%batch, %m_rows, ${G}, ${HPG}]
+      : tensor<?x?x${H}xf32> into tensor<?x?x${G}x${HPG}xf32>
+  %delta_rows = tensor.collapse_shape %delta_grouped [[0, 1, 2], [3]] : tensor<?x?x${G}x${HPG}xf32> into tensor<?x${HPG}xf32>
 
   // Per piece: which key block it reads. Per piece row: which row group, how often that row lists the
   // block (its weight; 0 pads the piece) and the last visible key of the block (-1 when none).
@@ -292,63 +285,73 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
   }
 
   // ---- Sum each block's pieces in piece order (fixed, so bitwise reproducible) and cast to the input type.
-  %dk_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${E}>
-  %dk = linalg.generic {
-      indexing_maps = [affine_map<(b, key, g, d) -> (b, key, g, d)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      outs(%dk_init_out : tensor<?x?x${G}x${D}x${E}>) {
-  ^bb0(%out: ${E}):
-    %b = linalg.index 0 : index
-    %key = linalg.index 1 : index
-    %g = linalg.index 2 : index
-    %d = linalg.index 3 : index
-    %block = arith.divui %key, %block_size : index
-    %j = arith.remui %key, %block_size : index
-    %bg0 = arith.muli %b, %kv_heads : index
-    %bg = arith.addi %bg0, %g : index
-    %fb0 = arith.muli %bg, %num_blocks : index
-    %fb = arith.addi %fb0, %block : index
-    %first_i32 = tensor.extract %piece_start[%fb] : tensor<?xi32>
-    %count_i32 = tensor.extract %piece_count[%fb] : tensor<?xi32>
-    %first = arith.index_cast %first_i32 : i32 to index
-    %count = arith.index_cast %count_i32 : i32 to index
-    %end = arith.addi %first, %count : index
-    %total = scf.for %p = %first to %end step %c1 iter_args(%acc = %zero) -> (f32) {
-      %x = tensor.extract %dk_pieces[%p, %j, %d] : tensor<?x${BS}x${D}xf32>
-      %next = arith.addf %acc, %x : f32
-      scf.yield %next : f32
-    }
-    %total_e = ${TRUNCF} %total : f32 to ${E}
-    linalg.yield %total_e : ${E}
-  } -> tensor<?x?x${G}x${D}x${E}>
-  %dv_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${E}>
-  %dv = linalg.generic {
-      indexing_maps = [affine_map<(b, key, g, e) -> (b, key, g, e)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      outs(%dv_init_out : tensor<?x?x${G}x${DV}x${E}>) {
-  ^bb0(%out: ${E}):
-    %b = linalg.index 0 : index
-    %key = linalg.index 1 : index
-    %g = linalg.index 2 : index
-    %e = linalg.index 3 : index
-    %block = arith.divui %key, %block_size : index
-    %j = arith.remui %key, %block_size : index
-    %bg0 = arith.muli %b, %kv_heads : index
-    %bg = arith.addi %bg0, %g : index
-    %fb0 = arith.muli %bg, %num_blocks : index
-    %fb = arith.addi %fb0, %block : index
-    %first_i32 = tensor.extract %piece_start[%fb] : tensor<?xi32>
-    %count_i32 = tensor.extract %piece_count[%fb] : tensor<?xi32>
-    %first = arith.index_cast %first_i32 : i32 to index
-    %count = arith.index_cast %count_i32 : i32 to index
-    %end = arith.addi %first, %count : index
-    %total = scf.for %p = %first to %end step %c1 iter_args(%acc = %zero) -> (f32) {
-      %x = tensor.extract %dv_pieces[%p, %j, %e] : tensor<?x${BS}x${DV}xf32>
-      %next = arith.addf %acc, %x : f32
-      scf.yield %next : f32
-    }
-    %total_e = ${TRUNCF} %total : f32 to ${E}
-    linalg.yield %total_e : ${E}
-  } -> tensor<?x?x${G}x${DV}x${E}>
+  // Each sum is its own region so that its lowering config (one element per lane, lanes along the head dim:
+  // coalesced loads of every piece's partial) survives; as a bare generic IREE collapses its dims and drops it.
+  %dk = flow.dispatch.region -> (tensor<?x?x${G}x${D}x${E}>{%batch, %n}) {
+    %dk_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${E}>
+    %dk_sum = linalg.generic {
+        indexing_maps = [affine_map<(b, key, g, d) -> (b, key, g, d)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel"]
+        ${PIECE_SUM_CONFIG}}
+        outs(%dk_init_out : tensor<?x?x${G}x${D}x${E}>) {
+    ^bb0(%out: ${E}):
+      %b = linalg.index 0 : index
+      %key = linalg.index 1 : index
+      %g = linalg.index 2 : index
+      %d = linalg.index 3 : index
+      %block = arith.divui %key, %block_size : index
+      %j = arith.remui %key, %block_size : index
+      %bg0 = arith.muli %b, %kv_heads : index
+      %bg = arith.addi %bg0, %g : index
+      %fb0 = arith.muli %bg, %num_blocks : index
+      %fb = arith.addi %fb0, %block : index
+      %first_i32 = tensor.extract %piece_start[%fb] : tensor<?xi32>
+      %count_i32 = tensor.extract %piece_count[%fb] : tensor<?xi32>
+      %first = arith.index_cast %first_i32 : i32 to index
+      %count = arith.index_cast %count_i32 : i32 to index
+      %end = arith.addi %first, %count : index
+      %total = scf.for %p = %first to %end step %c1 iter_args(%acc = %zero) -> (f32) {
+        %x = tensor.extract %dk_pieces[%p, %j, %d] : tensor<?x${BS}x${D}xf32>
+        %next = arith.addf %acc, %x : f32
+        scf.yield %next : f32
+      }
+      %total_e = ${TRUNCF} %total : f32 to ${E}
+      linalg.yield %total_e : ${E}
+    } -> tensor<?x?x${G}x${D}x${E}>
+    flow.return %dk_sum : tensor<?x?x${G}x${D}x${E}>
+  }
+  %dv = flow.dispatch.region -> (tensor<?x?x${G}x${DV}x${E}>{%batch, %n}) {
+    %dv_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${E}>
+    %dv_sum = linalg.generic {
+        indexing_maps = [affine_map<(b, key, g, e) -> (b, key, g, e)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel"]
+        ${PIECE_SUM_CONFIG}}
+        outs(%dv_init_out : tensor<?x?x${G}x${DV}x${E}>) {
+    ^bb0(%out: ${E}):
+      %b = linalg.index 0 : index
+      %key = linalg.index 1 : index
+      %g = linalg.index 2 : index
+      %e = linalg.index 3 : index
+      %block = arith.divui %key, %block_size : index
+      %j = arith.remui %key, %block_size : index
+      %bg0 = arith.muli %b, %kv_heads : index
+      %bg = arith.addi %bg0, %g : index
+      %fb0 = arith.muli %bg, %num_blocks : index
+      %fb = arith.addi %fb0, %block : index
+      %first_i32 = tensor.extract %piece_start[%fb] : tensor<?xi32>
+      %count_i32 = tensor.extract %piece_count[%fb] : tensor<?xi32>
+      %first = arith.index_cast %first_i32 : i32 to index
+      %count = arith.index_cast %count_i32 : i32 to index
+      %end = arith.addi %first, %count : index
+      %total = scf.for %p = %first to %end step %c1 iter_args(%acc = %zero) -> (f32) {
+        %x = tensor.extract %dv_pieces[%p, %j, %e] : tensor<?x${BS}x${DV}xf32>
+        %next = arith.addf %acc, %x : f32
+        scf.yield %next : f32
+      }
+      %total_e = ${TRUNCF} %total : f32 to ${E}
+      linalg.yield %total_e : ${E}
+    } -> tensor<?x?x${G}x${DV}x${E}>
+    flow.return %dv_sum : tensor<?x?x${G}x${DV}x${E}>
+  }
   return %dk, %dv : tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
 }

@@ -6,7 +6,7 @@
 // attributes are empty on CPU and name the matrix-unit layouts on GPU targets (pipelines/<target>.toml).
 func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
     %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
   %c0 = arith.constant 0 : index
@@ -25,8 +25,8 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
       : tensor<?x?x${H}x${DV}x${E}> into tensor<?x?x${G}x${HPG}x${DV}x${E}>
   %lse_grouped = tensor.expand_shape %lse [[0], [1, 2], [3]] output_shape [%batch, ${G}, ${HPG}, %m_rows]
       : tensor<?x${H}x?xf32> into tensor<?x${G}x${HPG}x?xf32>
-  %delta_grouped = tensor.expand_shape %delta [[0], [1, 2], [3]] output_shape [%batch, ${G}, ${HPG}, %m_rows]
-      : tensor<?x${H}x?xf32> into tensor<?x${G}x${HPG}x?xf32>
+  %delta_grouped = tensor.expand_shape %delta [[0], [1], [2, 3]] output_shape [%batch, %m_rows, ${G}, ${HPG}]
+      : tensor<?x?x${H}xf32> into tensor<?x?x${G}x${HPG}xf32>
 
   %dq_grouped = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${D}x${E}>{%batch, %m_rows}) {
     %zero = arith.constant 0.0 : f32
@@ -80,13 +80,13 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
         indexing_maps = [affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>,
                          affine_map<(b, m, g, h, t, j) -> (b, g, h, m)>,
-                         affine_map<(b, m, g, h, t, j) -> (b, g, h, m)>,
+                         affine_map<(b, m, g, h, t, j) -> (b, m, g, h)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, t)>,
                          affine_map<(b, m, g, h, t, j) -> (b, m, g, h, t, j)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel"]}
         ins(%s, %dp, %lse_grouped, %delta_grouped, %last_key
             : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>, tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>,
-              tensor<?x${G}x${HPG}x?xf32>, tensor<?x${G}x${HPG}x?xf32>, tensor<?x?x${G}x${T}xi32>)
+              tensor<?x${G}x${HPG}x?xf32>, tensor<?x?x${G}x${HPG}xf32>, tensor<?x?x${G}x${T}xi32>)
         outs(%ds_init : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>) {
     ^bb0(%sv: f32, %dpv: f32, %l: f32, %dl: f32, %last: i32, %out: ${E}):
       %j = linalg.index 5 : index

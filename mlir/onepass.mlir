@@ -26,7 +26,7 @@
   #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
   #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
   #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, H, M] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
   #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
   #hal.pipeline.binding<storage_buffer>,            // dk/dv f32 accumulator (tied, zero on entry)
   #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
@@ -91,7 +91,7 @@ hal.executable.source private @selection_attention_onepass_exe {
       %lse = hal.interface.binding.subspan layout(#onepass_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
           : memref<?x${H}x?xf32>{%batch, %m_rows}
       %delta = hal.interface.binding.subspan layout(#onepass_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
+          : memref<?x?x${H}xf32>{%batch, %m_rows}
       %do = hal.interface.binding.subspan layout(#onepass_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
           : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
       %dkv = hal.interface.binding.subspan layout(#onepass_layout) binding(7) alignment(64) offset(%c0)
@@ -172,7 +172,7 @@ hal.executable.source private @selection_attention_onepass_exe {
               }
               %head = arith.addi %h0, %h : index
               %l = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
-              %dl = memref.load %delta[%b, %head, %m] : memref<?x${H}x?xf32>
+              %dl = memref.load %delta[%b, %m, %head] : memref<?x?x${H}xf32>
               %s = arith.mulf %s_raw, %scale : f32
               %shifted = arith.subf %s, %l : f32
               %p_visible = math.exp %shifted : f32
@@ -277,7 +277,7 @@ hal.executable.source private @selection_attention_onepass_exe {
 // value, and both results would then alias one buffer.
 func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x${H}x?xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
     %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 1 : index},
     %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 2 : index},
@@ -308,7 +308,7 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do, %acc_zero)
       : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
          tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows},
-         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
+         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows},
          tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?xf32>{%dkv_size})
       -> (%acc_zero{%dkv_size}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
 

@@ -33,6 +33,7 @@ ATTRIBUTE_SLOTS = (
     "DQ_SCORES_CONFIG", "DQ_DP_CONFIG", "DQ_ROOT_CONFIG",
     "DV_SCORES_CONFIG", "DV_ROOT_CONFIG",
     "DK_SCORES_CONFIG", "DK_DP_CONFIG", "DK_ROOT_CONFIG",
+    "PIECE_SUM_CONFIG",
 )
 
 # Keys of the [onepass] table, each rendered as the placeholder ONEPASS_<KEY> of mlir/onepass.mlir.

@@ -16,11 +16,10 @@ allocator: reused from call to call, counted by ``torch.cuda.memory_allocated`` 
 ``torch.cuda.empty_cache``, instead of IREE's stream-ordered pool, which returns its memory at every
 synchronisation and maps it again on the next call (bench/results/experiments_H200.md).
 
-``NSA_IREE_CACHING_ALLOCATOR=1`` (read when the first CUDA device is made) also turns IREE's asynchronous
-allocations off and wraps the device allocator in IREE's caching allocator, for the few buffers IREE still
-allocates itself (results handed from one stage to the next: delta and the inverted block lists). It is off
-by default because IREE 3.13 cannot give that memory back: trimming the cache fails (``cuMemFree`` returns
-CUDA_ERROR_INVALID_VALUE under compute-sanitizer), so the kept buffers stay reserved until the process exits.
+The results IREE still allocates itself (delta and the inverted block lists, handed from one stage to the
+next) are small. Wrapping IREE's allocator in its caching allocator for them (``--cuda_async_allocations=false``)
+gained about 1 ms of a 102 ms backward at 64k and, as IREE 3.13 cannot trim that cache, held its memory until
+exit; it is not offered (bench/results/experiments_H200.md).
 """
 
 from __future__ import annotations
@@ -49,11 +48,6 @@ def _driver_for(device: torch.device) -> str:
     raise ValueError(f"nsa_iree runs on cpu and cuda/rocm tensors, got a tensor on {device}")
 
 
-def caching_allocator() -> bool:
-    """Whether CUDA devices keep freed IREE buffers for reuse (``NSA_IREE_CACHING_ALLOCATOR=1``; default off)."""
-    return os.environ.get("NSA_IREE_CACHING_ALLOCATOR", "0") == "1"
-
-
 class Device:
     """An IREE device standing for one torch device."""
 
@@ -66,18 +60,12 @@ class Device:
         if torch_device.type == "cpu" and os.environ.get("NSA_IREE_CPU_THREADS"):
             # local-task worker count (set before the first CPU device is made; the flag is process-wide).
             rt.flags.parse_flags(f"--task_topology_group_count={int(os.environ['NSA_IREE_CPU_THREADS'])}")
-        allocators = None
-        if self.driver_name == "cuda" and caching_allocator():
-            # Process-wide flag, read when the driver makes a device: IREE's queue allocations then come from
-            # the device allocator, which the caching allocator wraps (see the module docstring).
-            rt.flags.parse_flags("--cuda_async_allocations=false")
-            allocators = ["caching"]
         driver = rt.get_driver(self.driver_name)
         if torch_device.type == "cpu":
             self.hal_device = driver.create_default_device()
         else:
             index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
-            self.hal_device = driver.create_device(driver.query_available_devices()[index], allocators=allocators)
+            self.hal_device = driver.create_device(driver.query_available_devices()[index])
         self.hal_module = rt.create_hal_module(self.instance, self.hal_device)
         self._dlpack_type = _DLPACK_DEVICE["hip" if self.driver_name == "hip" else torch_device.type]
         self._modules: dict[Path, Module] = {}

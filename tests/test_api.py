@@ -187,17 +187,6 @@ def test_bad_backward_inputs():
         nsa_iree.selection_attention(q, k, v, idx, BS, variant="bogus")
 
 
-@pytest.mark.parametrize("value, expected", [(None, False), ("0", False), ("1", True)], ids=["unset", "0", "1"])
-def test_caching_allocator_is_opt_in(value, expected, monkeypatch):
-    from nsa_iree.runtime import caching_allocator
-
-    if value is None:
-        monkeypatch.delenv("NSA_IREE_CACHING_ALLOCATOR", raising=False)
-    else:
-        monkeypatch.setenv("NSA_IREE_CACHING_ALLOCATOR", value)
-    assert caching_allocator() is expected
-
-
 def test_every_stage_takes_its_scratch_memory_from_torch(monkeypatch):
     """Each stage call gets a torch byte tensor sized by the module's own query; the dk/dv call's holds at
     least the f32 partial sums of every piece (pieces x BS x (D + Dv) x 4 bytes)."""
