@@ -287,6 +287,7 @@ def run(args):
                     record["rows"].append(row)
                     print(json.dumps(row), flush=True)
                     continue
+                fwd = bwd = None
                 try:
                     q, k, v, do, idx = make_problem(cfg, seq, selection, device)
                     with PeakMemory(device) as mem:
@@ -299,7 +300,8 @@ def run(args):
                 except Exception as err:  # noqa: BLE001 - record and go on (e.g. out of memory)
                     row = dict(selection=selection, seq=seq, impl=impl, error=f"{type(err).__name__}: {err}"[:300])
                 finally:
-                    q = k = v = do = idx = None
+                    # The closures hold their outputs: drop them too, so that the next row's baseline is clean.
+                    q = k = v = do = idx = fwd = bwd = None
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                 record["rows"].append(row)
