@@ -397,14 +397,18 @@ def plot(record, path):
     for ax, selection in zip(axes[0], selections):
         rows = [r for r in record["rows"] if r["selection"] == selection and "bwd_ms" in r]
         dense = {r["seq"]: r["bwd_ms"] for r in rows if r["impl"] == "dense sdpa"}
+        labelled = 0
         for impl in dict.fromkeys(r["impl"] for r in rows):
             pts = sorted((r["seq"], r["bwd_ms"]) for r in rows if r["impl"] == impl)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
             if impl != "dense sdpa":
+                # "x dense" labels alternate above and below their points, so close curves stay readable.
+                offset = (4, 5) if labelled % 2 == 0 else (4, -11)
+                labelled += 1
                 for seq, ms in pts:
                     if seq in dense:
-                        ax.annotate(f"{dense[seq] / ms:.1f}x", (seq, ms), textcoords="offset points", xytext=(4, -10),
-                                    fontsize=7)
+                        ax.annotate(f"{dense[seq] / ms:.1f}x", (seq, ms), textcoords="offset points", xytext=offset,
+                                    fontsize=7, color=line.get_color())
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length")
