@@ -8,19 +8,23 @@ func.func @selection_attention_delta(%o: tensor<?x?x${H}x${DV}x${E}>, %do: tenso
   %zero = arith.constant 0.0 : f32
   %batch = tensor.dim %o, %c0 : tensor<?x?x${H}x${DV}x${E}>
   %m_rows = tensor.dim %o, %c1 : tensor<?x?x${H}x${DV}x${E}>
-  %init = tensor.empty(%batch, %m_rows) : tensor<?x?x${H}xf32>
-  %zeros = linalg.fill ins(%zero : f32) outs(%init : tensor<?x?x${H}xf32>) -> tensor<?x?x${H}xf32>
-  %delta = linalg.generic {
-      indexing_maps = [affine_map<(b, m, h, e) -> (b, m, h, e)>, affine_map<(b, m, h, e) -> (b, m, h, e)>,
-                       affine_map<(b, m, h, e) -> (b, m, h)>],
-      iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
-      ins(%o, %do : tensor<?x?x${H}x${DV}x${E}>, tensor<?x?x${H}x${DV}x${E}>) outs(%zeros : tensor<?x?x${H}xf32>) {
-  ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-    %x32 = ${EXTF} %x : ${E} to f32
-    %y32 = ${EXTF} %y : ${E} to f32
-    %xy = arith.mulf %x32, %y32 : f32
-    %sum = arith.addf %acc, %xy : f32
-    linalg.yield %sum : f32
-  } -> tensor<?x?x${H}xf32>
+  %delta = flow.dispatch.region -> (tensor<?x?x${H}xf32>{%batch, %m_rows}) {
+    %init = tensor.empty(%batch, %m_rows) : tensor<?x?x${H}xf32>
+    %zeros = linalg.fill ins(%zero : f32) outs(%init : tensor<?x?x${H}xf32>) -> tensor<?x?x${H}xf32>
+    %delta_sum = linalg.generic {
+        indexing_maps = [affine_map<(b, m, h, e) -> (b, m, h, e)>, affine_map<(b, m, h, e) -> (b, m, h, e)>,
+                         affine_map<(b, m, h, e) -> (b, m, h)>],
+        iterator_types = ["parallel", "parallel", "parallel", "reduction"]
+        ${DELTA_CONFIG}}
+        ins(%o, %do : tensor<?x?x${H}x${DV}x${E}>, tensor<?x?x${H}x${DV}x${E}>) outs(%zeros : tensor<?x?x${H}xf32>) {
+    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
+      %x32 = ${EXTF} %x : ${E} to f32
+      %y32 = ${EXTF} %y : ${E} to f32
+      %xy = arith.mulf %x32, %y32 : f32
+      %sum = arith.addf %acc, %xy : f32
+      linalg.yield %sum : f32
+    } -> tensor<?x?x${H}xf32>
+    flow.return %delta_sum : tensor<?x?x${H}xf32>
+  }
   return %delta : tensor<?x?x${H}xf32>
 }

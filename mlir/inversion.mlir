@@ -102,17 +102,21 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   %selected = tensor.expand_shape %flags [[0, 1, 2, 3, 4]]
       output_shape [%batch, ${G}, %num_blocks, %line_chunks, 64] : tensor<?xi8> into tensor<?x${G}x?x?x64xi8>
 
-  %chunk_rows_init = tensor.empty(%batch, %num_blocks, %line_chunks) : tensor<?x${G}x?x?xi32>
-  %chunk_rows_zero = linalg.fill ins(%c0_i32 : i32) outs(%chunk_rows_init : tensor<?x${G}x?x?xi32>) -> tensor<?x${G}x?x?xi32>
-  %chunk_rows = linalg.generic {
-      indexing_maps = [affine_map<(b, g, i, j, r) -> (b, g, i, j, r)>, affine_map<(b, g, i, j, r) -> (b, g, i, j)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
-      ins(%selected : tensor<?x${G}x?x?x64xi8>) outs(%chunk_rows_zero : tensor<?x${G}x?x?xi32>) {
-  ^bb0(%flag: i8, %acc: i32):
-    %flag_i32 = arith.extui %flag : i8 to i32
-    %sum = arith.addi %acc, %flag_i32 : i32
-    linalg.yield %sum : i32
-  } -> tensor<?x${G}x?x?xi32>
+  %chunk_rows = flow.dispatch.region -> (tensor<?x${G}x?x?xi32>{%batch, %num_blocks, %line_chunks}) {
+    %chunk_rows_init = tensor.empty(%batch, %num_blocks, %line_chunks) : tensor<?x${G}x?x?xi32>
+    %chunk_rows_zero = linalg.fill ins(%c0_i32 : i32) outs(%chunk_rows_init : tensor<?x${G}x?x?xi32>) -> tensor<?x${G}x?x?xi32>
+    %chunk_sum = linalg.generic {
+        indexing_maps = [affine_map<(b, g, i, j, r) -> (b, g, i, j, r)>, affine_map<(b, g, i, j, r) -> (b, g, i, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${CHUNK_COUNT_CONFIG}}
+        ins(%selected : tensor<?x${G}x?x?x64xi8>) outs(%chunk_rows_zero : tensor<?x${G}x?x?xi32>) {
+    ^bb0(%flag: i8, %acc: i32):
+      %flag_i32 = arith.extui %flag : i8 to i32
+      %sum = arith.addi %acc, %flag_i32 : i32
+      linalg.yield %sum : i32
+    } -> tensor<?x${G}x?x?xi32>
+    flow.return %chunk_sum : tensor<?x${G}x?x?xi32>
+  }
 
   %through_init = tensor.empty(%batch, %num_blocks, %line_chunks) : tensor<?x${G}x?x?xi32>
   %rows_init = tensor.empty(%batch, %num_blocks) : tensor<?x${G}x?xi32>

@@ -33,7 +33,7 @@ ATTRIBUTE_SLOTS = (
     "DQ_SCORES_CONFIG", "DQ_DP_CONFIG", "DQ_ROOT_CONFIG",
     "DV_SCORES_CONFIG", "DV_ROOT_CONFIG",
     "DK_SCORES_CONFIG", "DK_DP_CONFIG", "DK_ROOT_CONFIG",
-    "PIECE_SUM_CONFIG",
+    "PIECE_SUM_CONFIG", "DELTA_CONFIG", "CHUNK_COUNT_CONFIG",
 )
 
 # Keys of the [onepass] table, each rendered as the placeholder ONEPASS_<KEY> of mlir/onepass.mlir.
@@ -80,6 +80,16 @@ class Recipe:
                   "D": str(spec.head_dim), "DV": str(spec.value_dim), "BS": str(spec.block_size), "T": str(spec.num_blocks),
                   "ROWS_PER_PIECE": str(self.rows_per_piece),
                   "HEAD_TILE": "2" if spec.heads_per_group % 2 == 0 else "1"}
+        # The forward's block statistics: one 32-lane subgroup per selected block, reducing its [16 heads, BS
+        # keys] score tile with lanes along the keys (at most 16, 4 or more keys each) and the rest along the
+        # heads; up to 4 blocks per workgroup (2 when BS > 64, whose K tiles would not fit shared memory), a
+        # divisor of T (a partial last tile fails to distribute for some head dims).
+        lanes_keys = max(1, min(16, spec.block_size // 4))
+        slots = next(n for n in ((4, 2, 1) if spec.block_size <= 64 else (2, 1)) if spec.num_blocks % n == 0)
+        values.update(LANES_KEYS=str(lanes_keys), LANES_HEADS=str(32 // lanes_keys),
+                      KEYS_PER_LANE=str(-(-spec.block_size // lanes_keys)),
+                      HEADS_PER_LANE=str(max(1, 16 * lanes_keys // 32)),
+                      SLOTS_PER_WORKGROUP=str(slots), SLOT_LANES=str(32 * slots))
         # promote_operands lists for contractions whose operands have D or Dv innermost (see _promotable):
         # *_BOTH for q k^T / do v^T (both operands), *_RHS for products whose second operand has it.
         bits = _BITS[spec.dtype]
