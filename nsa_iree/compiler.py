@@ -76,6 +76,9 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
     if spec.dtype not in recipe.dtypes:
         raise ValueError(f"target {spec.target} supports dtypes {list(recipe.dtypes)} (pipelines/{spec.target}.toml), "
                          f"got {spec.dtype}: use bf16 or f16 inputs on GPUs, or the cpu target")
+    if recipe.block_sizes is not None and spec.block_size not in recipe.block_sizes:
+        raise ValueError(f"target {spec.target} supports block_size in {list(recipe.block_sizes)} "
+                         f"(pipelines/{spec.target}.toml), got {spec.block_size}")
     text = render_module(spec, variant)
     directory = Path(out_dir) if out_dir is not None else cache_dir()
     try:

@@ -72,6 +72,7 @@ class Recipe:
     rows_per_piece: int
     attribute_templates: dict
     dtypes: tuple[str, ...] = ("f32", "f16", "bf16")
+    block_sizes: tuple[int, ...] | None = None  # None: any block size (the CPU)
     onepass_templates: dict = dataclasses.field(default_factory=dict)
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
@@ -126,4 +127,5 @@ def load_recipe(target: str) -> Recipe:
     return Recipe(target=target, driver=data["driver"], flags=tuple(data["flags"]),
                   rows_per_piece=int(data["rows_per_piece"]),
                   attribute_templates=dict(data.get("attributes", {})), onepass_templates=dict(onepass),
-                  dtypes=tuple(data.get("dtypes", ("f32", "f16", "bf16"))))
+                  dtypes=tuple(data.get("dtypes", ("f32", "f16", "bf16"))),
+                  block_sizes=tuple(data["block_sizes"]) if "block_sizes" in data else None)

@@ -116,3 +116,22 @@ def test_gpu_target_without_a_matrix_layout_for_the_dtype_is_refused_before_comp
     with pytest.raises(ValueError, match=r"target cuda supports dtypes \['bf16', 'f16'\].*got f32"):
         compile_artifact(DEMO_SPEC.replace(target="cuda", dtype="f32"), "two-pass")
     assert not list(fresh_cache.glob("*"))
+
+
+@pytest.mark.parametrize("target, block_size", [("cuda", 16), ("gfx950", 32), ("gfx942", 128)],
+                         ids=["cuda-bs16", "gfx950-bs32", "gfx942-bs128"])
+def test_block_size_a_target_cannot_compile_is_refused_before_compiling(fresh_cache, target, block_size):
+    with pytest.raises(ValueError, match=rf"target {target} supports block_size in \[.*\].*got {block_size}"):
+        compile_artifact(DEMO_SPEC.replace(target=target, block_size=block_size), "forward")
+    assert not list(fresh_cache.glob("*"))
+
+
+GPU_BLOCK_SIZES = [(target, bs) for target in ("cuda", "gfx950", "gfx942") for bs in load_recipe(target).block_sizes]
+
+
+@pytest.mark.parametrize("target, block_size", GPU_BLOCK_SIZES, ids=[f"{t}-bs{bs}" for t, bs in GPU_BLOCK_SIZES])
+def test_every_block_size_a_gpu_recipe_lists_compiles(fresh_cache, target, block_size):
+    """The recipes' block_sizes lists are what compiles, for the forward and both backward variants."""
+    spec = DEMO_SPEC.replace(target=target, heads=32, kv_heads=2, head_dim=128, block_size=block_size, num_blocks=6)
+    for variant in ("forward", "two-pass", "one-pass"):
+        assert compile_artifact(spec, variant).path.exists()
