@@ -263,7 +263,9 @@ def wrong_variants(result) -> set[str]:
     return wrong
 
 
-def run(args):
+def run(args, on_row=None):
+    """Check, then time every (selection, seq, impl); on_row(record) after each row (partial results survive a
+    run that is cut short)."""
     device = torch.device(args.device)
     cfg = CONFIGS[args.config]
     impls = [i for i in args.impl if i in IMPLS]
@@ -306,6 +308,8 @@ def run(args):
                         torch.cuda.empty_cache()
                 record["rows"].append(row)
                 print(json.dumps(row), flush=True)
+                if on_row:
+                    on_row(record)
     return record
 
 
@@ -440,15 +444,20 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.smoke:
         args.device, args.config, args.seq, args.repeats, args.selection = "cpu", "tiny", [256], 1, ["realistic"]
-    record = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+
+    def save(record):
+        machine = record["machine"].split("(")[0].strip().split()[-1] if device_is_cuda(args) else "cpu"
+        stem = f"{record['config']['name']}_{re.sub(r'[^A-Za-z0-9]+', '_', machine)}"
+        (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+        (out / f"{stem}.md").write_text(markdown(record))
+        return stem
+
+    record = run(args, on_row=save)
     if args.profile:
         record["profile"] = profile(args, out)
-    machine = record["machine"].split("(")[0].strip().split()[-1] if device_is_cuda(args) else "cpu"
-    stem = f"{record['config']['name']}_{re.sub(r'[^A-Za-z0-9]+', '_', machine)}"
-    (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
-    (out / f"{stem}.md").write_text(markdown(record))
+    stem = save(record)
     png = plot(record, out / f"{stem}.png")
     print(markdown(record))
     print(f"wrote {out / (stem + '.md')}" + (f" and {png}" if png else ""))
