@@ -107,6 +107,8 @@ class Module:
         self.vm_module = rt.VmModule.mmap(device.instance, str(vmfb))
         self.context = rt.VmContext(device.instance, modules=[device.hal_module, self.vm_module])
         self._functions = {}
+        self._transient_sizes = {}  # (function, argument shapes and integer scalars) -> bytes
+        self._placeholder = None
 
     def _lookup(self, name: str):
         """Function `name` and its transient-size query (None for a function without transient storage)."""
@@ -135,16 +137,22 @@ class Module:
     def _transient_storage(self, size_fn, values) -> torch.Tensor:
         """A byte tensor on the module's device as large as the call with these arguments needs.
 
-        The size query takes the call's own arguments (it reads only their shapes) and a storage buffer that
-        it never touches.
+        The size query reads only the arguments' shapes (and the integer scalars), so its answer is kept per
+        shape: a training loop of one shape asks once per function. It takes the call's storage argument too
+        but never touches it: a small placeholder buffer stands in.
         """
         import iree.runtime as rt
 
-        placeholder = self.device.import_tensor(
-            torch.empty(_ALIGNMENT, dtype=torch.uint8, device=self.device.torch_device)).get_buffer()
-        result = rt.VmVariantList(1)
-        self.context.invoke(size_fn, self._variants(values, placeholder), result)
-        size = max(int(result.get_variant(0)), _ALIGNMENT)
+        key = (size_fn.name,) + tuple(tuple(v.shape) if isinstance(v, rt.HalBufferView)
+                                      else None if isinstance(v, float) else v for v in values)
+        size = self._transient_sizes.get(key)
+        if size is None:
+            if self._placeholder is None:
+                memory = torch.empty(_ALIGNMENT, dtype=torch.uint8, device=self.device.torch_device)
+                self._placeholder = (memory, self.device.import_tensor(memory).get_buffer())
+            result = rt.VmVariantList(1)
+            self.context.invoke(size_fn, self._variants(values, self._placeholder[1]), result)
+            size = self._transient_sizes[key] = max(int(result.get_variant(0)), _ALIGNMENT)
         return torch.empty(size, dtype=torch.uint8, device=self.device.torch_device)
 
     def call(self, name: str, *args, wait_for_torch: bool = True):

@@ -85,7 +85,6 @@ def test_nan_input_gives_nan_output_without_hanging():
     assert torch.isnan(dq[0, 5, 0]).any() and not torch.isnan(dq[1]).any()
 
 
-
 def _grads(q, k, v, idx, do, variant):
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     o = nsa_iree.selection_attention(*leaves, idx, block_size=BS, variant=variant)
@@ -133,6 +132,7 @@ def test_a_nan_query_row_reaches_only_its_own_outputs_and_blocks(variant):
                                   ("dv", dv, clean[3], keys)):
         assert torch.isfinite(ours[keep]).all() and relative_rms_error(ours[keep], ref[keep]) < 1e-5, name
     assert torch.isnan(o[0, 0]).all()
+
 
 BAD_INPUTS = {
     "q_rank": (lambda q, k, v, i: (q[0], k, v, i, BS), ValueError, "q must have shape [B, M, H, D]"),
@@ -218,3 +218,40 @@ def test_every_stage_takes_its_scratch_memory_from_torch(monkeypatch):
     entries = module.call("invert_block_indices", nsa_iree.api.effective_block_indices(idx, None), N)[0]
     pieces = entries.shape[0]
     assert storage["selection_attention_dkdv"] >= pieces * BS * (D + DV) * 4
+
+
+def test_transient_sizes_are_queried_once_per_shape():
+    """The size queries run on the first call of a shape only; another length asks again and gets its own."""
+    q, k, v, idx = inputs()
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    module = nsa_iree.api.kernels(nsa_iree.api.describe(q, k, v, idx, BS), "two-pass", q.device)
+
+    class CountingContext:
+        def __init__(self, context):
+            self.context, self.queries = context, []
+
+        def invoke(self, fn, inputs, outputs):
+            if fn.name.endswith("_transients_size"):
+                self.queries.append(fn.name)
+            return self.context.invoke(fn, inputs, outputs)
+
+    counting = module.context = CountingContext(module.context)
+    try:
+        module._transient_sizes.clear()
+        first = nsa_iree.selection_attention_bwd(q, k, v, o, lse, torch.ones_like(o), idx, BS)
+        assert sorted(counting.queries) == sorted(f"{name}_transients_size" for name in (
+            "selection_attention_delta", "selection_attention_dq", "invert_block_indices", "selection_attention_dkdv"))
+        again = nsa_iree.selection_attention_bwd(q, k, v, o, lse, torch.ones_like(o), idx, BS)
+        assert len(counting.queries) == 4
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+        sizes = dict(module._transient_sizes)
+        shorter = [t[:, : M // 2] for t in (q, idx)]
+        o2, lse2 = nsa_iree.selection_attention_fwd(shorter[0], k, v, shorter[1], BS)
+        nsa_iree.selection_attention_bwd(shorter[0], k, v, o2, lse2, torch.ones_like(o2), shorter[1], BS)
+        assert len(counting.queries) == 8
+        dkdv = [size for key, size in module._transient_sizes.items()
+                if key[0] == "selection_attention_dkdv_transients_size"]
+        assert len(dkdv) == 2 and dkdv[0] != dkdv[1], sizes
+    finally:
+        module.context = counting.context
