@@ -104,7 +104,7 @@ def inversion(seqs=(1, 300, 2048, 16384)):
     """Stage-level check for a new inversion: its (entries, piece_start, piece_count) against the oracle,
     for realistic selections and for selections with skipped slots of every kind."""
     from nsa_iree.api import describe, kernels
-    from nsa_iree.pipelines import load_recipe
+    from nsa_iree.recipes import load_recipe
     from nsa_iree.reference import block_lists_reference
 
     cfg = CONFIGS["anchors"]

@@ -99,7 +99,7 @@ def _slug(name: str) -> str:
 
 def prepare(args):
     from nsa_iree.compiler import CompileError, compile_artifact
-    from nsa_iree.pipelines import PIPELINES_DIR
+    from nsa_iree.recipes import PIPELINES_DIR
     from nsa_iree.spec import KernelSpec
 
     from .bench import CONFIGS

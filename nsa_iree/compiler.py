@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .pipelines import load_recipe
+from .recipes import load_recipe
 from .render import render_module
 from .spec import KernelSpec
 

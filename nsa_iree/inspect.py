@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from .compiler import cache_dir, cache_key
-from .pipelines import load_recipe
+from .recipes import load_recipe
 from .render import render_module
 from .spec import KernelSpec
 

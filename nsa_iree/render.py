@@ -1,4 +1,4 @@
-"""Render the MLIR templates under ``mlir/`` for one :class:`~nsa_iree.spec.KernelSpec`.
+"""Render the MLIR templates under ``nsa_iree/mlir/`` (package data) for one :class:`~nsa_iree.spec.KernelSpec`.
 
 Templates are plain ``.mlir`` files with ``${NAME}`` placeholders for the few per-configuration values
 (head counts and dims, block size, T, element type) and for target-specific attributes, which come from
@@ -11,10 +11,10 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from .pipelines import Recipe, load_recipe
+from .recipes import Recipe, load_recipe
 from .spec import KernelSpec
 
-MLIR_DIR = Path(__file__).resolve().parent.parent / "mlir"
+MLIR_DIR = Path(__file__).resolve().parent / "mlir"
 
 # Every variant's module: the stage templates it needs, in order (helpers first).
 STAGES = {

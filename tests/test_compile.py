@@ -12,7 +12,7 @@ import torch
 import nsa_iree
 from nsa_iree import api, compiler, render
 from nsa_iree.compiler import CompileError, compile_artifact
-from nsa_iree.pipelines import load_recipe
+from nsa_iree.recipes import load_recipe
 from nsa_iree.spec import DEMO_SPEC
 
 

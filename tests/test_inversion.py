@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nsa_iree.api import describe, kernels
-from nsa_iree.pipelines import load_recipe
+from nsa_iree.recipes import load_recipe
 from nsa_iree.reference import block_lists_reference
 from nsa_iree.selection import realistic_block_indices
 

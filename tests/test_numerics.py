@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from nsa_iree.pipelines import load_recipe
+from nsa_iree.recipes import load_recipe
 from nsa_iree.selection import uniform_block_indices
 
 from conftest import DTYPES, Problem, assert_close_to_reference, random_indices, realistic_indices

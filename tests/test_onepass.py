@@ -13,7 +13,7 @@ import nsa_iree
 from nsa_iree import render
 from nsa_iree.demo import relative_rms_error
 from nsa_iree.inspect import dump_executables
-from nsa_iree.pipelines import load_recipe
+from nsa_iree.recipes import load_recipe
 from nsa_iree.spec import DEMO_SPEC
 
 from conftest import TOLERANCE, Problem, assert_close_to_reference, make_inputs, reference_outputs, run_poisoned

@@ -15,13 +15,13 @@ config.test_exec_root = os.path.join(os.environ.get("NSA_IREE_LIT_OUT", "/tmp/ns
 
 repo = os.path.dirname(os.path.dirname(config.test_source_root))
 sys.path.insert(0, repo)
-from nsa_iree.pipelines import load_recipe  # noqa: E402
+from nsa_iree.recipes import load_recipe  # noqa: E402
 
 config.environment["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
 config.environment["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 config.substitutions.append(("%cat_dumps", f"{sys.executable} {os.path.join(config.test_source_root, 'cat_dumps.py')}"))
 config.substitutions.append(("%render", f"{sys.executable} -m nsa_iree.cli render"))
 for target in ("cpu", "gfx950", "gfx942", "cuda"):
-    if not os.path.exists(os.path.join(repo, "pipelines", f"{target}.toml")):
+    if not os.path.exists(os.path.join(repo, "nsa_iree", "pipelines", f"{target}.toml")):
         continue
     config.substitutions.append((f"%{target}_flags", " ".join(load_recipe(target).flags)))

@@ -1,4 +1,4 @@
-"""Per-target compile recipes, read from ``pipelines/<target>.toml``.
+"""Per-target compile recipes, read from ``nsa_iree/pipelines/<target>.toml`` (package data).
 
 A recipe holds the ``iree-compile`` flags of a target, the IREE runtime driver that runs its artifacts,
 its tuning parameters, and the target-specific attributes substituted into the MLIR templates (GPU
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .spec import TARGETS, KernelSpec
 
-PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
+PIPELINES_DIR = Path(__file__).resolve().parent / "pipelines"
 
 
 def pipelines_dir() -> Path:
