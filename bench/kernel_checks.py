@@ -1,7 +1,7 @@
 """Hand-written kernels against the linalg stages they replace, on the GPU.
 
-    python3 -m bench.kernel_checks check        # every case: custom dq vs linalg dq vs the f64 reference
-    python3 -m bench.kernel_checks determinism  # custom dq bitwise identical over 20 runs (16k tokens)
+    python3 -m bench.kernel_checks check        # every case: custom dq, dk, dv vs linalg vs the f64 reference
+    python3 -m bench.kernel_checks determinism  # custom backward bitwise identical over 20 runs (16k tokens)
     python3 -m bench.kernel_checks time [SEQ]   # dq stage and whole two-pass backward, custom vs linalg
 
 The linalg stages are the oracle: both modules come from the same checkout, the linalg one rendered with
@@ -114,8 +114,8 @@ class Backward:
         self.module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
         return dq
 
-    def bwd(self, q, k, v, o, lse, do, idx, scale):
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    def bwd(self, q, k, v, o, lse, do, idx, scale, poison=False):
+        dq, dk, dv = (torch.full_like(x, float("nan")) if poison else torch.empty_like(x) for x in (q, k, v))
         delta = self.delta(o, do)
         self.dq(q, k, v, idx, lse, delta, do, scale, dq)
         entries, start, count = self.module.call("invert_block_indices", idx, k.shape[1], wait_for_torch=False)
@@ -125,23 +125,26 @@ class Backward:
 
 
 def check(seed=0):
+    """Every case: the custom backward's dq, dk, dv (outputs poisoned first) against the linalg stages and
+    the f64 reference."""
+    recipe = load_recipe("cuda")
     for name, cfg, batch, m_rows, n, selection, bad in CASES:
         spec = _spec(cfg)
         custom, linalg = Backward(spec, "custom"), Backward(spec, "linalg")
         q, k, v, do, idx = _problem(cfg, batch, m_rows, n, selection, bad, seed)
         scale = cfg["head_dim"] ** -0.5
         o, lse = linalg.fwd(q, k, v, idx, scale)
-        delta = linalg.delta(o, do)
-        got = linalg.dq(q, k, v, idx, lse, delta, do, scale, torch.full_like(q, float("nan")))
-        mine = custom.dq(q, k, v, idx, lse, custom.delta(o, do), do, scale, torch.full_like(q, float("nan")))
+        mine = custom.bwd(q, k, v, o, lse, do, idx, scale, poison=True)
+        theirs = linalg.bwd(q, k, v, o, lse, do, idx, scale, poison=True)
         torch.cuda.synchronize()
-        _, dq_ref, _, _ = selection_attention_backward_reference(q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(),
-                                                                  do.cpu(), idx.cpu(), cfg["block_size"])
-        row = {"case": name, "dq_template": template_for("dq", spec, load_recipe("cuda")),
-               "dq_custom_vs_linalg": relative_rms_error(mine.float(), got.float()),
-               "dq_custom_vs_f64": relative_rms_error(mine.cpu(), dq_ref, rms_floor=1e-3),
-               "dq_linalg_vs_f64": relative_rms_error(got.cpu(), dq_ref, rms_floor=1e-3),
-               "all_written": bool(torch.isfinite(mine).all())}
+        _, *ref = selection_attention_backward_reference(q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(),
+                                                         idx.cpu(), cfg["block_size"])
+        row = {"case": name, "kernels": [template_for(s, spec, recipe) for s in ("dq", "dkdv")]}
+        for grad, a, b, r in zip(("dq", "dk", "dv"), mine, theirs, ref):
+            row[f"{grad}_custom_vs_linalg"] = relative_rms_error(a.float(), b.float())
+            row[f"{grad}_custom_vs_f64"] = relative_rms_error(a.cpu(), r, rms_floor=1e-3)
+            row[f"{grad}_linalg_vs_f64"] = relative_rms_error(b.cpu(), r, rms_floor=1e-3)
+        row["all_written"] = all(bool(torch.isfinite(t).all()) for t in mine)
         print(json.dumps(row), flush=True)
 
 
@@ -151,12 +154,11 @@ def determinism(repeats=20):
     q, k, v, do, idx = _problem(cfg, 1, 16384, 16384, "realistic", False, 1)
     scale = cfg["head_dim"] ** -0.5
     o, lse = custom.fwd(q, k, v, idx, scale)
-    delta = custom.delta(o, do)
-    first = custom.dq(q, k, v, idx, lse, delta, do, scale, torch.empty_like(q)).clone()
-    same = sum(torch.equal(first.view(torch.int16),
-                           custom.dq(q, k, v, idx, lse, delta, do, scale, torch.empty_like(q)).view(torch.int16))
+    first = [x.clone() for x in custom.bwd(q, k, v, o, lse, do, idx, scale)]
+    same = sum(all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                   for a, b in zip(first, custom.bwd(q, k, v, o, lse, do, idx, scale)))
                for _ in range(repeats))
-    print(json.dumps({"custom_dq_identical_runs": f"{same}/{repeats}"}), flush=True)
+    print(json.dumps({"custom_backward_identical_runs": f"{same}/{repeats}"}), flush=True)
 
 
 def _median_ms(fn, repeats=10, warmup=2):
@@ -193,7 +195,8 @@ def time(seqs=(65536,), selections=("realistic", "uniform")):
                 outs[name] = impl.bwd(q, k, v, o, lse, do, idx, scale)
             torch.cuda.synchronize()
             row["dq_custom_vs_linalg"] = relative_rms_error(outs["custom"][0].float(), outs["linalg"][0].float())
-            row["dk_dv_identical"] = all(torch.equal(a, b) for a, b in zip(outs["custom"][1:], outs["linalg"][1:]))
+            for i, grad in ((1, "dk"), (2, "dv")):
+                row[f"{grad}_custom_vs_linalg"] = relative_rms_error(outs["custom"][i].float(), outs["linalg"][i].float())
             print(json.dumps(row), flush=True)
             del q, k, v, do, idx, o, lse, outs
             torch.cuda.empty_cache()

@@ -97,7 +97,7 @@ def covers_tile(layout: OperandLayout, subgroup_size: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The dq kernel (nsa_iree/mlir/dq_kernel.mlir)
+# The backward kernels (nsa_iree/mlir/dq_kernel.mlir, nsa_iree/mlir/dkdv_kernel.mlir)
 
 KEYS_PER_SUBGROUP = 16   # each subgroup owns 16 keys of every block (two 8-key column tiles of s)
 HEAD_ROWS = 16           # one 16-row lhs tile holds the heads of a group (padded when HPG < 16)
@@ -106,7 +106,7 @@ PAD = 8                  # elements added to every workgroup-memory row (32-bit 
 
 def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the custom kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
-    if stage != "dq":
+    if stage not in ("dq", "dkdv"):
         return [f"no custom kernel for stage {stage!r}"]
     why = []
     kind = recipe.kernel_settings.get("mma_kind", "")
@@ -132,8 +132,8 @@ def string_template_name(kind: str, spec: KernelSpec) -> str:
     return kind.replace("${MMA_DTYPE}", spec.dtype.upper())
 
 
-def dq_kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
-    """Substitutions of nsa_iree/mlir/dq_kernel.mlir beyond the common ones (render.template_values)."""
+def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
+    """Substitutions of the hand-written kernels beyond the common ones (render.template_values)."""
     kind = LAYOUTS.get(string_template_name(recipe.kernel_settings.get("mma_kind", ""), spec))
     if kind is None:
         return {}
@@ -145,6 +145,8 @@ def dq_kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "D_PADDED": d + PAD, "DV_PADDED": dv + PAD, "T_PLUS_1": spec.num_blocks + 1,
         "D_CHUNKS": d // 8, "DV_CHUNKS": dv // 8, "K_STAGE_ITEMS": bs * (d // 8), "V_STAGE_ITEMS": bs * (dv // 8),
         "D_STEPS": d // kind.mnk[2], "DV_STEPS": dv // kind.mnk[2], "D_TILES": d // kind.mnk[1],
-        "DQ_ITEMS": spec.heads_per_group * d,
+        "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,
+        "Q_STAGE_ITEMS": HEAD_ROWS * (d // 8), "DO_STAGE_ITEMS": HEAD_ROWS * (dv // 8),
+        "ROWS_PER_PIECE_PLUS_1": recipe.rows_per_piece + 1,
     }
     return {key: str(value) for key, value in values.items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from .fragments import dq_kernel_values
+from .fragments import kernel_values
 from .recipes import Recipe, load_recipe
 from .spec import KernelSpec
 
@@ -20,7 +20,7 @@ MLIR_DIR = Path(__file__).resolve().parent / "mlir"
 # Every variant's module: the stage templates it needs, in order (helpers first).
 STAGES = {
     "forward": ("kv_blocks", "selected_slots", "forward"),
-    "two-pass": ("kv_blocks", "selected_slots", "delta", "dq", "inversion", "dkdv"),
+    "two-pass": ("kv_blocks", "selected_slots", "delta", "dq", "inversion", "piece_sums", "dkdv"),
     "one-pass": ("delta", "onepass"),
 }
 
@@ -46,7 +46,7 @@ def template_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
     }
     values = {k: str(v) for k, v in values.items()}
     values.update(recipe.attributes(spec))
-    values.update(dq_kernel_values(spec, recipe))
+    values.update(kernel_values(spec, recipe))
     return values
 
 
