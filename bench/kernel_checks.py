@@ -25,7 +25,7 @@ from nsa_iree.recipes import load_recipe
 from nsa_iree.render import template_for
 from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference
 from nsa_iree.runtime import device_for
-from nsa_iree.selection import realistic_block_indices, uniform_block_indices
+from nsa_iree.selection import local_block_indices, realistic_block_indices, uniform_block_indices
 from nsa_iree.spec import KernelSpec
 
 from .bench import CONFIGS
@@ -73,6 +73,14 @@ def precompile():
         for kernels in ("custom", "linalg"):
             print(_artifact(spec, "two-pass", kernels).path.name, flush=True)
         print(_artifact(spec, "forward", "linalg").path.name, flush=True)
+    from pathlib import Path
+
+    root = Path(".dev/variants")
+    for recipe_dir in sorted(root.iterdir()) if root.exists() else ():
+        os.environ["NSA_IREE_PIPELINES_DIR"] = str(recipe_dir)
+        for variant in ("two-pass", "forward"):
+            print(recipe_dir.name, _artifact(_spec(CONFIGS["anchors"]), variant, "custom").path.name, flush=True)
+        os.environ.pop("NSA_IREE_PIPELINES_DIR")
 
 
 def _problem(cfg, batch, m_rows, n, selection, bad, seed):
@@ -83,7 +91,8 @@ def _problem(cfg, batch, m_rows, n, selection, bad, seed):
     k = torch.randn(batch, n, g, d, generator=gen, device="cuda").to(dtype)
     v = torch.randn(batch, n, g, dv, generator=gen, device="cuda").to(dtype)
     do = torch.randn(batch, m_rows, h, dv, generator=gen, device="cuda").to(dtype)
-    pick = {"realistic": realistic_block_indices, "uniform": uniform_block_indices}[selection]
+    pick = {"realistic": realistic_block_indices, "uniform": uniform_block_indices,
+            "local": local_block_indices}[selection]
     idx = pick(batch, m_rows, n, g, cfg["num_blocks"], cfg["block_size"], generator=gen, device="cuda")
     if bad:
         nb = -(-n // cfg["block_size"])
@@ -202,8 +211,45 @@ def time(seqs=(65536,), selections=("realistic", "uniform")):
             torch.cuda.empty_cache()
 
 
+def variants(root=".dev/variants", seq=65536, selections=("realistic", "uniform", "local")):
+    """Time the custom backward of each recipe variant under `root` (one directory each, holding a cuda.toml;
+    loaded through $NSA_IREE_PIPELINES_DIR), in one process. The first variant is also profiled per kernel."""
+    from pathlib import Path
+
+    cfg = CONFIGS["anchors"]
+    spec = _spec(cfg)
+    names = sorted(p.name for p in Path(root).iterdir() if (p / "cuda.toml").exists())
+    impls = {}
+    for name in names:
+        os.environ["NSA_IREE_PIPELINES_DIR"] = str(Path(root) / name)
+        impls[name] = Backward(spec, "custom")
+    os.environ.pop("NSA_IREE_PIPELINES_DIR", None)
+    for selection in selections:
+        q, k, v, do, idx = _problem(cfg, 1, seq, seq, selection, False, 2)
+        scale = cfg["head_dim"] ** -0.5
+        o, lse = next(iter(impls.values())).fwd(q, k, v, idx, scale)
+        row = {"seq": seq, "selection": selection}
+        for name, impl in impls.items():
+            delta = impl.delta(o, do)
+            dq = torch.empty_like(q)
+            row[f"{name}_dq_ms"] = round(_median_ms(lambda: impl.dq(q, k, v, idx, lse, delta, do, scale, dq)), 2)
+            row[f"{name}_bwd_ms"] = round(_median_ms(lambda: impl.bwd(q, k, v, o, lse, do, idx, scale)), 2)
+        print(json.dumps(row), flush=True)
+        if selection == selections[0]:
+            impl = impls[names[0]]
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                impl.bwd(q, k, v, o, lse, do, idx, scale)
+                torch.cuda.synchronize()
+            kernels = sorted(((e.key, e.device_time_total / 1e3) for e in prof.key_averages() if e.device_time_total > 0),
+                             key=lambda r: -r[1])
+            print(json.dumps({"profile": names[0], "kernels_ms": [(key[:60], round(ms, 2)) for key, ms in kernels]}),
+                  flush=True)
+        del q, k, v, do, idx, o, lse
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
     args = [int(a) for a in sys.argv[2:]]
     {"precompile": precompile, "check": check, "determinism": determinism,
-     "time": lambda: time(tuple(args) or (65536,))}[what]()
+     "time": lambda: time(tuple(args) or (65536,)), "variants": variants}[what]()

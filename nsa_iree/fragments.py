@@ -138,15 +138,21 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
     if kind is None:
         return {}
     subgroups = spec.block_size // KEYS_PER_SUBGROUP
+    # Workgroup-memory buffers of the asynchronous copies: the copies of step t + STAGES - 1 are in flight
+    # while step t computes.
+    dq_stages = int(recipe.kernel_settings.get("dq_stages", 2))
+    dkdv_stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
     values = {
         "MMA_KIND": kind.name, "SUBGROUP_SIZE": kind.subgroup_size, "SUBGROUPS": subgroups,
         "LANES": subgroups * kind.subgroup_size,
-        "D_PADDED": d + PAD, "DV_PADDED": dv + PAD, "T_PLUS_1": spec.num_blocks + 1,
+        "D_PADDED": d + PAD, "DV_PADDED": dv + PAD, 
+        "DQ_STAGES": dq_stages, "DQ_STAGES_MINUS_1": dq_stages - 1, "T_PLUS_DQ_LAG": spec.num_blocks + dq_stages - 1,
+        "DKDV_STAGES": dkdv_stages, "DKDV_STAGES_MINUS_1": dkdv_stages - 1,
+        "ROWS_PER_PIECE_PLUS_DKDV_LAG": recipe.rows_per_piece + dkdv_stages - 1,
         "D_CHUNKS": d // 8, "DV_CHUNKS": dv // 8, "K_STAGE_ITEMS": bs * (d // 8), "V_STAGE_ITEMS": bs * (dv // 8),
         "D_STEPS": d // kind.mnk[2], "DV_STEPS": dv // kind.mnk[2], "D_TILES": d // kind.mnk[1],
         "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,
         "Q_STAGE_ITEMS": HEAD_ROWS * (d // 8), "DO_STAGE_ITEMS": HEAD_ROWS * (dv // 8),
-        "ROWS_PER_PIECE_PLUS_1": recipe.rows_per_piece + 1,
     }
     return {key: str(value) for key, value in values.items()}

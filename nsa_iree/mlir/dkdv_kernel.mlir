@@ -44,20 +44,17 @@
 // zero-filled), the rows' lse and delta, and per piece row: its row group, weight and last visible key.
 !dkv_k_tile = memref<${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_v_tile = memref<${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
-!dkv_q_rows = memref<2x16x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
-!dkv_do_rows = memref<2x16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
-!dkv_stats = memref<2x16xf32, #gpu.address_space<workgroup>>
+!dkv_q_rows = memref<${DKDV_STAGES}x16x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_do_rows = memref<${DKDV_STAGES}x16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_stats = memref<${DKDV_STAGES}x16xf32, #gpu.address_space<workgroup>>
 !dkv_row_i32 = memref<${ROWS_PER_PIECE}xi32, #gpu.address_space<workgroup>>
 !dkv_row_f32 = memref<${ROWS_PER_PIECE}xf32, #gpu.address_space<workgroup>>
 // Per-lane fragments.
 !dkv_k_frags = vector<1x${D_STEPS}x4x2x${E}>
 !dkv_v_frags = vector<1x${DV_STEPS}x4x2x${E}>
-!dkv_qt_frags = vector<${D_STEPS}x2x2x2x${E}>
-!dkv_dot_frags = vector<${DV_STEPS}x2x2x2x${E}>
+!dkv_rhs_step = vector<1x2x2x2x${E}>
 !dkv_scores = vector<1x2x2x2xf32>
 !dkv_lhs = vector<1x1x4x2x${E}>
-!dkv_q_frags = vector<1x${D_TILES}x2x2x${E}>
-!dkv_do_frags = vector<1x${DV_TILES}x2x2x${E}>
 !dkv_dk_acc = vector<1x${D_TILES}x2x2xf32>
 !dkv_dv_acc = vector<1x${DV_TILES}x2x2xf32>
 
@@ -88,7 +85,9 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
       %kv_heads = arith.constant ${G} : index
       %slots = arith.constant ${T} : index
       %rows = arith.constant ${ROWS_PER_PIECE} : index
-      %rows_plus_1 = arith.constant ${ROWS_PER_PIECE_PLUS_1} : index
+      %steps = arith.constant ${ROWS_PER_PIECE_PLUS_DKDV_LAG} : index
+      %stages = arith.constant ${DKDV_STAGES} : index
+      %lag = arith.constant ${DKDV_STAGES_MINUS_1} : index
       %lanes = arith.constant ${LANES} : index
       %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
       %k_chunks = arith.constant ${D_CHUNKS} : index
@@ -188,7 +187,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
             %inc = arith.select %same, %one, %zero : f32
             %next = arith.addf %acc, %inc : f32
             scf.yield %next : f32
-          }
+          } {unroll_loop}
           %m_i32 = arith.index_cast %m : index to i32
           %m_or_none = arith.select %used, %m_i32, %minus_one : i32
           memref.store %m_or_none, %row_m[%row] : !dkv_row_i32
@@ -256,9 +255,9 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
         // computes row t - 1 from the other buffer meanwhile.
         %dk_init = arith.constant dense<0.0> : !dkv_dk_acc
         %dv_init = arith.constant dense<0.0> : !dkv_dv_acc
-        %dk_acc, %dv_acc = scf.for %t = %c0 to %rows_plus_1 step %c1 iter_args(%dk_iter = %dk_init, %dv_iter = %dv_init)
+        %dk_acc, %dv_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dk_iter = %dk_init, %dv_iter = %dv_init)
             -> (!dkv_dk_acc, !dkv_dv_acc) {
-          %stage_buffer = arith.remui %t, %c2 : index
+          %stage_buffer = arith.remui %t, %stages : index
           %t_in_range = arith.cmpi ult, %t, %rows : index
           %t_safe = arith.select %t_in_range, %t, %c0 : index
           %stage_m_i32 = memref.load %row_m[%t_safe] : !dkv_row_i32
@@ -299,13 +298,13 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
             }
           }
           nvvm.cp.async.commit.group
-          nvvm.cp.async.wait.group 1
+          nvvm.cp.async.wait.group ${DKDV_STAGES_MINUS_1}
           gpu.barrier
 
-          %has_previous = arith.cmpi uge, %t, %c1 : index
-          %previous = arith.select %has_previous, %t, %c1 : index
-          %row = arith.subi %previous, %c1 : index
-          %buffer = arith.remui %row, %c2 : index
+          %has_previous = arith.cmpi uge, %t, %lag : index
+          %previous = arith.select %has_previous, %t, %lag : index
+          %row = arith.subi %previous, %lag : index
+          %buffer = arith.remui %row, %stages : index
           %row_m_i32 = memref.load %row_m[%row] : !dkv_row_i32
           %row_used = arith.cmpi sge, %row_m_i32, %c0_i32 : i32
           %compute = arith.andi %row_used, %has_previous : i1
@@ -314,40 +313,41 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
             %last = arith.index_cast %last_i32 : i32 to index
             %weight = memref.load %row_weight[%row] : !dkv_row_f32
 
-            // rhs q^T and do^T: matrix q = (heads 8 (q / 2), columns 8 (q mod 2)) is [head tile][k'].
-            %qt_init = arith.constant dense<0.0> : !dkv_qt_frags
-            %qt = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %qt_init) -> (!dkv_qt_frags) {
+            // s^T and dp^T, one 16-column step at a time (one ldmatrix of q or do rows gives the two rhs
+            // fragments: matrix q is head tile q / 2, k' = q mod 2), so one step's fragments are live at once.
+            %scores_zero = arith.constant dense<0.0> : !dkv_scores
+            %st = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
               %col0 = arith.muli %s, %c16 : index
               %col = arith.addi %col0, %lo8 : index
               %x = nvgpu.ldmatrix %q_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
                   : !dkv_q_rows -> vector<4x2x${E}>
-              %tiles = vector.shape_cast %x : vector<4x2x${E}> to vector<2x2x2x${E}>
-              %next = vector.insert %tiles, %acc[%s] : vector<2x2x2x${E}> into !dkv_qt_frags
-              scf.yield %next : !dkv_qt_frags
+              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
+              %lhs0 = vector.extract %k_frags[0, %s] : vector<4x2x${E}> from !dkv_k_frags
+              %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dkv_lhs
+              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
+              scf.yield %next : !dkv_scores
             } {unroll_loop}
-            %dot_init = arith.constant dense<0.0> : !dkv_dot_frags
-            %dot = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %dot_init) -> (!dkv_dot_frags) {
+            %dpt = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
               %col0 = arith.muli %s, %c16 : index
               %col = arith.addi %col0, %lo8 : index
               %x = nvgpu.ldmatrix %do_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
                   : !dkv_do_rows -> vector<4x2x${E}>
-              %tiles = vector.shape_cast %x : vector<4x2x${E}> to vector<2x2x2x${E}>
-              %next = vector.insert %tiles, %acc[%s] : vector<2x2x2x${E}> into !dkv_dot_frags
-              scf.yield %next : !dkv_dot_frags
+              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
+              %lhs0 = vector.extract %v_frags[0, %s] : vector<4x2x${E}> from !dkv_v_frags
+              %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dkv_lhs
+              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
+              scf.yield %next : !dkv_scores
             } {unroll_loop}
-            %scores_zero = arith.constant dense<0.0> : !dkv_scores
-            %st = iree_codegen.inner_tiled ins(%k_frags, %qt) outs(%scores_zero) <
-              indexing_maps = #dkv_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dkv_k_frags, !dkv_qt_frags into !dkv_scores
-            %dpt = iree_codegen.inner_tiled ins(%v_frags, %dot) outs(%scores_zero) <
-              indexing_maps = #dkv_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dkv_v_frags, !dkv_dot_frags into !dkv_scores
 
             // p^T and ds^T element by element: [tile][o][e] is key key_base + 8 o + r, head 8 tile + 2 c + e,
             // and goes to element [2 o + tile][e] of the lhs fragments.
@@ -396,50 +396,56 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
               scf.yield %p_o, %ds_o : !dkv_lhs, !dkv_lhs
             } {unroll_loop}
 
-            // rhs do and q (heads x columns) read transposed: matrix q = (heads 8 (q mod 2), columns
-            // 8 (q / 2)) is [column tile 2 s + q / 2][k' = q mod 2].
-            %dof_init = arith.constant dense<0.0> : !dkv_do_frags
-            %dof = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %dof_init) -> (!dkv_do_frags) {
+            // dv += p^T do and dk += ds^T q, two column tiles per step: the rhs (heads x columns) is read
+            // transposed (ldmatrix .trans: matrix q is column tile 2 s + q / 2, k' = q mod 2).
+            %dv_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %dv_iter) -> (!dkv_dv_acc) {
               %col0 = arith.muli %s, %c16 : index
               %col = arith.addi %col0, %hi8 : index
               %x = nvgpu.ldmatrix %do_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
                   : !dkv_do_rows -> vector<4x2x${E}>
-              %tiles = vector.shape_cast %x : vector<4x2x${E}> to vector<2x2x2x${E}>
-              %t0 = vector.extract %tiles[0] : vector<2x2x${E}> from vector<2x2x2x${E}>
-              %t1 = vector.extract %tiles[1] : vector<2x2x${E}> from vector<2x2x2x${E}>
+              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
               %s2 = arith.muli %s, %c2 : index
               %s2_1 = arith.addi %s2, %c1 : index
-              %a0 = vector.insert %t0, %acc[0, %s2] : vector<2x2x${E}> into !dkv_do_frags
-              %a1 = vector.insert %t1, %a0[0, %s2_1] : vector<2x2x${E}> into !dkv_do_frags
-              scf.yield %a1 : !dkv_do_frags
+              %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dkv_dv_acc
+              %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dkv_dv_acc
+              %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dkv_scores
+              %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dkv_scores
+              %out = iree_codegen.inner_tiled ins(%pt, %rhs) outs(%pair) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
+              %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dkv_scores
+              %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dkv_scores
+              %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dkv_dv_acc
+              %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dkv_dv_acc
+              scf.yield %next : !dkv_dv_acc
             } {unroll_loop}
-            %qf_init = arith.constant dense<0.0> : !dkv_q_frags
-            %qf = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %qf_init) -> (!dkv_q_frags) {
+            %dk_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dk_iter) -> (!dkv_dk_acc) {
               %col0 = arith.muli %s, %c16 : index
               %col = arith.addi %col0, %hi8 : index
               %x = nvgpu.ldmatrix %q_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
                   : !dkv_q_rows -> vector<4x2x${E}>
-              %tiles = vector.shape_cast %x : vector<4x2x${E}> to vector<2x2x2x${E}>
-              %t0 = vector.extract %tiles[0] : vector<2x2x${E}> from vector<2x2x2x${E}>
-              %t1 = vector.extract %tiles[1] : vector<2x2x${E}> from vector<2x2x2x${E}>
+              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
               %s2 = arith.muli %s, %c2 : index
               %s2_1 = arith.addi %s2, %c1 : index
-              %a0 = vector.insert %t0, %acc[0, %s2] : vector<2x2x${E}> into !dkv_q_frags
-              %a1 = vector.insert %t1, %a0[0, %s2_1] : vector<2x2x${E}> into !dkv_q_frags
-              scf.yield %a1 : !dkv_q_frags
+              %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dkv_dk_acc
+              %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dkv_dk_acc
+              %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dkv_scores
+              %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dkv_scores
+              %out = iree_codegen.inner_tiled ins(%dst, %rhs) outs(%pair) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
+              %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dkv_scores
+              %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dkv_scores
+              %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dkv_dk_acc
+              %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dkv_dk_acc
+              scf.yield %next : !dkv_dk_acc
             } {unroll_loop}
-            %dv_new = iree_codegen.inner_tiled ins(%pt, %dof) outs(%dv_iter) <
-              indexing_maps = #dkv_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dkv_lhs, !dkv_do_frags into !dkv_dv_acc
-            %dk_new = iree_codegen.inner_tiled ins(%dst, %qf) outs(%dk_iter) <
-              indexing_maps = #dkv_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dkv_lhs, !dkv_q_frags into !dkv_dk_acc
             scf.yield %dk_new, %dv_new : !dkv_dk_acc, !dkv_dv_acc
           } else {
             scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc

@@ -43,8 +43,8 @@
 !dqk_v = memref<?x?x${G}x${DV}x${E}>
 !dqk_do = memref<?x?x${H}x${DV}x${E}>
 // Workgroup tiles: K and V rows of the current block, K as key pairs per d, and the dq sum.
-!dqk_k_rows = memref<2x${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
-!dqk_v_rows = memref<2x${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dqk_dq_sum = memref<16x${D}xf32, #gpu.address_space<workgroup>>
 // Per-lane fragments (one subgroup's share of each product).
 !dqk_lhs = vector<4x2x${E}>
@@ -52,11 +52,10 @@
 !dqk_acc = vector<2x2xf32>
 !dqk_q_frags = vector<1x${D_STEPS}x4x2x${E}>
 !dqk_do_frags = vector<1x${DV_STEPS}x4x2x${E}>
-!dqk_kt_frags = vector<${D_STEPS}x2x2x2x${E}>
-!dqk_vt_frags = vector<${DV_STEPS}x2x2x2x${E}>
+!dqk_lhs_step = vector<1x1x4x2x${E}>
+!dqk_rhs_step = vector<1x2x2x2x${E}>
 !dqk_scores = vector<1x2x2x2xf32>
 !dqk_ds_frags = vector<1x1x4x2x${E}>
-!dqk_k_frags = vector<1x${D_TILES}x2x2x${E}>
 !dqk_dq_acc = vector<1x${D_TILES}x2x2xf32>
 
 #dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
@@ -83,7 +82,9 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
       %slots = arith.constant ${T} : index
-      %slots_plus_1 = arith.constant ${T_PLUS_1} : index
+      %steps = arith.constant ${T_PLUS_DQ_LAG} : index
+      %stages = arith.constant ${DQ_STAGES} : index
+      %lag = arith.constant ${DQ_STAGES_MINUS_1} : index
       %lanes = arith.constant ${LANES} : index
       %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
       %k_chunks = arith.constant ${D_CHUNKS} : index
@@ -266,8 +267,8 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       // iteration, empty for a skipped slot or t = T), then computes slot t - 1 from the other buffer while
       // those copies are in flight.
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
-      %dq_acc = scf.for %t = %c0 to %slots_plus_1 step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
-        %stage_buffer = arith.remui %t, %c2 : index
+      %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
+        %stage_buffer = arith.remui %t, %stages : index
         %t_in_range = arith.cmpi ult, %t, %slots : index
         scf.if %t_in_range {
           %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
@@ -305,13 +306,13 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
           }
         }
         nvvm.cp.async.commit.group
-        nvvm.cp.async.wait.group 1
+        nvvm.cp.async.wait.group ${DQ_STAGES_MINUS_1}
         gpu.barrier
 
-        %has_previous = arith.cmpi uge, %t, %c1 : index
-        %previous = arith.select %has_previous, %t, %c1 : index
-        %slot = arith.subi %previous, %c1 : index
-        %buffer = arith.remui %slot, %c2 : index
+        %has_previous = arith.cmpi uge, %t, %lag : index
+        %previous = arith.select %has_previous, %t, %lag : index
+        %slot = arith.subi %previous, %lag : index
+        %buffer = arith.remui %slot, %stages : index
         %block_i32 = memref.load %block_indices[%b, %m, %g, %slot] : memref<?x?x${G}x${T}xi32>
         %block = arith.index_cast %block_i32 : i32 to index
         %not_negative = arith.cmpi sge, %block, %c0 : index
@@ -323,40 +324,41 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
           %to_pos = arith.subi %pos, %key0 : index
           %visible = arith.addi %to_pos, %c1 : index
 
-          // s and dp over this subgroup's 16 keys, one 16-d step per ldmatrix (two rhs fragments).
+          // s and dp over this subgroup's 16 keys: per 16-d step one ldmatrix (two rhs fragments: matrix q
+          // is key tile q / 2, k' = q mod 2) and two mma, so only one step's fragments are live at a time.
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-          %kt_init = arith.constant dense<0.0> : !dqk_kt_frags
-          %kt = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %kt_init) -> (!dqk_kt_frags) {
+          %s_acc = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
             %col0 = arith.muli %s, %c16 : index
             %col = arith.addi %col0, %lo8 : index
             %x = nvgpu.ldmatrix %k_rows[%buffer, %score_row, %col] numTiles = 4 transpose = false
                 : !dqk_k_rows -> vector<4x2x${E}>
-            %tiles = vector.shape_cast %x : vector<4x2x${E}> to vector<2x2x2x${E}>
-            %next = vector.insert %tiles, %acc[%s] : vector<2x2x2x${E}> into !dqk_kt_frags
-            scf.yield %next : !dqk_kt_frags
+            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
+            %lhs0 = vector.extract %q_frags[0, %s] : vector<4x2x${E}> from !dqk_q_frags
+            %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dqk_lhs_step
+            %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+              indexing_maps = #dqk_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !dqk_lhs_step, !dqk_rhs_step into !dqk_scores
+            scf.yield %next : !dqk_scores
           } {unroll_loop}
-          %vt_init = arith.constant dense<0.0> : !dqk_vt_frags
-          %vt = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %vt_init) -> (!dqk_vt_frags) {
+          %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
             %col0 = arith.muli %s, %c16 : index
             %col = arith.addi %col0, %lo8 : index
             %x = nvgpu.ldmatrix %v_rows[%buffer, %score_row, %col] numTiles = 4 transpose = false
                 : !dqk_v_rows -> vector<4x2x${E}>
-            %tiles = vector.shape_cast %x : vector<4x2x${E}> to vector<2x2x2x${E}>
-            %next = vector.insert %tiles, %acc[%s] : vector<2x2x2x${E}> into !dqk_vt_frags
-            scf.yield %next : !dqk_vt_frags
+            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
+            %lhs0 = vector.extract %do_frags[0, %s] : vector<4x2x${E}> from !dqk_do_frags
+            %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dqk_lhs_step
+            %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+              indexing_maps = #dqk_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !dqk_lhs_step, !dqk_rhs_step into !dqk_scores
+            scf.yield %next : !dqk_scores
           } {unroll_loop}
-          %s_acc = iree_codegen.inner_tiled ins(%q_frags, %kt) outs(%scores_zero) <
-            indexing_maps = #dqk_contraction,
-            iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-            kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-            semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-          > : !dqk_q_frags, !dqk_kt_frags into !dqk_scores
-          %dp_acc = iree_codegen.inner_tiled ins(%do_frags, %vt) outs(%scores_zero) <
-            indexing_maps = #dqk_contraction,
-            iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-            kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-            semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-          > : !dqk_do_frags, !dqk_vt_frags into !dqk_scores
 
           // ds, element by element of the accumulators: [tile][i][e] is head 8 i + r, key
           // key_base + 8 tile + 2 c + e. It goes straight into the lhs fragment of dq = ds k, whose element
@@ -397,28 +399,33 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
           } {unroll_loop}
 
           // dq += ds k: rhs [d tile][k'][e] = k[key_base + 8 k' + 2 c + e][8 d_tile + r], a transposed read of
-          // the row-major K tile (ldmatrix .trans, two d tiles per instruction).
-          %kf_init = arith.constant dense<0.0> : !dqk_k_frags
-          %kf = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %kf_init) -> (!dqk_k_frags) {
+          // the row-major K tile (ldmatrix .trans: matrix q is d tile 2 s + q / 2, k' = q mod 2), two d tiles
+          // per step.
+          %dq_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dq_iter) -> (!dqk_dq_acc) {
             %col0 = arith.muli %s, %c16 : index
             %col = arith.addi %col0, %hi8 : index
             %x = nvgpu.ldmatrix %k_rows[%buffer, %dq_row, %col] numTiles = 4 transpose = true
                 : !dqk_k_rows -> vector<4x2x${E}>
-            %tiles = vector.shape_cast %x : vector<4x2x${E}> to vector<2x2x2x${E}>
-            %t0 = vector.extract %tiles[0] : vector<2x2x${E}> from vector<2x2x2x${E}>
-            %t1 = vector.extract %tiles[1] : vector<2x2x${E}> from vector<2x2x2x${E}>
+            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
             %s2 = arith.muli %s, %c2 : index
             %s2_1 = arith.addi %s2, %c1 : index
-            %a0 = vector.insert %t0, %acc[0, %s2] : vector<2x2x${E}> into !dqk_k_frags
-            %a1 = vector.insert %t1, %a0[0, %s2_1] : vector<2x2x${E}> into !dqk_k_frags
-            scf.yield %a1 : !dqk_k_frags
+            %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dqk_dq_acc
+            %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dqk_dq_acc
+            %pair0 = arith.constant dense<0.0> : !dqk_scores
+            %pair1 = vector.insert %acc0, %pair0[0, 0] : vector<2x2xf32> into !dqk_scores
+            %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dqk_scores
+            %out = iree_codegen.inner_tiled ins(%ds_frags, %rhs) outs(%pair) <
+              indexing_maps = #dqk_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !dqk_ds_frags, !dqk_rhs_step into !dqk_scores
+            %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dqk_scores
+            %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dqk_scores
+            %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dqk_dq_acc
+            %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dqk_dq_acc
+            scf.yield %next : !dqk_dq_acc
           } {unroll_loop}
-          %dq_new = iree_codegen.inner_tiled ins(%ds_frags, %kf) outs(%dq_iter) <
-            indexing_maps = #dqk_contraction,
-            iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-            kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-            semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-          > : !dqk_ds_frags, !dqk_k_frags into !dqk_dq_acc
           scf.yield %dq_new : !dqk_dq_acc
         } else {
           scf.yield %dq_iter : !dqk_dq_acc
