@@ -143,6 +143,8 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
     dq_stages = int(recipe.kernel_settings.get("dq_stages", 2))
     dkdv_stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
+    dq_k_bytes = dq_stages * bs * (d + PAD) * 2          # 16-bit elements
+    dq_v_bytes = dq_stages * bs * (dv + PAD) * 2
     values = {
         "MMA_KIND": kind.name, "SUBGROUP_SIZE": kind.subgroup_size, "SUBGROUPS": subgroups,
         "LANES": subgroups * kind.subgroup_size,
@@ -150,6 +152,8 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "DQ_STAGES": dq_stages, "DQ_STAGES_MINUS_1": dq_stages - 1, "T_PLUS_DQ_LAG": spec.num_blocks + dq_stages - 1,
         "DKDV_STAGES": dkdv_stages, "DKDV_STAGES_MINUS_1": dkdv_stages - 1,
         "ROWS_PER_PIECE_PLUS_DKDV_LAG": recipe.rows_per_piece + dkdv_stages - 1,
+        "DQ_K_BYTES": dq_k_bytes, "DQ_KV_BYTES": dq_k_bytes + dq_v_bytes,
+        "DQ_SMEM_BYTES": dq_k_bytes + dq_v_bytes + HEAD_ROWS * (dv + PAD) * 2,
         "D_CHUNKS": d // 8, "DV_CHUNKS": dv // 8, "K_STAGE_ITEMS": bs * (d // 8), "V_STAGE_ITEMS": bs * (dv // 8),
         "D_STEPS": d // kind.mnk[2], "DV_STEPS": dv // kind.mnk[2], "D_TILES": d // kind.mnk[1],
         "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,
