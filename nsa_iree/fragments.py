@@ -125,7 +125,21 @@ def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         why.append("D or Dv not a multiple of 16")
     if spec.block_size % KEYS_PER_SUBGROUP or spec.block_size // KEYS_PER_SUBGROUP > 8:
         why.append(f"BS not a multiple of {KEYS_PER_SUBGROUP} up to {8 * KEYS_PER_SUBGROUP}")
+    limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
+    need = workgroup_memory(stage, spec, recipe)
+    if limit and need > limit:
+        why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
     return why
+
+
+def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
+    """Bytes of workgroup memory the kernel of `stage` allocates for spec (16-bit elements)."""
+    d, dv, bs = spec.head_dim + PAD, spec.value_dim + PAD, spec.block_size
+    if stage == "dq":
+        stages = int(recipe.kernel_settings.get("dq_stages", 2))
+        return stages * bs * (d + dv) * 2 + HEAD_ROWS * dv * 2
+    stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
+    return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 3 * recipe.rows_per_piece * 4
 
 
 def string_template_name(kind: str, spec: KernelSpec) -> str:
