@@ -71,8 +71,8 @@ def precompile():
     specs = {_spec(cfg) for _, cfg, *_ in CASES} | {_spec(CONFIGS["anchors"])}
     for spec in sorted(specs, key=lambda s: s.name):
         for kernels in ("custom", "linalg"):
-            print(_artifact(spec, "two-pass", kernels).path.name, flush=True)
-        print(_artifact(spec, "forward", "linalg").path.name, flush=True)
+            for variant in ("two-pass", "forward"):
+                print(_artifact(spec, variant, kernels).path.name, flush=True)
     print(_artifact(_spec(CONFIGS["anchors"]), "one-pass", "custom").path.name, flush=True)
     from pathlib import Path
 
@@ -109,11 +109,14 @@ class Backward:
 
     def __init__(self, spec, kernels):
         self.module = device_for(torch.device("cuda")).module(_artifact(spec, "two-pass", kernels).path)
-        self.forward = device_for(torch.device("cuda")).module(_artifact(spec, "forward", "linalg").path)
+        self.forward = device_for(torch.device("cuda")).module(_artifact(spec, "forward", kernels).path)
 
-    def fwd(self, q, k, v, idx, scale):
+    def fwd(self, q, k, v, idx, scale, poison=False):
         o = q.new_empty(*q.shape[:3], v.shape[3])
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+        if poison:
+            o.fill_(float("nan"))
+            lse.fill_(float("nan"))
         self.forward.call("selection_attention_fwd", q, k, v, idx, scale, o, lse)
         return o, lse
 
@@ -144,17 +147,24 @@ def check(seed=0):
         q, k, v, do, idx = _problem(cfg, batch, m_rows, n, selection, bad, seed)
         scale = cfg["head_dim"] ** -0.5
         o, lse = linalg.fwd(q, k, v, idx, scale)
+        o_mine, lse_mine = custom.fwd(q, k, v, idx, scale, poison=True)
         mine = custom.bwd(q, k, v, o, lse, do, idx, scale, poison=True)
         theirs = linalg.bwd(q, k, v, o, lse, do, idx, scale, poison=True)
         torch.cuda.synchronize()
         _, *ref = selection_attention_backward_reference(q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(),
                                                          idx.cpu(), cfg["block_size"])
-        row = {"case": name, "kernels": [template_for(s, spec, recipe) for s in ("dq", "dkdv")]}
+        o_ref, lse_ref = selection_attention_reference(q.cpu(), k.cpu(), v.cpu(), idx.cpu(), cfg["block_size"])
+        row = {"case": name, "kernels": [template_for(s, spec, recipe) for s in ("forward", "dq", "dkdv")]}
+        for out, a, b, r in (("o", o_mine, o, o_ref), ("lse", lse_mine, lse, lse_ref)):
+            row[f"{out}_custom_vs_linalg"] = relative_rms_error(a.float(), b.float())
+            row[f"{out}_custom_vs_f64"] = relative_rms_error(a.cpu(), r)
+            row[f"{out}_linalg_vs_f64"] = relative_rms_error(b.cpu(), r)
         for grad, a, b, r in zip(("dq", "dk", "dv"), mine, theirs, ref):
             row[f"{grad}_custom_vs_linalg"] = relative_rms_error(a.float(), b.float())
             row[f"{grad}_custom_vs_f64"] = relative_rms_error(a.cpu(), r, rms_floor=1e-3)
             row[f"{grad}_linalg_vs_f64"] = relative_rms_error(b.cpu(), r, rms_floor=1e-3)
-        row["all_written"] = all(bool(torch.isfinite(t).all()) for t in mine)
+        row["all_written"] = all(bool(torch.isfinite(t).all()) for t in (*mine, o_mine)) and bool(
+            (torch.isfinite(lse_mine) | (lse_mine == float("-inf"))).all())
         print(json.dumps(row), flush=True)
 
 
@@ -186,7 +196,7 @@ def _median_ms(fn, repeats=10, warmup=2):
     return statistics.median(times)
 
 
-def time(seqs=(65536,), selections=("realistic", "uniform")):
+def time(seqs=(65536,), selections=("realistic", "uniform", "local")):
     cfg = CONFIGS["anchors"]
     spec = _spec(cfg)
     impls = {"custom": Backward(spec, "custom"), "linalg": Backward(spec, "linalg")}
@@ -198,6 +208,7 @@ def time(seqs=(65536,), selections=("realistic", "uniform")):
             row = {"seq": seq, "selection": selection}
             outs = {}
             for name, impl in impls.items():
+                row[f"fwd_ms_{name}"] = _median_ms(lambda: impl.fwd(q, k, v, idx, scale))
                 delta = impl.delta(o, do)
                 dq = torch.empty_like(q)
                 row[f"dq_ms_{name}"] = _median_ms(lambda: impl.dq(q, k, v, idx, lse, delta, do, scale, dq))
@@ -205,6 +216,9 @@ def time(seqs=(65536,), selections=("realistic", "uniform")):
                 outs[name] = impl.bwd(q, k, v, o, lse, do, idx, scale)
             torch.cuda.synchronize()
             row["dq_custom_vs_linalg"] = relative_rms_error(outs["custom"][0].float(), outs["linalg"][0].float())
+            o_custom, lse_custom = impls["custom"].fwd(q, k, v, idx, scale)
+            row["o_custom_vs_linalg"] = relative_rms_error(o_custom.float(), o.float())
+            row["lse_custom_vs_linalg"] = relative_rms_error(lse_custom, lse)
             for i, grad in ((1, "dk"), (2, "dv")):
                 row[f"{grad}_custom_vs_linalg"] = relative_rms_error(outs["custom"][i].float(), outs["linalg"][i].float())
             print(json.dumps(row), flush=True)

@@ -106,7 +106,7 @@ PAD = 8                  # elements added to every workgroup-memory row (32-bit 
 
 def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the custom kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
-    if stage not in ("dq", "dkdv"):
+    if stage not in ("forward", "dq", "dkdv"):
         return [f"no custom kernel for stage {stage!r}"]
     why = []
     kind = recipe.kernel_settings.get("mma_kind", "")
@@ -135,8 +135,11 @@ def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
 def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
     """Bytes of workgroup memory the kernel of `stage` allocates for spec (16-bit elements)."""
     d, dv, bs = spec.head_dim + PAD, spec.value_dim + PAD, spec.block_size
-    if stage == "dq":
+    if stage in ("dq", "forward"):
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
+        if stage == "forward":
+            subgroups = bs // KEYS_PER_SUBGROUP
+            return max(stages * bs * (d + dv) * 2, subgroups * HEAD_ROWS * (spec.value_dim + 2) * 4)
         return stages * bs * (d + dv) * 2 + HEAD_ROWS * dv * 2
     stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
     return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 3 * recipe.rows_per_piece * 4
@@ -168,6 +171,11 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "ROWS_PER_PIECE_PLUS_DKDV_LAG": recipe.rows_per_piece + dkdv_stages - 1,
         "DQ_K_BYTES": dq_k_bytes, "DQ_KV_BYTES": dq_k_bytes + dq_v_bytes,
         "DQ_SMEM_BYTES": dq_k_bytes + dq_v_bytes + HEAD_ROWS * (dv + PAD) * 2,
+        # The forward kernel: after its loop the K/V bytes hold each subgroup's o [16, Dv], max and sum.
+        "FWD_O_PARTS_BYTES": subgroups * HEAD_ROWS * dv * 4,
+        "FWD_O_PARTS_STATS_BYTES": subgroups * HEAD_ROWS * (dv + 1) * 4,
+        "FWD_SMEM_BYTES": max(dq_k_bytes + dq_v_bytes, subgroups * HEAD_ROWS * (dv + 2) * 4),
+        "FWD_O_ITEMS": spec.heads_per_group * dv,
         "D_CHUNKS": d // 8, "DV_CHUNKS": dv // 8, "K_STAGE_ITEMS": bs * (d // 8), "V_STAGE_ITEMS": bs * (dv // 8),
         "D_STEPS": d // kind.mnk[2], "DV_STEPS": dv // kind.mnk[2], "D_TILES": d // kind.mnk[1],
         "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,

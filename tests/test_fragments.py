@@ -70,7 +70,6 @@ KERNEL_CHOICE = [
     ("cuda_env_linalg", ANCHORS_CUDA, {"NSA_IREE_KERNELS": "linalg"}, "dq", "dkdv"),
     ("cuda_32_heads_per_group", ANCHORS_CUDA.replace(heads=128), {}, "dq", "dkdv"),
     ("cuda_head_dim_72", ANCHORS_CUDA.replace(head_dim=72), {}, "dq", "dkdv"),
-    ("cuda_dq_over_workgroup_memory", ANCHORS_CUDA.replace(head_dim=192, block_size=128), {}, "dq", "dkdv_kernel"),
     ("gfx950_no_custom_kernels_yet", ANCHORS_CUDA.replace(target="gfx950"), {}, "dq", "dkdv"),
     ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {}, "dq", "dkdv"),
 ]
@@ -82,12 +81,22 @@ def test_kernel_choice(monkeypatch, case, spec, env, dq, dkdv):
         monkeypatch.setenv(key, value)
     recipe = load_recipe(spec.target)
     assert (template_for("dq", spec, recipe), template_for("dkdv", spec, recipe)) == (dq, dkdv)
+    assert template_for("forward", spec, recipe) == ("forward_kernel" if dq == "dq_kernel" else "forward")
 
 
-def test_rendered_cuda_module_holds_the_kernels():
-    text = render_module(ANCHORS_CUDA, "two-pass")
-    assert "@selection_attention_dq_kernel_exe" in text and "@selection_attention_dkdv_kernel_exe" in text
-    assert "iree_codegen.inner_tiled" in text and "${" not in text
+def test_a_kernel_over_the_targets_workgroup_memory_falls_back(monkeypatch):
+    spec = ANCHORS_CUDA.replace(head_dim=192, block_size=128)      # dq would need 176 KB, sm_80 has 163 KB
+    recipe = load_recipe("cuda")
+    assert [template_for(s, spec, recipe) for s in ("forward", "dq", "dkdv")] == ["forward", "dq", "dkdv_kernel"]
+
+
+def test_rendered_cuda_modules_hold_the_kernels():
+    backward = render_module(ANCHORS_CUDA, "two-pass")
+    assert "@selection_attention_dq_kernel_exe" in backward and "@selection_attention_dkdv_kernel_exe" in backward
+    forward = render_module(ANCHORS_CUDA, "forward")
+    assert "@selection_attention_fwd_kernel_exe" in forward
+    for text in (backward, forward):
+        assert "iree_codegen.inner_tiled" in text and "${" not in text
 
 
 def test_unknown_kernel_choice_is_refused(monkeypatch):
