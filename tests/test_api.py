@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nsa_iree
-from nsa_iree.demo import relative_rms_error
+from nsa_iree.testing import relative_rms_error
 from nsa_iree.reference import selection_attention_reference
 
 B, M, N, H, G, D, DV, BS, T = 2, 40, 56, 4, 2, 16, 8, 8, 3
