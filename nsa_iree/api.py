@@ -242,7 +242,7 @@ _CAST_POSITIONS = {"selection_attention_fwd": (0, 1, 2), "selection_attention_bw
 
 
 def _register_autocast(name: str, device_type: str) -> None:
-    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    key = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}[device_type]
     exclude = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
     op = getattr(torch.ops.nsa_iree, name).default
     positions = _CAST_POSITIONS[name]
