@@ -226,3 +226,12 @@ def test_autocast_under_torch_compile():
     assert compiled[0].dtype == torch.bfloat16
     for name, a, b in zip(("o", "dq", "dk", "dv"), eager, compiled):
         assert torch.equal(a, b), name
+
+
+def test_torch_compile_with_only_q_requiring_grad():
+    q, k, v, idx, do = inputs()
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    eager = run(attend, q, k, v, idx, do, (True, False, False))
+    got = run(compiled, q, k, v, idx, do, (True, False, False))
+    assert got[2] is None and got[3] is None
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
