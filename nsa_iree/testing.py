@@ -28,7 +28,7 @@ def relative_rms_error(x: torch.Tensor, ref: torch.Tensor, rms_floor: float = 0.
     """
     if x.shape != ref.shape:
         raise ValueError(f"shapes differ: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
-    x, ref = x.reshape(-1), ref.reshape(-1)
+    x, ref = x.detach().reshape(-1), ref.detach().reshape(-1)
     num2 = den2 = 0.0
     finite_count = 0
     for start in range(0, x.numel(), chunk):

@@ -108,6 +108,7 @@ def test_torch_export_of_a_module():
     assert torch.equal(exported.module()(q, k, v, idx), attend(q, k, v, idx))
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
 def test_jit_trace():
     q, k, v, idx, _ = inputs()
     traced = torch.jit.trace(attend, (q, k, v, idx), check_trace=False)
