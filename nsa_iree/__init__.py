@@ -8,12 +8,12 @@ The contract (shapes, masking, skipped slots, dtypes, tolerances) is docs/semant
 from . import reference, selection, testing
 from .api import selection_attention, selection_attention_bwd, selection_attention_fwd
 from .reference import selection_attention_reference
-from .selection import realistic_block_indices, uniform_block_indices
+from .selection import local_block_indices, realistic_block_indices, uniform_block_indices
 from .spec import KernelSpec
 
 __all__ = [
     "selection_attention", "selection_attention_fwd", "selection_attention_bwd",
-    "selection_attention_reference", "realistic_block_indices", "uniform_block_indices",
+    "selection_attention_reference", "realistic_block_indices", "uniform_block_indices", "local_block_indices",
     "KernelSpec", "reference", "selection", "testing",
 ]
 __version__ = "0.1.0"
