@@ -26,6 +26,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from . import runtime as _runtime
 from .compiler import compile_artifact
 from .runtime import device_for, importable
 from .spec import KernelSpec
@@ -264,8 +265,8 @@ for _name in _CAST_POSITIONS:
 
 # The operators stay registered with torch's dispatcher until the process ends, and through their bodies this
 # module's globals stay alive past the interpreter's clean-up: the IREE devices are released before that
-# (otherwise nanobind reports them as leaked at exit).
-atexit.register(device_for.cache_clear)
+# (otherwise nanobind reports them as leaked at exit), by the runtime's own release where it has one.
+atexit.register(getattr(_runtime, "release_devices", None) or device_for.cache_clear)
 
 
 # --- public functions ----------------------------------------------------------------------------------
