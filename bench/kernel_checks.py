@@ -73,6 +73,7 @@ def precompile():
         for kernels in ("custom", "linalg"):
             print(_artifact(spec, "two-pass", kernels).path.name, flush=True)
         print(_artifact(spec, "forward", "linalg").path.name, flush=True)
+    print(_artifact(_spec(CONFIGS["anchors"]), "one-pass", "custom").path.name, flush=True)
     from pathlib import Path
 
     root = Path(".dev/variants")

@@ -125,7 +125,21 @@ def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         why.append("D or Dv not a multiple of 16")
     if spec.block_size % KEYS_PER_SUBGROUP or spec.block_size // KEYS_PER_SUBGROUP > 8:
         why.append(f"BS not a multiple of {KEYS_PER_SUBGROUP} up to {8 * KEYS_PER_SUBGROUP}")
+    limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
+    need = workgroup_memory(stage, spec, recipe)
+    if limit and need > limit:
+        why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
     return why
+
+
+def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
+    """Bytes of workgroup memory the kernel of `stage` allocates for spec (16-bit elements)."""
+    d, dv, bs = spec.head_dim + PAD, spec.value_dim + PAD, spec.block_size
+    if stage == "dq":
+        stages = int(recipe.kernel_settings.get("dq_stages", 2))
+        return stages * bs * (d + dv) * 2 + HEAD_ROWS * dv * 2
+    stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
+    return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 3 * recipe.rows_per_piece * 4
 
 
 def string_template_name(kind: str, spec: KernelSpec) -> str:
@@ -143,6 +157,8 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
     dq_stages = int(recipe.kernel_settings.get("dq_stages", 2))
     dkdv_stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
+    dq_k_bytes = dq_stages * bs * (d + PAD) * 2          # 16-bit elements
+    dq_v_bytes = dq_stages * bs * (dv + PAD) * 2
     values = {
         "MMA_KIND": kind.name, "SUBGROUP_SIZE": kind.subgroup_size, "SUBGROUPS": subgroups,
         "LANES": subgroups * kind.subgroup_size,
@@ -150,6 +166,8 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "DQ_STAGES": dq_stages, "DQ_STAGES_MINUS_1": dq_stages - 1, "T_PLUS_DQ_LAG": spec.num_blocks + dq_stages - 1,
         "DKDV_STAGES": dkdv_stages, "DKDV_STAGES_MINUS_1": dkdv_stages - 1,
         "ROWS_PER_PIECE_PLUS_DKDV_LAG": recipe.rows_per_piece + dkdv_stages - 1,
+        "DQ_K_BYTES": dq_k_bytes, "DQ_KV_BYTES": dq_k_bytes + dq_v_bytes,
+        "DQ_SMEM_BYTES": dq_k_bytes + dq_v_bytes + HEAD_ROWS * (dv + PAD) * 2,
         "D_CHUNKS": d // 8, "DV_CHUNKS": dv // 8, "K_STAGE_ITEMS": bs * (d // 8), "V_STAGE_ITEMS": bs * (dv // 8),
         "D_STEPS": d // kind.mnk[2], "DV_STEPS": dv // kind.mnk[2], "D_TILES": d // kind.mnk[1],
         "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,

@@ -46,12 +46,12 @@
 !dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dqk_dq_sum = memref<16x${D}xf32, #gpu.address_space<workgroup>>
+!dqk_do_tile = memref<16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
 // Per-lane fragments (one subgroup's share of each product).
 !dqk_lhs = vector<4x2x${E}>
 !dqk_rhs = vector<2x2x${E}>
 !dqk_acc = vector<2x2xf32>
 !dqk_q_frags = vector<1x${D_STEPS}x4x2x${E}>
-!dqk_do_frags = vector<1x${DV_STEPS}x4x2x${E}>
 !dqk_lhs_step = vector<1x1x4x2x${E}>
 !dqk_rhs_step = vector<1x2x2x2x${E}>
 !dqk_scores = vector<1x2x2x2xf32>
@@ -91,6 +91,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %v_chunks = arith.constant ${DV_CHUNKS} : index
       %k_items = arith.constant ${K_STAGE_ITEMS} : index
       %v_items = arith.constant ${V_STAGE_ITEMS} : index
+      %do_items = arith.constant ${DO_STAGE_ITEMS} : index
       %d_steps = arith.constant ${D_STEPS} : index
       %dv_steps = arith.constant ${DV_STEPS} : index
       %d_tiles = arith.constant ${D_TILES} : index
@@ -126,9 +127,14 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %dq = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(7) alignment(64) offset(%c0)
           : !dqk_q{%batch, %m_rows}
 
-      %k_rows = memref.alloc() : !dqk_k_rows
-      %v_rows = memref.alloc() : !dqk_v_rows
-      %dq_sum = memref.alloc() : !dqk_dq_sum
+      // One workgroup allocation: K rows, V rows, the do tile; the dq sum reuses the K rows after the loop.
+      %smem = memref.alloc() : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
+      %v_offset = arith.constant ${DQ_K_BYTES} : index
+      %do_offset = arith.constant ${DQ_KV_BYTES} : index
+      %k_rows = memref.view %smem[%c0][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_k_rows
+      %v_rows = memref.view %smem[%v_offset][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_v_rows
+      %do_tile = memref.view %smem[%do_offset][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_do_tile
+      %dq_sum = memref.view %smem[%c0][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_dq_sum
 
       %tid = gpu.thread_id x
       %subgroup = arith.divui %tid, %subgroup_size : index
@@ -208,41 +214,22 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
         %a3 = vector.insert %x11, %a2[0, %s, 3] : vector<2x${E}> into !dqk_q_frags
         scf.yield %a3 : !dqk_q_frags
       } {unroll_loop}
-      %do_init = arith.constant dense<0.0> : !dqk_do_frags
-      %do_frags = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %do_init) -> (!dqk_do_frags) {
-        %col0 = arith.muli %s, %c16 : index
-        %col1 = arith.addi %col0, %c2x : index
-        %col2 = arith.addi %col1, %c8 : index
-        %x00 = scf.if %head_valid_0 -> (vector<2x${E}>) {
-          %x = vector.load %do[%b, %m, %head_0, %col1] : !dqk_do, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
+      // do as a [16 heads, Dv] tile in workgroup memory (padding heads zero), read with ldmatrix per block:
+      // keeping it in registers like q would leave too few registers for 3 workgroups per multiprocessor.
+      scf.for %item = %tid to %do_items step %lanes {
+        %chunk = arith.remui %item, %v_chunks : index
+        %h = arith.divui %item, %v_chunks : index
+        %e0 = arith.muli %chunk, %c8 : index
+        %real = arith.cmpi ult, %h, %heads_per_group : index
+        %row = scf.if %real -> (vector<8x${E}>) {
+          %head = arith.addi %h0, %h : index
+          %x = vector.load %do[%b, %m, %head, %e0] : !dqk_do, vector<8x${E}>
+          scf.yield %x : vector<8x${E}>
         } else {
-          scf.yield %zero_pair : vector<2x${E}>
+          scf.yield %zero_chunk : vector<8x${E}>
         }
-        %x01 = scf.if %head_valid_0 -> (vector<2x${E}>) {
-          %x = vector.load %do[%b, %m, %head_0, %col2] : !dqk_do, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
-        %x10 = scf.if %head_valid_1 -> (vector<2x${E}>) {
-          %x = vector.load %do[%b, %m, %head_1, %col1] : !dqk_do, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
-        %x11 = scf.if %head_valid_1 -> (vector<2x${E}>) {
-          %x = vector.load %do[%b, %m, %head_1, %col2] : !dqk_do, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
-        %a0 = vector.insert %x00, %acc[0, %s, 0] : vector<2x${E}> into !dqk_do_frags
-        %a1 = vector.insert %x01, %a0[0, %s, 1] : vector<2x${E}> into !dqk_do_frags
-        %a2 = vector.insert %x10, %a1[0, %s, 2] : vector<2x${E}> into !dqk_do_frags
-        %a3 = vector.insert %x11, %a2[0, %s, 3] : vector<2x${E}> into !dqk_do_frags
-        scf.yield %a3 : !dqk_do_frags
-      } {unroll_loop}
+        vector.store %row, %do_tile[%h, %e0] : !dqk_do_tile, vector<8x${E}>
+      }
 
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
       %offset = arith.subi %n, %m_rows : index
@@ -257,6 +244,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %lo8 = arith.muli %matrix_lo, %c8 : index
       %hi8 = arith.muli %matrix_hi, %c8 : index
       // s, dp: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
+      %lhs_row = arith.addi %hi8, %matrix_row : index
       %sd_row = arith.addi %key_base, %hi8 : index
       %score_row = arith.addi %sd_row, %matrix_row : index
       // dq (transposed): matrix q = (d tile q / 2, key half q mod 2).
@@ -349,7 +337,8 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
             %x = nvgpu.ldmatrix %v_rows[%buffer, %score_row, %col] numTiles = 4 transpose = false
                 : !dqk_v_rows -> vector<4x2x${E}>
             %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
-            %lhs0 = vector.extract %do_frags[0, %s] : vector<4x2x${E}> from !dqk_do_frags
+            %lhs0 = nvgpu.ldmatrix %do_tile[%lhs_row, %col] numTiles = 4 transpose = false
+                : !dqk_do_tile -> vector<4x2x${E}>
             %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dqk_lhs_step
             %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
               indexing_maps = #dqk_contraction,
