@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import nsa_iree
-from nsa_iree.demo import relative_rms_error
+from nsa_iree.testing import relative_rms_error
 from nsa_iree.reference import selection_attention_reference
 from nsa_iree.selection import local_block_indices, realistic_block_indices, uniform_block_indices
 

@@ -20,7 +20,7 @@ import torch
 
 from nsa_iree.api import describe, effective_block_indices
 from nsa_iree.compiler import compile_artifact
-from nsa_iree.demo import relative_rms_error
+from nsa_iree.testing import relative_rms_error
 from nsa_iree.recipes import load_recipe
 from nsa_iree.render import template_for
 from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference

@@ -61,7 +61,14 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_bench(rest) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # The benchmarks are not part of the installed package: they need a source checkout (bench/).
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / "bench" / "bench.py").is_file():
+        print("nsa-iree bench needs a source checkout of nsa_iree (its bench/ directory is not installed): "
+              "run it from an editable install (pip install -e .) or `python -m bench.bench` in the checkout",
+              file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(checkout))
     from bench.bench import main as bench_main
 
     bench_main(rest)

@@ -11,21 +11,28 @@ cannot render the one-pass variant. It knows nothing about torch.
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import os
 import string
-import tomllib
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, packaged as tomli (a dependency there)
+    import tomli as tomllib
 
 from .spec import TARGETS, KernelSpec
 
-PIPELINES_DIR = Path(__file__).resolve().parent / "pipelines"
+PIPELINES_DIR = importlib.resources.files(__package__) / "pipelines"   # package data
 
 
-def pipelines_dir() -> Path:
+def pipelines_dir():
     """Where recipes are read from: ``$NSA_IREE_PIPELINES_DIR`` (tuning sweeps, see bench/sweep.py) or
     ``pipelines/``. The rendered MLIR and flags key the artifact cache, so a changed recipe never reuses an
     artifact built from another one."""
-    return Path(os.environ.get("NSA_IREE_PIPELINES_DIR") or PIPELINES_DIR)
+    env = os.environ.get("NSA_IREE_PIPELINES_DIR")
+    return Path(env) if env else PIPELINES_DIR
 
 # Attribute slots the templates may use; a recipe that does not set one renders it empty.
 ATTRIBUTE_SLOTS = (

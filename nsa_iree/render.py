@@ -8,14 +8,15 @@ values too). Nothing else in the package writes MLIR.
 
 from __future__ import annotations
 
+import importlib.resources
 import string
-from pathlib import Path
 
 from .fragments import kernel_values
 from .recipes import Recipe, load_recipe
 from .spec import KernelSpec
 
-MLIR_DIR = Path(__file__).resolve().parent / "mlir"
+# Package data, wherever the package is installed (a directory on disk for a wheel or a checkout).
+MLIR_DIR = importlib.resources.files(__package__) / "mlir"
 
 # Every variant's module: the stage templates it needs, in order (helpers first).
 STAGES = {
