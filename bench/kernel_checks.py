@@ -245,6 +245,7 @@ def variants(root=".dev/variants", seq=65536, selections=("realistic", "uniform"
         o, lse = next(iter(impls.values())).fwd(q, k, v, idx, scale)
         row = {"seq": seq, "selection": selection}
         for name, impl in impls.items():
+            row[f"{name}_fwd_ms"] = round(_median_ms(lambda: impl.fwd(q, k, v, idx, scale)), 2)
             delta = impl.delta(o, do)
             dq = torch.empty_like(q)
             row[f"{name}_dq_ms"] = round(_median_ms(lambda: impl.dq(q, k, v, idx, lse, delta, do, scale, dq)), 2)

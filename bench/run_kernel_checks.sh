@@ -11,6 +11,8 @@ for step in ${STEPS:-check determinism time sanitize}; do
   case $step in
     sanitize) timeout 240 compute-sanitizer --tool memcheck --print-limit 5 python3 -c \
                 "from bench.gpu_checks import sanitize; sanitize(1000, variants=('two-pass',))" 2>&1 | tail -8 ;;
+    racecheck) timeout 300 compute-sanitizer --tool racecheck --print-limit 5 python3 -c \
+                "from bench.gpu_checks import sanitize; sanitize(160, variants=('two-pass',))" 2>&1 | tail -8 ;;
     inversion|nonfinite) timeout 300 python3 -m bench.gpu_checks $step ;;
     *) timeout 400 python3 -m bench.kernel_checks $step ;;
   esac

@@ -176,6 +176,8 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "FWD_O_PARTS_STATS_BYTES": subgroups * HEAD_ROWS * (dv + 1) * 4,
         "FWD_SMEM_BYTES": max(dq_k_bytes + dq_v_bytes, subgroups * HEAD_ROWS * (dv + 2) * 4),
         "FWD_O_ITEMS": spec.heads_per_group * dv,
+        # Cache hint of the 16-byte asynchronous copies ("bypassL1": cp.async.cg, L2 only; "": cp.async.ca).
+        "ASYNC_COPY_HINT": recipe.kernel_settings.get("async_copy_hint", ""),
         "D_CHUNKS": d // 8, "DV_CHUNKS": dv // 8, "K_STAGE_ITEMS": bs * (d // 8), "V_STAGE_ITEMS": bs * (dv // 8),
         "D_STEPS": d // kind.mnk[2], "DV_STEPS": dv // kind.mnk[2], "D_TILES": d // kind.mnk[1],
         "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,

@@ -205,7 +205,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
           %count = arith.select %exists, %c8, %c0 : index
           %key_j = arith.addi %key0, %j : index
           %key = arith.select %exists, %key_j, %key0 : index
-          %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_tile[%j, %d0], 8, %count : !dkv_k to !dkv_k_tile
+          %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_tile[%j, %d0], 8, %count ${ASYNC_COPY_HINT} : !dkv_k to !dkv_k_tile
         }
         scf.for %item = %tid to %v_items step %lanes {
           %chunk = arith.remui %item, %v_chunks : index
@@ -215,7 +215,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
           %count = arith.select %exists, %c8, %c0 : index
           %key_j = arith.addi %key0, %j : index
           %key = arith.select %exists, %key_j, %key0 : index
-          %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_tile[%j, %e0], 8, %count : !dkv_v to !dkv_v_tile
+          %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_tile[%j, %e0], 8, %count ${ASYNC_COPY_HINT} : !dkv_v to !dkv_v_tile
         }
         nvvm.cp.async.commit.group
         nvvm.cp.async.wait.group 0
@@ -274,7 +274,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
               %count = arith.select %real, %c8, %c0 : index
               %head_h = arith.addi %h0, %h : index
               %head = arith.select %real, %head_h, %h0 : index
-              %copy = nvgpu.device_async_copy %q[%b, %m, %head, %d0], %q_rows[%stage_buffer, %h, %d0], 8, %count
+              %copy = nvgpu.device_async_copy %q[%b, %m, %head, %d0], %q_rows[%stage_buffer, %h, %d0], 8, %count ${ASYNC_COPY_HINT}
                   : !dkv_q to !dkv_q_rows
             }
             scf.for %item = %tid to %do_items step %lanes {
@@ -285,7 +285,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
               %count = arith.select %real, %c8, %c0 : index
               %head_h = arith.addi %h0, %h : index
               %head = arith.select %real, %head_h, %h0 : index
-              %copy = nvgpu.device_async_copy %do[%b, %m, %head, %e0], %do_rows[%stage_buffer, %h, %e0], 8, %count
+              %copy = nvgpu.device_async_copy %do[%b, %m, %head, %e0], %do_rows[%stage_buffer, %h, %e0], 8, %count ${ASYNC_COPY_HINT}
                   : !dkv_do to !dkv_do_rows
             }
             %is_lse_lane = arith.cmpi ult, %tid, %heads_per_group : index

@@ -219,7 +219,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
               %count = arith.select %is_visible, %c8, %c0 : index
               %key_j = arith.addi %key0, %j : index
               %key = arith.select %is_visible, %key_j, %key0 : index
-              %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_rows[%stage_buffer, %j, %d0], 8, %count
+              %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_rows[%stage_buffer, %j, %d0], 8, %count ${ASYNC_COPY_HINT}
                   : !dqk_k to !dqk_k_rows
             }
             scf.for %item = %tid to %v_items step %lanes {
@@ -230,7 +230,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
               %count = arith.select %is_visible, %c8, %c0 : index
               %key_j = arith.addi %key0, %j : index
               %key = arith.select %is_visible, %key_j, %key0 : index
-              %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_rows[%stage_buffer, %j, %e0], 8, %count
+              %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_rows[%stage_buffer, %j, %e0], 8, %count ${ASYNC_COPY_HINT}
                   : !dqk_v to !dqk_v_rows
             }
           }
