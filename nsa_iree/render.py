@@ -9,6 +9,7 @@ values too). Nothing else in the package writes MLIR.
 from __future__ import annotations
 
 import importlib.resources
+import re
 import string
 
 from .fragments import kernel_values
@@ -56,10 +57,24 @@ def template_for(stage: str, spec: KernelSpec, recipe: Recipe) -> str:
     return f"{stage}_kernel" if recipe.kernel_for(stage, spec) == "custom" else stage
 
 
+_PART_LINE = re.compile(r"^[ \t]*// part: (\w+)\n", flags=re.MULTILINE)
+
+
+def _with_parts(text: str) -> str:
+    """Each line `// part: NAME` replaced by nsa_iree/mlir/parts/NAME.mlir without its leading comment lines
+    (which say what the part uses and defines): text the hand-written kernels share, written once."""
+    def part(match):
+        lines = (MLIR_DIR / "parts" / f"{match.group(1)}.mlir").read_text().splitlines(keepends=True)
+        while lines and lines[0].startswith("//"):
+            lines.pop(0)
+        return "".join(lines)
+    return _PART_LINE.sub(part, text)
+
+
 def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None) -> str:
     """One template, rendered. Raises KeyError naming any placeholder left without a value."""
     recipe = recipe or load_recipe(spec.target)
-    text = (MLIR_DIR / f"{name}.mlir").read_text()
+    text = _with_parts((MLIR_DIR / f"{name}.mlir").read_text())
     try:
         return string.Template(text).substitute(template_values(spec, recipe))
     except KeyError as err:

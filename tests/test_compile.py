@@ -74,6 +74,9 @@ def edit_forward_template(tmp_path_factory, monkeypatch):
         copy = tmp_path_factory.mktemp("mlir")
         for f in render.MLIR_DIR.glob("*.mlir"):
             (copy / f.name).write_text(f.read_text())
+        (copy / "parts").mkdir()
+        for f in (render.MLIR_DIR / "parts").glob("*.mlir"):
+            (copy / "parts" / f.name).write_text(f.read_text())
         (copy / "forward.mlir").write_text(change((copy / "forward.mlir").read_text()))
         monkeypatch.setattr(render, "MLIR_DIR", copy)
     return edit

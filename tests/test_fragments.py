@@ -103,3 +103,15 @@ def test_unknown_kernel_choice_is_refused(monkeypatch):
     monkeypatch.setenv("NSA_IREE_KERNELS", "fast")
     with pytest.raises(ValueError, match="NSA_IREE_KERNELS"):
         load_recipe("cuda").kernel_for("dq", ANCHORS_CUDA)
+
+
+def test_kernel_parts_are_included_whole():
+    """The shared parts of the kernels render in place of their `// part:` lines, without their header."""
+    from nsa_iree.render import MLIR_DIR, render_template
+
+    text = render_template("dq_kernel", ANCHORS_CUDA)
+    assert "// part:" not in text
+    for part in ("q_fragments", "kv_staging", "scores"):
+        body = [line for line in (MLIR_DIR / "parts" / f"{part}.mlir").read_text().splitlines()
+                if not line.startswith("//")]
+        assert body and body[0].strip() in text, part

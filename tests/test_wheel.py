@@ -81,7 +81,7 @@ def installed(tmp_path_factory):
 def test_wheel_holds_the_templates_and_recipes_and_nothing_of_the_checkout(installed):
     wheel, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
-    templates = {p.name for p in (ROOT / "nsa_iree" / "mlir").glob("*.mlir")}
+    templates = {str(p.relative_to(ROOT / "nsa_iree" / "mlir")) for p in (ROOT / "nsa_iree" / "mlir").rglob("*.mlir")}
     recipes = {p.name for p in (ROOT / "nsa_iree" / "pipelines").glob("*.toml")}
     assert {f"nsa_iree/mlir/{n}" for n in templates} <= names
     assert {f"nsa_iree/pipelines/{n}" for n in recipes} <= names

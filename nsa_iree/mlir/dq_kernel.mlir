@@ -179,41 +179,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
 
       // q and do as lhs fragments over all of D (Dv), loaded once: element [2 i + k'][e] of step s is
       // row 8 i + r, column 16 s + 8 k' + 2 c + e.
-      %q_init = arith.constant dense<0.0> : !dqk_q_frags
-      %q_frags = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %q_init) -> (!dqk_q_frags) {
-        %col0 = arith.muli %s, %c16 : index
-        %col1 = arith.addi %col0, %c2x : index
-        %col2 = arith.addi %col1, %c8 : index
-        %x00 = scf.if %head_valid_0 -> (vector<2x${E}>) {
-          %x = vector.load %q[%b, %m, %head_0, %col1] : !dqk_q, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
-        %x01 = scf.if %head_valid_0 -> (vector<2x${E}>) {
-          %x = vector.load %q[%b, %m, %head_0, %col2] : !dqk_q, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
-        %x10 = scf.if %head_valid_1 -> (vector<2x${E}>) {
-          %x = vector.load %q[%b, %m, %head_1, %col1] : !dqk_q, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
-        %x11 = scf.if %head_valid_1 -> (vector<2x${E}>) {
-          %x = vector.load %q[%b, %m, %head_1, %col2] : !dqk_q, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
-        %a0 = vector.insert %x00, %acc[0, %s, 0] : vector<2x${E}> into !dqk_q_frags
-        %a1 = vector.insert %x01, %a0[0, %s, 1] : vector<2x${E}> into !dqk_q_frags
-        %a2 = vector.insert %x10, %a1[0, %s, 2] : vector<2x${E}> into !dqk_q_frags
-        %a3 = vector.insert %x11, %a2[0, %s, 3] : vector<2x${E}> into !dqk_q_frags
-        scf.yield %a3 : !dqk_q_frags
-      } {unroll_loop}
+      // part: q_fragments
       // do as a [16 heads, Dv] tile in workgroup memory (padding heads zero), read with ldmatrix per block:
       // keeping it in registers like q would leave too few registers for 3 workgroups per multiprocessor.
       scf.for %item = %tid to %do_items step %lanes {
@@ -256,47 +222,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       // those copies are in flight.
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
       %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
-        %stage_buffer = arith.remui %t, %stages : index
-        %t_in_range = arith.cmpi ult, %t, %slots : index
-        scf.if %t_in_range {
-          %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-          %block = arith.index_cast %block_i32 : i32 to index
-          %not_negative = arith.cmpi sge, %block, %c0 : index
-          %not_future = arith.cmpi sle, %block, %last_visible_block : index
-          %selected = arith.andi %not_negative, %not_future : i1
-          scf.if %selected {
-            %key0 = arith.muli %block, %block_size : index
-            %to_pos = arith.subi %pos, %key0 : index
-            %visible = arith.addi %to_pos, %c1 : index
-            // Item = (key j, chunk of 8 elements); lanes run along a row (coalesced).
-            scf.for %item = %tid to %k_items step %lanes {
-              %chunk = arith.remui %item, %k_chunks : index
-              %j = arith.divui %item, %k_chunks : index
-              %d0 = arith.muli %chunk, %c8 : index
-              %is_visible = arith.cmpi slt, %j, %visible : index
-              %count = arith.select %is_visible, %c8, %c0 : index
-              %key_j = arith.addi %key0, %j : index
-              %key = arith.select %is_visible, %key_j, %key0 : index
-              %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_rows[%stage_buffer, %j, %d0], 8, %count ${ASYNC_COPY_HINT}
-                  : !dqk_k to !dqk_k_rows
-            }
-            scf.for %item = %tid to %v_items step %lanes {
-              %chunk = arith.remui %item, %v_chunks : index
-              %j = arith.divui %item, %v_chunks : index
-              %e0 = arith.muli %chunk, %c8 : index
-              %is_visible = arith.cmpi slt, %j, %visible : index
-              %count = arith.select %is_visible, %c8, %c0 : index
-              %key_j = arith.addi %key0, %j : index
-              %key = arith.select %is_visible, %key_j, %key0 : index
-              %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_rows[%stage_buffer, %j, %e0], 8, %count ${ASYNC_COPY_HINT}
-                  : !dqk_v to !dqk_v_rows
-            }
-          }
-        }
-        nvvm.cp.async.commit.group
-        nvvm.cp.async.wait.group ${DQ_STAGES_MINUS_1}
-        gpu.barrier
-
+        // part: kv_staging
         %has_previous = arith.cmpi uge, %t, %lag : index
         %previous = arith.select %has_previous, %t, %lag : index
         %slot = arith.subi %previous, %lag : index
@@ -315,22 +241,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
           // s and dp over this subgroup's 16 keys: per 16-d step one ldmatrix (two rhs fragments: matrix q
           // is key tile q / 2, k' = q mod 2) and two mma, so only one step's fragments are live at a time.
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-          %s_acc = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
-            %col0 = arith.muli %s, %c16 : index
-            %col = arith.addi %col0, %lo8 : index
-            %x = nvgpu.ldmatrix %k_rows[%buffer, %score_row, %col] numTiles = 4 transpose = false
-                : !dqk_k_rows -> vector<4x2x${E}>
-            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
-            %lhs0 = vector.extract %q_frags[0, %s] : vector<4x2x${E}> from !dqk_q_frags
-            %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dqk_lhs_step
-            %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-              indexing_maps = #dqk_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dqk_lhs_step, !dqk_rhs_step into !dqk_scores
-            scf.yield %next : !dqk_scores
-          } {unroll_loop}
+          // part: scores
           %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
             %col0 = arith.muli %s, %c16 : index
             %col = arith.addi %col0, %lo8 : index

@@ -1,0 +1,38 @@
+// Part of dq_kernel.mlir and forward_kernel.mlir (included by nsa_iree/render.py where a line reads
+// `// part: q_fragments`): q of the workgroup's (b, m, g) row as lhs fragments over all of D, loaded once.
+// Uses %q, %b, %m, %head_0, %head_1, %head_valid_0, %head_valid_1, %c2x and the constants; defines %q_frags.
+      %q_init = arith.constant dense<0.0> : !dqk_q_frags
+      %q_frags = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %q_init) -> (!dqk_q_frags) {
+        %col0 = arith.muli %s, %c16 : index
+        %col1 = arith.addi %col0, %c2x : index
+        %col2 = arith.addi %col1, %c8 : index
+        %x00 = scf.if %head_valid_0 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_0, %col1] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %x01 = scf.if %head_valid_0 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_0, %col2] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %x10 = scf.if %head_valid_1 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_1, %col1] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %x11 = scf.if %head_valid_1 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_1, %col2] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %a0 = vector.insert %x00, %acc[0, %s, 0] : vector<2x${E}> into !dqk_q_frags
+        %a1 = vector.insert %x01, %a0[0, %s, 1] : vector<2x${E}> into !dqk_q_frags
+        %a2 = vector.insert %x10, %a1[0, %s, 2] : vector<2x${E}> into !dqk_q_frags
+        %a3 = vector.insert %x11, %a2[0, %s, 3] : vector<2x${E}> into !dqk_q_frags
+        scf.yield %a3 : !dqk_q_frags
+      } {unroll_loop}
