@@ -42,8 +42,12 @@ def _artifact_path(spec: KernelSpec, variant: str):
 
 
 def kernels(spec: KernelSpec, variant: str, device: torch.device):
-    """The loaded module holding the stage functions of `variant` ("forward" or a backward variant)."""
-    return device_for(device).module(_artifact_path(spec, variant))
+    """The loaded module holding the stage functions of `variant` ("forward" or a backward variant).
+
+    An artifact that fails its digest check or that IREE refuses to load is compiled again, once.
+    """
+    return device_for(device).module(_artifact_path(spec, variant),
+                                     rebuild=lambda: compile_artifact(spec, variant, rebuild=True).path)
 
 
 def effective_block_indices(block_indices: torch.Tensor, block_counts) -> torch.Tensor:
@@ -125,7 +129,8 @@ def _forward(q, k, v, idx, block_size, scale):
 
 
 def _backward(q, k, v, o, lse, do, idx, block_size, scale, variant):
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # Contiguous whatever the inputs' strides (empty_like would copy a transposed view's layout).
+    dq, dk, dv = (torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v))
     return backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant)
 
 
