@@ -86,7 +86,9 @@ def probe_writable(directory: Path) -> OSError | None:
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        return err
+        # Without its traceback: kept, it would tie the callers' frames (and any IREE object in them) into a
+        # reference cycle that only the interpreter's last collection frees, after IREE's bindings are gone.
+        return err.with_traceback(None)
     return None
 
 

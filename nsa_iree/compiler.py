@@ -107,9 +107,9 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
     vmfb, mlir = directory / f"{stem}.vmfb", directory / f"{stem}.mlir"
     if directory != primary and not rebuild and problem_with(vmfb) is None:
         return Artifact(spec, variant, vmfb, mlir, key, 0.0)   # compiled into the fallback by an earlier run
-    if rebuild:
-        warnings.warn(f"nsa_iree: IREE could not load {primary / (stem + '.vmfb')}: compiling it again into "
-                      f"{vmfb}", RuntimeWarning, stacklevel=2)
+    if rebuild and problem is None:
+        warnings.warn(f"nsa_iree: IREE could not load the cached artifact {primary / (stem + '.vmfb')}: "
+                      f"compiling it again into {vmfb}", RuntimeWarning, stacklevel=2)
     elif problem != "it does not exist":
         warnings.warn(f"nsa_iree: the cached artifact {primary / (stem + '.vmfb')} cannot be used ({problem}): "
                       f"compiling it again into {vmfb}", RuntimeWarning, stacklevel=2)

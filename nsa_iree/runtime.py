@@ -38,6 +38,7 @@ released before the interpreter tears down IREE's bindings (atexit), so nothing 
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import threading
 from pathlib import Path
@@ -143,16 +144,19 @@ class Module:
         self.device = device
         self.path = Path(vmfb)
         data = read_verified(self.path)          # ArtifactError unless the bytes match the digest beside them
+        problem = None
         try:
             # A copy of checked bytes, not VmModule.mmap: the file is read once, read-only, and a later change
             # to it cannot reach the loaded module.
             self.vm_module = rt.VmModule.copy_buffer(device.instance, data)
             self.context = rt.VmContext(device.instance, modules=[device.hal_module, self.vm_module])
         except (RuntimeError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ArtifactError(f"nsa_iree: IREE cannot load the artifact {self.path} ({first}); it matches its "
+            problem = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if problem is not None:                  # raised outside the handler: no frame <-> exception cycle
+            self.vm_module = self.context = None
+            raise ArtifactError(f"nsa_iree: IREE cannot load the artifact {self.path} ({problem}); it matches its "
                                 f"digest, so it was compiled for another runtime or device: compile it again "
-                                f"(`nsa-iree compile` into NSA_IREE_CACHE_DIR)") from err
+                                f"(`nsa-iree compile` into NSA_IREE_CACHE_DIR)")
         self._functions = {}
         self._transient_sizes = {}  # (function, argument shapes and integer scalars) -> bytes
         self._placeholder = None
@@ -283,12 +287,18 @@ def release_devices() -> None:
     with _devices_lock:
         if os.getpid() != _devices_pid:
             _forget_parent_devices()
-            return
         devices, _devices = list(_devices.values()), {}
     for device in devices:
         device.close()
 
 
+def _at_exit() -> None:
+    release_devices()
+    # IREE objects left in reference cycles (an exception's frames, say) would otherwise be freed by the
+    # interpreter's last collection, after IREE's bindings are torn down: a crash at exit. Collect them now.
+    gc.collect()
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(release_devices)
+atexit.register(_at_exit)
