@@ -38,6 +38,7 @@ released before the interpreter tears down IREE's bindings (atexit), so nothing 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import os
 import threading
@@ -263,8 +264,6 @@ def _forget_parent_devices() -> None:
     if _devices:
         _inherited.append(_devices)
         if len(_inherited) == 1:
-            import ctypes
-
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(_inherited))   # never freed, even at exit
             try:
                 # The inherited objects are leaked on purpose: do not list them at this process's exit.
