@@ -112,9 +112,9 @@ def writable_dir(primary: Path, what: str) -> Path:
                 first = (primary, directory) not in _warned
                 _warned.add((primary, directory))
             if first:
-                warnings.warn(f"nsa_iree: the artifact cache {describe_dir(primary)} cannot be written ({_why(error)}): "
-                              f"{what} goes to {directory} instead. Artifacts already in {primary} are still used "
-                              f"as they are.", RuntimeWarning, stacklevel=3)
+                warnings.warn(f"nsa_iree: the artifact cache {describe_dir(primary)} cannot be written "
+                              f"({_why(error)}): {what} goes to {directory} instead. Artifacts already in {primary} "
+                              f"are still used as they are.", RuntimeWarning, stacklevel=3)
             return directory
         tried.append(f"{directory} ({_why(problem)})")
     raise ArtifactError(f"nsa_iree: cannot store {what}: the artifact cache {describe_dir(primary)} cannot be "

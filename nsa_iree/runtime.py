@@ -31,7 +31,9 @@ Processes: IREE devices, modules and contexts belong to the process that made th
 runs worker threads, which a forked child (every DataLoader worker on Linux) does not have: a call through
 an inherited device waits for them forever. So a child forgets its parent's devices (os.register_at_fork)
 and makes its own on first use; the inherited objects are kept referenced and never touched, not even
-destroyed (their destructors would wait for the same threads). At exit, the devices a process made are
+destroyed (their destructors would wait for the same threads). torch's OpenMP pool has the same problem (a
+parallel copy inside a call would wait for the parent's threads): a child forked after the library was used
+runs torch on one thread, as DataLoader workers do. At exit, the devices a process made are
 released before the interpreter tears down IREE's bindings (atexit), so nothing is reported leaked.
 """
 
@@ -262,6 +264,7 @@ def device_for(torch_device: torch.device) -> Device:
 def _forget_parent_devices() -> None:
     global _devices, _devices_pid
     if _devices:
+        _one_torch_thread_after_fork()
         _inherited.append(_devices)
         if len(_inherited) == 1:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(_inherited))   # never freed, even at exit
@@ -272,6 +275,17 @@ def _forget_parent_devices() -> None:
             except (ImportError, AttributeError):
                 pass
     _devices, _devices_pid = {}, os.getpid()
+
+
+def _one_torch_thread_after_fork() -> None:
+    """torch's OpenMP thread pool (the intra-op backend of its Linux wheels) does not survive a fork either:
+    the child's first parallel torch op, such as the copy of a strided input inside a call, waits forever for
+    threads that exist only in the parent. One thread, as torch's DataLoader workers set for themselves."""
+    try:
+        if torch.get_num_threads() > 1 and "parallel backend: OpenMP" in torch.__config__.parallel_info():
+            torch.set_num_threads(1)
+    except Exception:  # noqa: BLE001 - best effort: never fail a fork
+        pass
 
 
 def _after_fork_in_child() -> None:

@@ -1,21 +1,25 @@
 """Runtime and cache robustness (issue 17): what a new user's process, cache and command line may throw at it.
 
-| bar                                   | test                                                              |
-|---------------------------------------|-------------------------------------------------------------------|
-| forked child after use: right result  | test_forked_child_after_use_gets_the_right_result (os.fork, 60 s) |
-|   ... every DataLoader worker         | test_fork_dataloader_workers_run_the_op                           |
-|   ... spawn keeps working             | test_spawned_child_runs_the_op                                    |
-| corrupted cached artifact: rebuilt    | test_corrupted_artifact_is_rebuilt_on_the_next_run (x2 in a row)  |
-|   (garbage, truncated, no digest, a   |   CORRUPTIONS                                                     |
-|   file IREE refuses)                  |                                                                   |
-|   ... no compiler (GPU box): an error | test_without_the_compiler_a_bad_artifact_is_named_not_loaded     |
-| read-only cache with artifacts: used  | test_read_only_cache (prefilled)                                  |
-| empty read-only cache: runs / names   | test_read_only_cache (empty), test_no_writable_cache_names_...    |
-|   NSA_IREE_CACHE_DIR                  |                                                                   |
-| transposed-view q, k: backward works  | test_transposed_views_backward, ..._bwd_outputs_are_contiguous     |
-| no "leaked" line at exit              | test_no_leak_report_at_exit (graph alive, after a fork too)      |
-| CLI: one-line errors for bad values   | test_cli_bad_values_are_one_line_errors (BAD_CLI_VALUES)          |
-| CLI: bench writes under the cwd       | test_bench.py::test_bench_smoke_run_writes_table_and_record       |
+| bar of the issue                         | test                                                             |
+|------------------------------------------|------------------------------------------------------------------|
+| forked child after use: right result,    | test_forked_child_after_use_gets_the_right_result (os.fork, 60 s)|
+|   every DataLoader worker (fork)         | test_fork_dataloader_workers_run_the_op                          |
+|   a fork's devices are its own           | test_devices_belong_to_the_process_that_made_them                |
+|   spawn keeps working                    | test_spawned_child_runs_the_op                                   |
+| cached artifact garbage, truncated, with | test_corrupted_artifact_is_rebuilt_on_the_next_run (CORRUPTIONS, |
+|   no digest, or refused by IREE: rebuilt |   twice in a row)                                                |
+|   changed after the lookup: never loaded | test_an_artifact_corrupted_after_the_cache_lookup_is_never_loaded|
+|   no compiler: an error naming the file  | test_without_the_compiler_a_bad_artifact_is_named_not_loaded     |
+| read-only cache with artifacts: used     | test_read_only_cache[prefilled]                                  |
+| empty read-only cache: runs (fallback    | test_read_only_cache[empty]                                      |
+|   named in a warning) or names           | test_no_writable_cache_names_the_variable                        |
+|   NSA_IREE_CACHE_DIR                     | test_the_shared_tmp_fallback_must_be_private                     |
+| transposed-view q, k: backward works,    | test_transposed_views_backward                                   |
+|   outputs contiguous                     | test_bwd_outputs_are_contiguous_whatever_the_inputs_strides      |
+| no "leaked" line at exit                 | test_no_leak_report_at_exit (the README example), and the forked |
+|                                          |   child's exit in the first test                                 |
+| CLI: one-line errors for bad values      | test_cli_bad_values_are_one_line_errors (BAD_CLI_VALUES), ...    |
+| CLI: bench writes under the cwd          | test_bench.py::test_bench_smoke_run_writes_table_and_record      |
 
 Process-level behaviour (fork, exit, crashes, read-only mounts) runs in subprocesses with timeouts; their
 shapes are test_api's, so their artifacts are small (a few seconds to compile on a CPU).
@@ -125,12 +129,17 @@ def test_forked_child_after_use_gets_the_right_result(tmp_path, built):
     IREE objects)."""
     result = run_script("""
         check(run())
+        torch.randn(512, 512).sum(0)                          # torch's thread pool has run in the parent
+        # Large enough that the copies inside the call (int64 indices, a transposed q) are parallel torch ops.
+        Mb = 4096
+        qb, kb, vb = (torch.randn(1, Mb, h, d).transpose(1, 2).contiguous().transpose(1, 2)
+                      for h, d in ((H, D), (G, D), (G, DV)))
+        idxb = torch.randint(-1, Mb // BS, (1, Mb, G, T))
+        ob, _ = nsa_iree.selection_attention_fwd(qb, kb, vb, idxb, BS)
         pid = os.fork()
         if pid == 0:
-            # torch's own OpenMP pool does not survive a fork either (its first parallel op here would wait
-            # forever, nsa_iree or not): one thread, as DataLoader workers do.
-            torch.set_num_threads(1)
             start = time.monotonic()
+            assert torch.equal(nsa_iree.selection_attention_fwd(qb, kb, vb, idxb, BS)[0], ob)
             check(run())
             print(f"child ok in {time.monotonic() - start:.1f} s", flush=True)
             sys.exit(0)
@@ -320,22 +329,25 @@ def restore_modes(tmp_path):
 READ_ONLY = {
     # cache contents -> what must happen
     "prefilled": "the verified artifacts are used as they are: nothing compiled, nothing written, no warning",
+    "prefilled, runtime only": "the same on a machine without the compiler (artifacts compiled elsewhere)",
     "empty": "it runs, compiling into the per-user cache named in a warning; the next run finds them there",
 }
 
 
 @pytest.mark.parametrize("contents", READ_ONLY, ids=list(READ_ONLY))
 def test_read_only_cache(tmp_path, built, restore_modes, contents):
-    directory = cache_from(built, tmp_path / "cache") if contents == "prefilled" else tmp_path / "cache"
+    prefilled = contents.startswith("prefilled")
+    directory = cache_from(built, tmp_path / "cache") if prefilled else tmp_path / "cache"
     directory.mkdir(exist_ok=True)
     home, tmp = tmp_path / "xdg", tmp_path / "tmp"
     tmp.mkdir()
     prefix = _read_only_prefix(tmp_path, [directory])
     env = dict(NSA_IREE_CACHE_DIR=directory, XDG_CACHE_HOME=home, TMPDIR=tmp)
-    first = run_script("check(run()); print('ok')", tmp_path, prefix=prefix, **env)
+    header = NO_COMPILER if "runtime only" in contents else ""
+    first = run_script("check(run()); print('ok')", tmp_path, prefix=prefix, header=header, **env)
     assert_ok(first)
     fallback = home / "nsa_iree"
-    if contents == "prefilled":
+    if prefilled:
         assert "cannot be written" not in first.stderr and not fallback.exists(), first.stderr
     else:
         assert f"goes to {fallback} instead" in first.stderr and "NSA_IREE_CACHE_DIR" in first.stderr
@@ -345,7 +357,7 @@ def test_read_only_cache(tmp_path, built, restore_modes, contents):
         assert_ok(second)
         assert {p: p.stat().st_mtime_ns for p in fallback.glob("*.vmfb")} == built_here   # reused, not rebuilt
     assert not list(tmp.iterdir()) and sorted(p.name for p in directory.iterdir()) == sorted(
-        p.name for p in (built.iterdir() if contents == "prefilled" else ()))
+        p.name for p in (built.iterdir() if prefilled else ()))
 
 
 def test_no_writable_cache_names_the_variable(tmp_path, restore_modes):
@@ -450,7 +462,8 @@ BAD_CLI_VALUES = {
     # argv -> what the one-line message must say
     "block size 0": (["compile", "--block-size", "0"], "--block-size must be a positive integer, got 0"),
     "negative heads": (["render", "--heads", "-4"], "--heads must be a positive integer, got -4"),
-    "heads not a multiple": (["compile", "--heads", "3", "--kv-heads", "2"], "--heads (3) must be a multiple of --kv-heads (2)"),
+    "heads not a multiple": (["compile", "--heads", "3", "--kv-heads", "2"],
+                             "--heads (3) must be a multiple of --kv-heads (2)"),
     "gpu block size": (["compile", "--target", "cuda", "--block-size", "16"], "target cuda supports block_size in"),
     "gpu dtype": (["inspect", "--target", "gfx950", "--dtype", "f32"], "target gfx950 supports dtypes"),
     "zero blocks": (["compile", "--num-blocks", "0"], "--num-blocks must be a positive integer, got 0"),
