@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 import nsa_iree
-from nsa_iree.demo import relative_rms_error
+from nsa_iree.testing import relative_rms_error
 from nsa_iree.reference import selection_attention_reference
-from nsa_iree.selection import realistic_block_indices, uniform_block_indices
+from nsa_iree.selection import local_block_indices, realistic_block_indices, uniform_block_indices
 
 DEFAULT_OUT = "nsa_iree_results"                # relative: under the current directory
 
@@ -49,7 +49,7 @@ CONFIGS = {
     "tiny": dict(heads=16, kv_heads=1, head_dim=32, value_dim=32, block_size=16, num_blocks=4, dtype="f32"),
 }
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-SELECTIONS = {"realistic": realistic_block_indices, "uniform": uniform_block_indices}
+SELECTIONS = {"realistic": realistic_block_indices, "uniform": uniform_block_indices, "local": local_block_indices}
 
 
 def selection_flops(cfg, seq):

@@ -17,7 +17,7 @@ import sys
 import torch
 
 import nsa_iree
-from nsa_iree.demo import relative_rms_error
+from nsa_iree.testing import relative_rms_error
 
 from .bench import CONFIGS, fla_function, make_problem
 

@@ -138,7 +138,7 @@ def prepare(args):
 def run(args):
     import nsa_iree
     from nsa_iree import api
-    from nsa_iree.demo import relative_rms_error
+    from nsa_iree.testing import relative_rms_error
     from torch.profiler import ProfilerActivity, profile
 
     from .bench import CONFIGS, _sync, make_problem

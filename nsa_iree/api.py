@@ -1,23 +1,46 @@
 """Public entry points: selection attention forward, backward, and the differentiable op.
 
-A call goes: validate and describe the problem (a KernelSpec) -> the compiled module for (spec, variant),
-from the on-disk cache -> the module's stage functions on the tensors' device -> torch tensors.
+Layers, from the top:
+
+- ``selection_attention``, ``selection_attention_fwd``, ``selection_attention_bwd``: validate the inputs
+  (naming the argument at fault), fold ``block_counts`` into the block indices with plain torch ops, and call
+  one of the two operators below. They hold no IREE call, so ``torch.compile`` and ``torch.export`` trace
+  them like any torch code.
+- ``torch.ops.nsa_iree.selection_attention_fwd`` and ``torch.ops.nsa_iree.selection_attention_bwd``:
+  ``torch.library.custom_op`` operators with a fake (meta) implementation each (output shapes follow from
+  the inputs), autograd registered on the forward (``register_autograd``), and an autocast rule on both
+  (floating inputs cast to the autocast dtype, as ``scaled_dot_product_attention`` does). Their bodies are
+  the only place the IREE runtime is called; traced code sees them as opaque nodes.
+- ``forward_into`` / ``backward_into``: describe the problem (a KernelSpec), fetch the compiled module for
+  (spec, variant) from the on-disk cache, and run its stage functions writing into caller-owned tensors.
+
+Shapes, masking and numerics are specified in docs/semantics.md.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
+from typing import Optional, Union
 
 import torch
+from torch import Tensor
 
+from . import runtime as _runtime
 from .compiler import compile_artifact
 from .runtime import device_for, importable
 from .spec import KernelSpec
 from .validate import check_backward_inputs, check_forward_inputs, check_variant
 
+__all__ = ["selection_attention", "selection_attention_fwd", "selection_attention_bwd"]
+
 _DTYPE_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _INT32_MAX = 2**31 - 1
 
+BlockCounts = Optional[Union[int, Tensor]]
+
+
+# --- running the compiled kernels (real tensors, eager) ------------------------------------------------
 
 def _target_for(device: torch.device) -> str:
     if device.type == "cpu":
@@ -28,8 +51,7 @@ def _target_for(device: torch.device) -> str:
     return "cuda"
 
 
-def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_indices: torch.Tensor,
-             block_size: int) -> KernelSpec:
+def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int) -> KernelSpec:
     """The KernelSpec of a problem: everything static about it (B, M and N are not part of it)."""
     return KernelSpec(heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
                       block_size=block_size, num_blocks=block_indices.shape[3], dtype=_DTYPE_NAME[q.dtype],
@@ -50,8 +72,8 @@ def kernels(spec: KernelSpec, variant: str, device: torch.device):
                                      rebuild=lambda: compile_artifact(spec, variant, rebuild=True).path)
 
 
-def effective_block_indices(block_indices: torch.Tensor, block_counts) -> torch.Tensor:
-    """block_indices as contiguous int32 with slots t >= block_counts set to -1.
+def effective_block_indices(block_indices: Tensor, block_counts: BlockCounts) -> Tensor:
+    """block_indices as contiguous int32 with slots t >= block_counts set to -1 (plain torch ops).
 
     Values outside int32 are clamped to -1 or INT32_MAX: both stay skipped slots, as they were.
     """
@@ -65,13 +87,13 @@ def effective_block_indices(block_indices: torch.Tensor, block_counts) -> torch.
     return idx.contiguous()
 
 
-def _scale_of(q: torch.Tensor, scale) -> float:
+def _scale_of(q: Tensor, scale: Optional[float]) -> float:
     return float(q.shape[-1] ** -0.5 if scale is None else scale)
 
 
 def _check_destinations(**outputs):
     for name, t in outputs.items():
-        if t.numel() and not importable(t):
+        if t is not None and t.numel() and not importable(t):
             raise ValueError(f"{name} must be contiguous, 64-byte aligned and start its storage: the kernel "
                              f"writes into its memory")
 
@@ -98,44 +120,164 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale):
 def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant):
     """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype).
 
-    two-pass: dq query-major, the block lists inverted, dk/dv block-major (no atomics).
-    one-pass: a single dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics.
+    two-pass: dq query-major, the block lists inverted, dk/dv block-major (no atomics). dq=None skips the dq
+    pass; dk=dv=None skips the inversion and the dk/dv pass (the gradients autograd does not need).
+    one-pass: a single dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics; it
+    needs all three buffers.
     """
     check_variant(variant)
+    if (dk is None) != (dv is None) or (variant == "one-pass" and None in (dq, dk, dv)):
+        raise ValueError("backward_into: dk and dv are computed together (both or neither), and the one-pass "
+                         "variant writes dq, dk and dv")
     _check_destinations(dq=dq, dk=dk, dv=dv)
     batch, m_rows, _, _ = q.shape
     n = k.shape[1]
     if batch == 0 or n == 0 or m_rows == 0:
         for t in (dq, dk, dv):
-            t.zero_()
+            if t is not None:
+                t.zero_()
+        return dq, dk, dv
+    if dq is None and dk is None:
         return dq, dk, dv
     module = kernels(describe(q, k, v, idx, block_size), variant, q.device)
     (delta,) = module.call("selection_attention_delta", o, do)
     if variant == "two-pass":
-        module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
-        entries, piece_start, piece_count = module.call("invert_block_indices", idx, n, wait_for_torch=False)
-        module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
-                    scale, dk, dv, wait_for_torch=False)
+        if dq is not None:
+            module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
+        if dk is not None:
+            entries, piece_start, piece_count = module.call("invert_block_indices", idx, n, wait_for_torch=False)
+            module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start,
+                        piece_count, scale, dk, dv, wait_for_torch=False)
         return dq, dk, dv
     module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv,
                 wait_for_torch=False)
     return dq, dk, dv
 
 
+def _empty(shape, like: Tensor, dtype=None) -> Tensor:
+    """A contiguous output (the kernels write into its memory whatever the layout of `like`)."""
+    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+
+
 def _forward(q, k, v, idx, block_size, scale):
-    o = q.new_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
-    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+    o = _empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q)
+    lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
     return forward_into(o, lse, q, k, v, idx, block_size, scale)
 
 
-def _backward(q, k, v, o, lse, do, idx, block_size, scale, variant):
-    # Contiguous whatever the inputs' strides (empty_like would copy a transposed view's layout).
-    dq, dk, dv = (torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v))
+def _backward(q, k, v, o, lse, do, idx, block_size, scale, variant, need_dq=True, need_dkdv=True):
+    if variant == "one-pass":
+        need_dq = need_dkdv = True                      # one dispatch writes all three
+    dq = _empty(q.shape, q) if need_dq else None
+    dk, dv = (_empty(k.shape, q), _empty(v.shape, q)) if need_dkdv else (None, None)
     return backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant)
 
 
-def selection_attention_fwd(q, k, v, block_indices, block_size=64, block_counts=None, scale=None):
-    """Selection attention forward.
+# --- the operators -------------------------------------------------------------------------------------
+#
+# Their arguments are plain tensors, ints, floats and strings: block_counts is already folded into the int32
+# block indices (effective_block_indices) and the scale resolved. Gradients the caller does not need come back
+# as empty tensors of shape [0] (a custom op returns tensors, never None).
+
+@torch.library.custom_op("nsa_iree::selection_attention_fwd", mutates_args=())
+def _fwd_op(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int, scale: float,
+            variant: str = "two-pass") -> tuple[Tensor, Tensor]:
+    """o [B, M, H, Dv] (q's dtype) and lse [B, H, M] (float32). `variant` is the backward autograd will run."""
+    return _forward(q, k, v, block_indices, block_size, scale)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, block_indices, block_size, scale, variant="two-pass"):
+    batch, m_rows, heads, _ = q.shape
+    return (q.new_empty(batch, m_rows, heads, v.shape[3]),
+            q.new_empty(batch, heads, m_rows, dtype=torch.float32))
+
+
+@torch.library.custom_op("nsa_iree::selection_attention_bwd", mutates_args=())
+def _bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, block_indices: Tensor,
+            block_size: int, scale: float, variant: str = "two-pass", need_dq: bool = True,
+            need_dkdv: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (q's dtype); a gradient not asked for (need_dq / need_dkdv False) is an empty [0] tensor."""
+    dq, dk, dv = _backward(q, k, v, o, lse, do, block_indices, block_size, scale, variant, need_dq, need_dkdv)
+    return (dq if need_dq else q.new_empty(0), dk if need_dkdv else q.new_empty(0),
+            dv if need_dkdv else q.new_empty(0))
+
+
+@_bwd_op.register_fake
+def _bwd_fake(do, q, k, v, o, lse, block_indices, block_size, scale, variant="two-pass", need_dq=True,
+              need_dkdv=True):
+    def grad(t, needed):
+        return q.new_empty(t.shape) if needed else q.new_empty(0)
+    return grad(q, need_dq), grad(k, need_dkdv), grad(v, need_dkdv)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, block_indices, block_size, scale, variant = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, block_indices)
+    ctx.block_size, ctx.scale, ctx.variant = block_size, scale, variant
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, do, _dlse):
+    q, k, v, o, lse, block_indices = ctx.saved_tensors
+    need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
+    dq, dk, dv = torch.ops.nsa_iree.selection_attention_bwd(
+        do, q, k, v, o, lse, block_indices, ctx.block_size, ctx.scale, ctx.variant, need_dq, need_dk or need_dv)
+    return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None, None, None, None, None)
+
+
+_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+def _not_twice_differentiable(ctx, *grads):
+    raise RuntimeError("selection_attention is not twice differentiable: its backward "
+                       "(nsa_iree::selection_attention_bwd) has no derivative of its own, so double backward "
+                       "(create_graph=True followed by a second backward, e.g. gradient penalties or Hessian "
+                       "products) is not supported")
+
+
+_bwd_op.register_autograd(_not_twice_differentiable)
+
+
+# Autocast: like scaled_dot_product_attention, the floating inputs (q, k, v and, in the backward, o and do;
+# never lse, which stays float32) are cast to the autocast dtype of their device, whatever it is set to.
+_AUTOCAST_LIB = torch.library.Library("nsa_iree", "FRAGMENT")
+_CAST_POSITIONS = {"selection_attention_fwd": (0, 1, 2), "selection_attention_bwd": (0, 1, 2, 3, 4)}
+
+
+def _register_autocast(name: str, device_type: str) -> None:
+    key = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}[device_type]
+    exclude = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    op = getattr(torch.ops.nsa_iree, name).default
+    positions = _CAST_POSITIONS[name]
+
+    def kernel(_keyset, *args):
+        dtype = torch.get_autocast_dtype(device_type)
+        args = tuple(a.to(dtype) if i in positions and a.is_floating_point() and a.dtype != torch.float64
+                     and a.device.type == device_type else a for i, a in enumerate(args))
+        with torch._C._ExcludeDispatchKeyGuard(exclude):
+            return op(*args)
+
+    _AUTOCAST_LIB.impl(name, kernel, key, with_keyset=True)
+
+
+for _name in _CAST_POSITIONS:
+    for _device_type in ("cpu", "cuda"):
+        _register_autocast(_name, _device_type)
+
+
+# The operators stay registered with torch's dispatcher until the process ends, and through their bodies this
+# module's globals stay alive past the interpreter's clean-up: the IREE devices are released before that
+# (otherwise nanobind reports them as leaked at exit), by the runtime's own release where it has one.
+atexit.register(getattr(_runtime, "release_devices", None) or device_for.cache_clear)
+
+
+# --- public functions ----------------------------------------------------------------------------------
+
+def selection_attention_fwd(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int = 64,
+                            block_counts: BlockCounts = None, scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    """Selection attention forward (not differentiable: see selection_attention). docs/semantics.md.
 
     Args:
         q: [B, M, H, D] float32, float16 or bfloat16.
@@ -149,15 +291,17 @@ def selection_attention_fwd(q, k, v, block_indices, block_size=64, block_counts=
     Returns:
         o: [B, M, H, Dv] in q's dtype (0 for rows that see no key);
         lse: [B, H, M] float32, natural-log logsumexp of the scaled scores (-inf for rows that see no key).
+    Query row m sits at key position m + N - M (bottom-right alignment when M < N).
     """
     check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
     idx = effective_block_indices(block_indices, block_counts)
-    return _forward(q.detach(), k.detach(), v.detach(), idx, block_size, _scale_of(q, scale))
+    return _fwd_op(q.detach(), k.detach(), v.detach(), idx, block_size, _scale_of(q, scale))
 
 
-def selection_attention_bwd(q, k, v, o, lse, do, block_indices, block_size=64, block_counts=None, scale=None,
-                            variant="two-pass"):
-    """Selection attention backward: the gradients of sum(o * do).
+def selection_attention_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
+                            block_indices: Tensor, block_size: int = 64, block_counts: BlockCounts = None,
+                            scale: Optional[float] = None, variant: str = "two-pass") -> tuple[Tensor, Tensor, Tensor]:
+    """Selection attention backward: the gradients of sum(o * do). docs/semantics.md.
 
     Args:
         q, k, v, block_indices, block_size, block_counts, scale: as for selection_attention_fwd.
@@ -170,30 +314,14 @@ def selection_attention_bwd(q, k, v, o, lse, do, block_indices, block_size=64, b
     """
     check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant)
     idx = effective_block_indices(block_indices, block_counts)
-    return _backward(q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), do.detach(), idx,
-                     block_size, _scale_of(q, scale), variant)
+    return _bwd_op(do.detach(), q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), idx, block_size,
+                   _scale_of(q, scale), variant)
 
 
-class SelectionAttentionFunction(torch.autograd.Function):
-    """Forward saves (q, k, v, o, lse, effective block indices); backward runs delta and the variant."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, idx, block_size, scale, variant):
-        o, lse = _forward(q, k, v, idx, block_size, scale)
-        ctx.save_for_backward(q, k, v, o, lse, idx)
-        ctx.block_size, ctx.scale, ctx.variant = block_size, scale, variant
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, idx = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do.contiguous(), idx, ctx.block_size, ctx.scale, ctx.variant)
-        return dq, dk, dv, None, None, None, None
-
-
-def selection_attention(q, k, v, block_indices, block_size=64, block_counts=None, scale=None,
-                        variant="two-pass"):
-    """Differentiable selection attention (the selection branch of NSA).
+def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int = 64,
+                        block_counts: BlockCounts = None, scale: Optional[float] = None,
+                        variant: str = "two-pass") -> Tensor:
+    """Differentiable selection attention (the selection branch of NSA). docs/semantics.md.
 
     Args:
         q: [B, M, H, D] float32, float16 or bfloat16.
@@ -204,9 +332,12 @@ def selection_attention(q, k, v, block_indices, block_size=64, block_counts=None
         scale: softmax scale, default D ** -0.5.
         variant: backward variant, "two-pass" (bitwise reproducible) or "one-pass" (f32 atomics).
     Returns:
-        o: [B, M, H, Dv] in q's dtype. Backpropagating through it gives dq, dk, dv.
+        o: [B, M, H, Dv] in q's dtype. Backpropagating through it gives dq, dk, dv (only those whose inputs
+        require grad are computed); it is differentiable once (a second backward raises a RuntimeError).
+    Works under torch.compile (fullgraph), torch.export and torch.autocast (inputs cast like SDPA's).
     """
     check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
     check_variant(variant)
     idx = effective_block_indices(block_indices, block_counts)
-    return SelectionAttentionFunction.apply(q, k, v, idx, block_size, _scale_of(q, scale), variant)
+    o, _ = _fwd_op(q, k, v, idx, block_size, _scale_of(q, scale), variant)
+    return o

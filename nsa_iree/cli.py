@@ -90,9 +90,12 @@ def _cmd_inspect(args) -> int:
 
 def _cmd_bench(rest) -> int:
     """bench/bench.py of the source checkout; results go to its --out (default ./nsa_iree_results)."""
+    # The benchmarks are not part of the installed package: they need a source checkout (bench/).
     checkout = Path(__file__).resolve().parent.parent
     if not (checkout / "bench" / "bench.py").is_file():
-        raise UsageError(f"bench needs the source checkout (bench/bench.py is not beside {Path(__file__).parent})")
+        raise UsageError("bench needs a source checkout of nsa_iree (its bench/ directory is not installed): "
+                         "run it from an editable install (pip install -e .) or `python -m bench.bench` in the "
+                         "checkout")
     sys.path.insert(0, str(checkout))
     from bench.bench import main as bench_main
 

@@ -12,36 +12,9 @@ from .compiler import compile_artifact
 from .reference import selection_attention_backward_reference, selection_attention_reference
 from .selection import realistic_block_indices
 from .spec import DEMO_SPEC, VARIANTS as BACKWARD_VARIANTS
+from .testing import TOLERANCE, relative_rms_error
 
-TOLERANCE = {"f32": 1e-5, "f16": 5e-3, "bf16": 1e-2}
 _TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
-def relative_rms_error(x: torch.Tensor, ref: torch.Tensor, rms_floor: float = 0.0,
-                       chunk: int = 1 << 24) -> float:
-    """||x - ref|| / ||ref|| over the finite entries of ref (lse is -inf on empty rows; x must match there).
-
-    rms_floor bounds the denominator below by rms_floor * sqrt(n): where the exact result is zero up to
-    rounding (e.g. dq and dk of a row that sees a single key), a relative error says nothing.
-    The sums run in f64 over `chunk` elements at a time, so comparing 128k-token gradients on a GPU needs
-    no f64 copy of the whole tensors.
-    """
-    if x.shape != ref.shape:
-        raise ValueError(f"shapes differ: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
-    x, ref = x.reshape(-1), ref.reshape(-1)
-    num2 = den2 = 0.0
-    finite_count = 0
-    for start in range(0, x.numel(), chunk):
-        a, b = x[start:start + chunk].double(), ref[start:start + chunk].double()
-        finite = torch.isfinite(b)
-        if not torch.equal(torch.isfinite(a), finite) or not torch.equal(a[~finite], b[~finite]):
-            return float("inf")
-        num2 += float(((a[finite] - b[finite]) ** 2).sum())
-        den2 += float((b[finite] ** 2).sum())
-        finite_count += int(finite.sum())
-    num = num2 ** 0.5
-    den = max(den2 ** 0.5, rms_floor * finite_count ** 0.5)
-    return num / den if den > 0 else num
 
 
 def _timed(fn, repeats):
@@ -84,7 +57,7 @@ def run_demo(seq_len: int = 1024, seed: int = 0, repeats: int = 3) -> int:
     (_, dq_ref, dk_ref, dv_ref), t_ref_bwd = _timed(
         lambda: selection_attention_backward_reference(q, k, v, o_ref, lse_ref, do, idx, bs), 1)
 
-    tol = TOLERANCE[spec.dtype]
+    tol = TOLERANCE[dtype]
     checks = [(name, relative_rms_error(x, ref)) for name, x, ref in (("o", o, o_ref), ("lse", lse, lse_ref))]
     for variant, ((dq, dk, dv), _) in backward.items():
         checks += [(f"{name} ({variant})", relative_rms_error(x, ref))

@@ -1,9 +1,10 @@
 """What each kernel became on each target: one row per dispatch, read from IREE's executable dumps.
 
 gfx950 / gfx942 (the .rocmasm of the linked hsaco): codegen pipeline, workgroup size, VGPRs / AGPRs,
-scratch bytes, LDS bytes, occupancy (waves per SIMD), and counts of MFMA, global loads / stores, atomic
-adds and compare-and-swap loops. cuda (the PTX): declared registers, static shared memory, mma.sync,
-atomics. cpu (the x86 / AArch64 assembly): the widest vector register used and instruction counts.
+scratch bytes, LDS bytes, occupancy (waves per SIMD), and counts of MFMA, LDS reads (all, 8/16-bit, and
+per MFMA), global loads / stores, atomic adds and compare-and-swap loops. cuda (the PTX): declared
+registers, static shared memory, mma.sync, shared-memory reads (ld.shared and ldmatrix: all, 8/16-bit,
+per mma.sync), atomics. cpu (the x86 / AArch64 assembly): the widest vector register used and instruction counts.
 
 How to read gfx950 (CDNA4) numbers: ScratchSize 0 (no spills), MFMA in every contraction, at least
 2 waves per SIMD (512 VGPR+AGPR registers per lane are shared by the waves of a SIMD; 8 waves at most),
@@ -62,8 +63,11 @@ def _configurations(dump: Path) -> dict[str, tuple[str, str]]:
     for f in sorted(dump.glob("configured_module_*.mlir")):
         text = f.read_text()
         for m in re.finditer(r"func\.func @(\w+)\(\) attributes \{translation_info = "
-                             r"#iree_codegen\.translation_info<pipeline = (?:#iree_\w+\.pipeline<)?(\w+)([^}]*)", text):
+                             r"#iree_codegen\.translation_info<\s*pipeline = (#iree_codegen\.pass_pipeline<\"[^\"]*\">|"
+                             r"(?:#iree_\w+\.pipeline<)?\w+)([^}]*)", text):
             name, pipeline, rest = m.groups()
+            # A hand-written kernel (nsa_iree/mlir/*_kernel.mlir) names its own pass list.
+            pipeline = "hand-written" if pipeline.startswith("#iree_codegen.pass_pipeline") else pipeline.split("<")[-1]
             wg = re.search(r"workgroup_size = \[([^\]]*)\]", rest)
             out[name] = (pipeline, wg.group(1).replace(" ", "") if wg else "")
     return out
@@ -93,12 +97,21 @@ def _rocm(dump: Path, arch: str) -> list[DispatchInfo]:
         rows.append(DispatchInfo(name, pipeline, wg or str(wg_threads), {
             "vgpr": vgprs, "agpr": agprs, "scratch": scratch, "lds": lds, "waves/simd": waves,
             "mfma": _count(r"^\s+v_mfma", body),
+            **_lds_reads(_count(r"^\s+ds_read", body), _count(r"^\s+ds_read_[ui](8|16)", body),
+                         _count(r"^\s+v_mfma", body)),
             "gload": _count(r"^\s+(global|buffer)_load", body),
             "gstore": _count(r"^\s+(global|buffer)_store", body),
             "atomic_add": _count(r"^\s+(global|buffer|flat)_atomic_(pk_)?add_(f32|bf16|f16)", body),
             "cmpswap": _count(r"^\s+(global|buffer|flat)_atomic_cmpswap", body),
         }))
     return rows
+
+
+def _lds_reads(reads: int, narrow: int, matrix_ops: int) -> dict:
+    """Workgroup-memory read instructions (ds_read / ld.shared / ldmatrix), how many of them move 8 or 16
+    bits (a transposed operand read element by element), and reads per matrix instruction (static counts)."""
+    return {"lds_reads": reads, "narrow_lds": narrow,
+            "lds/mma": round(reads / matrix_ops, 2) if matrix_ops else "-"}
 
 
 def _waves_per_simd(accum_offset: int, agprs: int, lds: int, wg_threads: int, arch: str) -> int:
@@ -126,6 +139,8 @@ def _cuda(dump: Path) -> list[DispatchInfo]:
         rows.append(DispatchInfo(m.group(1), pipeline, wg, {
             "regs(declared)": regs, "shared": shared,
             "mma": _count(r"^\s+mma\.sync", body),
+            **_lds_reads(_count(r"^\s+(ld\.shared|ldmatrix)", body), _count(r"^\s+ld\.shared\.[bsu](8|16)\b", body),
+                         _count(r"^\s+mma\.sync", body)),
             "gload": _count(r"^\s+ld\.global", body), "gstore": _count(r"^\s+st\.global", body),
             "atomic_add": _count(r"^\s+(atom|red)\.[\w.]*add\.f32", body),
             "cas": _count(r"^\s+atom\.[\w.]*cas", body),

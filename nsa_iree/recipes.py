@@ -11,21 +11,28 @@ cannot render the one-pass variant. It knows nothing about torch.
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import os
 import string
-import tomllib
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, packaged as tomli (a dependency there)
+    import tomli as tomllib
 
 from .spec import TARGETS, KernelSpec
 
-PIPELINES_DIR = Path(__file__).resolve().parent / "pipelines"
+PIPELINES_DIR = importlib.resources.files(__package__) / "pipelines"   # package data
 
 
-def pipelines_dir() -> Path:
+def pipelines_dir():
     """Where recipes are read from: ``$NSA_IREE_PIPELINES_DIR`` (tuning sweeps, see bench/sweep.py) or
     ``pipelines/``. The rendered MLIR and flags key the artifact cache, so a changed recipe never reuses an
     artifact built from another one."""
-    return Path(os.environ.get("NSA_IREE_PIPELINES_DIR") or PIPELINES_DIR)
+    env = os.environ.get("NSA_IREE_PIPELINES_DIR")
+    return Path(env) if env else PIPELINES_DIR
 
 # Attribute slots the templates may use; a recipe that does not set one renders it empty.
 ATTRIBUTE_SLOTS = (
@@ -74,6 +81,25 @@ class Recipe:
     dtypes: tuple[str, ...] = ("f32", "f16", "bf16")
     block_sizes: tuple[int, ...] | None = None  # None: any block size (the CPU)
     onepass_templates: dict = dataclasses.field(default_factory=dict)
+    kernel_settings: dict = dataclasses.field(default_factory=dict)
+
+    def kernel_for(self, stage: str, spec: KernelSpec) -> str:
+        """Which implementation renders `stage` for spec: "custom" (a hand-written matrix-unit dispatch,
+        nsa_iree/mlir/<stage>_kernel.mlir) or "linalg" (the fused-region template, nsa_iree/mlir/<stage>.mlir).
+
+        The recipe's ``[kernels]`` table names the custom stages; ``$NSA_IREE_KERNELS=linalg`` turns them all
+        back to linalg (a fallback for users, and the oracle the custom kernels are checked against). A custom
+        kernel serves only the shapes it was written for (:func:`nsa_iree.fragments.custom_kernel_limits`);
+        other shapes get the linalg stage.
+        """
+        from .fragments import custom_kernel_limits
+
+        choice = os.environ.get("NSA_IREE_KERNELS", "").strip().lower()
+        if choice not in ("", "custom", "linalg"):
+            raise ValueError(f"NSA_IREE_KERNELS must be 'custom' or 'linalg', got {choice!r}")
+        if choice == "linalg" or self.kernel_settings.get(stage) != "custom":
+            return "linalg"
+        return "linalg" if custom_kernel_limits(stage, spec, self) else "custom"
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
@@ -128,4 +154,5 @@ def load_recipe(target: str) -> Recipe:
                   rows_per_piece=int(data["rows_per_piece"]),
                   attribute_templates=dict(data.get("attributes", {})), onepass_templates=dict(onepass),
                   dtypes=tuple(data.get("dtypes", ("f32", "f16", "bf16"))),
-                  block_sizes=tuple(data["block_sizes"]) if "block_sizes" in data else None)
+                  block_sizes=tuple(data["block_sizes"]) if "block_sizes" in data else None,
+                  kernel_settings=dict(data.get("kernels", {})))

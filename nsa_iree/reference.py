@@ -1,4 +1,4 @@
-"""The f64 oracle: selection attention in plain torch, straight from ../shared/docs/semantics.md.
+"""The f64 oracle: selection attention in plain torch, straight from docs/semantics.md.
 
 This module depends on torch alone and shares nothing with the compiled path, so that it stays an
 independent check of it. It is dense (it builds the [B, M, G, N] key-weight matrix), so it is meant for

@@ -8,18 +8,20 @@ values too). Nothing else in the package writes MLIR.
 
 from __future__ import annotations
 
+import importlib.resources
 import string
-from pathlib import Path
 
+from .fragments import kernel_values
 from .recipes import Recipe, load_recipe
 from .spec import KernelSpec
 
-MLIR_DIR = Path(__file__).resolve().parent / "mlir"
+# Package data, wherever the package is installed (a directory on disk for a wheel or a checkout).
+MLIR_DIR = importlib.resources.files(__package__) / "mlir"
 
 # Every variant's module: the stage templates it needs, in order (helpers first).
 STAGES = {
     "forward": ("kv_blocks", "selected_slots", "forward"),
-    "two-pass": ("kv_blocks", "selected_slots", "delta", "dq", "inversion", "dkdv"),
+    "two-pass": ("kv_blocks", "selected_slots", "delta", "dq", "inversion", "piece_sums", "dkdv"),
     "one-pass": ("delta", "onepass"),
 }
 
@@ -45,7 +47,13 @@ def template_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
     }
     values = {k: str(v) for k, v in values.items()}
     values.update(recipe.attributes(spec))
+    values.update(kernel_values(spec, recipe))
     return values
+
+
+def template_for(stage: str, spec: KernelSpec, recipe: Recipe) -> str:
+    """The template file rendering `stage`: ``<stage>_kernel`` where the recipe picks the custom kernel."""
+    return f"{stage}_kernel" if recipe.kernel_for(stage, spec) == "custom" else stage
 
 
 def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None) -> str:
@@ -62,4 +70,5 @@ def render_module(spec: KernelSpec, variant: str) -> str:
     """The whole module compiled for (spec, variant): its stage templates, rendered and concatenated."""
     recipe = load_recipe(spec.target)
     header = f"// nsa_iree: {variant} for {spec.name}\n"
-    return header + "\n".join(render_template(name, spec, recipe) for name in STAGES[variant])
+    return header + "\n".join(render_template(template_for(name, spec, recipe), spec, recipe)
+                               for name in STAGES[variant])

@@ -46,3 +46,10 @@ def realistic_block_indices(batch, m_rows, n, kv_heads, num_blocks, block_size, 
     forced = (blocks.view(1, 1, 1, -1) == 0) | (blocks.view(1, 1, 1, -1) >= last.view(1, -1, 1, 1) - 1)
     scores = torch.where(forced & torch.isfinite(scores), scores + 2.0, scores)
     return _pick(scores, num_blocks)
+
+
+def local_block_indices(batch, m_rows, n, kv_heads, num_blocks, block_size, generator=None, device="cpu"):
+    """[B, M, G, T] int32: the T most recent visible blocks of each row (a sliding window of blocks)."""
+    scores, blocks, _ = _causal_scores(batch, m_rows, n, kv_heads, block_size, generator, device)
+    recency = torch.where(torch.isfinite(scores), blocks.to(scores.dtype).expand_as(scores), scores)
+    return _pick(recency, num_blocks)

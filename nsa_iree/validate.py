@@ -27,6 +27,21 @@ def _same(name, t, expected, layout):
         raise ValueError(f"{name} must have shape {layout} = {want}, got {_shape(t)}")
 
 
+def _autocast_enabled(device: torch.device) -> bool:
+    return device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type)
+
+
+def _same_dtype(q, *named) -> None:
+    """The floating tensors share q's dtype; under torch.autocast (on their device) any of float32, float16 and
+    bfloat16 will do: the operators cast them all to the autocast dtype, as scaled_dot_product_attention does."""
+    autocast = _autocast_enabled(q.device)
+    for name, t in named:
+        if autocast and t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+        if not autocast and t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+
+
 def check_forward_inputs(q, k, v, block_indices, block_size, block_counts) -> None:
     _tensor("q", q, 4, "[B, M, H, D]")
     _tensor("k", k, 4, "[B, N, G, D]")
@@ -34,9 +49,7 @@ def check_forward_inputs(q, k, v, block_indices, block_size, block_counts) -> No
     _tensor("block_indices", block_indices, 4, "[B, M, G, T]")
     if q.dtype not in FLOAT_DTYPES:
         raise TypeError(f"q must be float32, float16 or bfloat16, got {q.dtype}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    _same_dtype(q, ("k", k), ("v", v))
     if block_indices.dtype not in INDEX_DTYPES:
         raise TypeError(f"block_indices must be int32 or int64, got {block_indices.dtype}")
     for name, t in (("k", k), ("v", v), ("block_indices", block_indices)):
@@ -83,9 +96,7 @@ def check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_
     _same("o", o, (batch, m_rows, heads, value_dim), "[B, M, H, Dv]")
     _same("do", do, (batch, m_rows, heads, value_dim), "[B, M, H, Dv]")
     _same("lse", lse, (batch, heads, m_rows), "[B, H, M]")
-    for name, t in (("o", o), ("do", do)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    _same_dtype(q, ("o", o), ("do", do))
     if lse.dtype != torch.float32:
         raise TypeError(f"lse must be float32, got {lse.dtype}")
     for name, t in (("o", o), ("lse", lse), ("do", do)):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nsa_iree
-from nsa_iree.demo import relative_rms_error
+from nsa_iree.testing import relative_rms_error
 from nsa_iree.reference import selection_attention_reference
 
 B, M, N, H, G, D, DV, BS, T = 2, 40, 56, 4, 2, 16, 8, 8, 3
@@ -255,3 +255,17 @@ def test_transient_sizes_are_queried_once_per_shape():
         assert len(dkdv) == 2 and dkdv[0] != dkdv[1], sizes
     finally:
         module.context = counting.context
+
+
+def test_import_nsa_iree_exposes_what_the_readme_uses():
+    """`import nsa_iree` alone gives the submodules and helpers the README and docs name."""
+    import subprocess
+    import sys
+
+    script = ("import nsa_iree\n"
+              "for name in nsa_iree.__all__: getattr(nsa_iree, name)\n"
+              "nsa_iree.selection.realistic_block_indices, nsa_iree.selection.uniform_block_indices\n"
+              "nsa_iree.reference.selection_attention_reference, nsa_iree.reference.key_weights\n"
+              "nsa_iree.testing.relative_rms_error, nsa_iree.testing.TOLERANCE\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -57,3 +57,11 @@ def test_sweep_variants_load_their_own_recipe(tmp_path):
     assert all("bwd_ms" in r for r in rows), rows
     assert rows[1]["difference"] < 1e-5, rows                           # (the baseline is its own reference)
     assert {key: os.environ.get(key) for key in before} == before       # the sweep leaves no variant selected
+
+
+def test_compile_check_passes_on_cpu(capsys):
+    """bench/compile_check.py (the script run on the GPU): every check passes in a tiny CPU run."""
+    from bench import compile_check
+
+    assert compile_check.main(["--device", "cpu", "--config", "tiny", "--seq", "128", "--repeats", "1"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")

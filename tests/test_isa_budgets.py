@@ -41,3 +41,27 @@ def test_gfx950_fused_regions_within_budget(config, variant):
         assert r.stats["lds"] <= LDS_BYTES["gfx950"], r
     for r in rows:
         assert r.stats["scratch"] == 0, r
+
+
+# The hand-written cuda kernels (nsa_iree/mlir/*_kernel.mlir), anchors and paper layouts:
+# every fragment read is 32 bits or wider (ldmatrix, 16-byte copies), at most 1.5 shared-memory reads per
+# mma.sync, no atomics (the two-pass backward stays bitwise reproducible). Static counts of the PTX.
+CUDA_KERNELS = {"forward": ("selection_attention_fwd_row",),
+                "two-pass": ("selection_attention_dq_row", "selection_attention_dkdv_piece")}
+CUDA_CONFIGS = {
+    "anchors_h64g4_d128": ANCHORS.replace(target="cuda"),
+    "paper_h64g4_d192": ANCHORS.replace(target="cuda", head_dim=192),
+}
+
+
+@pytest.mark.parametrize("variant", ["forward", "two-pass"])
+@pytest.mark.parametrize("config", CUDA_CONFIGS, ids=list(CUDA_CONFIGS))
+def test_cuda_kernels_feed_mma_with_wide_shared_reads(config, variant):
+    rows = {r.name: r for r in inspect_spec(CUDA_CONFIGS[config], variant)}
+    for name in CUDA_KERNELS[variant]:
+        r = rows[name]
+        assert r.pipeline == "hand-written", r
+        assert r.stats["mma"] > 0, r
+        assert r.stats["narrow_lds"] == 0, r
+        assert r.stats["lds/mma"] <= 1.5, r
+        assert r.stats["atomic_add"] == 0 and r.stats["cas"] == 0, r

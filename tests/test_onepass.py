@@ -11,7 +11,7 @@ import torch
 
 import nsa_iree
 from nsa_iree import render
-from nsa_iree.demo import relative_rms_error
+from nsa_iree.testing import relative_rms_error
 from nsa_iree.inspect import dump_executables
 from nsa_iree.recipes import load_recipe
 from nsa_iree.spec import DEMO_SPEC

@@ -75,7 +75,7 @@ def test_relative_rms_error_is_the_same_in_chunks():
     """The error measure every test uses sums in chunks; chunking must not change it, nor its checks."""
     import pytest
 
-    from nsa_iree.demo import relative_rms_error
+    from nsa_iree.testing import relative_rms_error
 
     gen = torch.Generator().manual_seed(0)
     ref = torch.randn(300, 37, generator=gen, dtype=torch.float64)

@@ -1,0 +1,270 @@
+"""Hand-written kernels against the linalg stages they replace, on the GPU.
+
+    python3 -m bench.kernel_checks check        # every case: custom dq, dk, dv vs linalg vs the f64 reference
+    python3 -m bench.kernel_checks determinism  # custom backward bitwise identical over 20 runs (16k tokens)
+    python3 -m bench.kernel_checks time [SEQ]   # dq stage and whole two-pass backward, custom vs linalg
+
+The linalg stages are the oracle: both modules come from the same checkout, the linalg one rendered with
+NSA_IREE_KERNELS=linalg (nsa_iree/recipes.py). Artifacts are compiled where the compiler is and carried
+in $NSA_IREE_CACHE_DIR (bench/run_h200.sh); `precompile` does that for every case here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+from nsa_iree.api import describe, effective_block_indices
+from nsa_iree.compiler import compile_artifact
+from nsa_iree.testing import relative_rms_error
+from nsa_iree.recipes import load_recipe
+from nsa_iree.render import template_for
+from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference
+from nsa_iree.runtime import device_for
+from nsa_iree.selection import local_block_indices, realistic_block_indices, uniform_block_indices
+from nsa_iree.spec import KernelSpec
+
+from .bench import CONFIGS
+
+_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def _cfg(heads, kv_heads, head_dim, value_dim, block_size, num_blocks, dtype="bf16"):
+    return dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, value_dim=value_dim, block_size=block_size,
+                num_blocks=num_blocks, dtype=dtype)
+
+
+# (id, layout, batch, M, N, selection, bad slots)
+CASES = [
+    ("anchors", CONFIGS["anchors"], 1, 1024, 1024, "realistic", False),
+    ("paper_d192", CONFIGS["paper"], 1, 1024, 1024, "realistic", False),
+    ("hpg16_b2_m_lt_n_bad", _cfg(16, 1, 128, 128, 64, 16), 2, 700, 1000, "realistic", True),
+    ("hpg8_bs32_f16", _cfg(32, 4, 64, 64, 32, 8, "f16"), 1, 1000, 1000, "uniform", False),
+    ("hpg4_bs128_dv64", _cfg(16, 4, 128, 64, 128, 4), 2, 900, 900, "realistic", True),
+    ("hpg1_t1", _cfg(4, 4, 64, 64, 64, 1), 1, 300, 300, "uniform", False),
+    ("hpg16_g2_t2_d64", _cfg(32, 2, 64, 64, 64, 2), 2, 513, 513, "realistic", True),
+]
+
+
+def _spec(cfg, target="cuda"):
+    return KernelSpec(target=target, **cfg)
+
+
+def _artifact(spec, variant, kernels):
+    saved = os.environ.get("NSA_IREE_KERNELS")
+    os.environ["NSA_IREE_KERNELS"] = kernels
+    try:
+        return compile_artifact(spec, variant)
+    finally:
+        if saved is None:
+            os.environ.pop("NSA_IREE_KERNELS")
+        else:
+            os.environ["NSA_IREE_KERNELS"] = saved
+
+
+def precompile():
+    """Compile every module these checks load (run where iree-compile is installed)."""
+    specs = {_spec(cfg) for _, cfg, *_ in CASES} | {_spec(CONFIGS["anchors"])}
+    for spec in sorted(specs, key=lambda s: s.name):
+        for kernels in ("custom", "linalg"):
+            for variant in ("two-pass", "forward"):
+                print(_artifact(spec, variant, kernels).path.name, flush=True)
+    print(_artifact(_spec(CONFIGS["anchors"]), "one-pass", "custom").path.name, flush=True)
+    from pathlib import Path
+
+    root = Path(".dev/variants")
+    for recipe_dir in sorted(root.iterdir()) if root.exists() else ():
+        os.environ["NSA_IREE_PIPELINES_DIR"] = str(recipe_dir)
+        for variant in ("two-pass", "forward"):
+            print(recipe_dir.name, _artifact(_spec(CONFIGS["anchors"]), variant, "custom").path.name, flush=True)
+        os.environ.pop("NSA_IREE_PIPELINES_DIR")
+
+
+def _problem(cfg, batch, m_rows, n, selection, bad, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = _DTYPES[cfg["dtype"]]
+    h, g, d, dv = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["value_dim"]
+    q = torch.randn(batch, m_rows, h, d, generator=gen, device="cuda").to(dtype)
+    k = torch.randn(batch, n, g, d, generator=gen, device="cuda").to(dtype)
+    v = torch.randn(batch, n, g, dv, generator=gen, device="cuda").to(dtype)
+    do = torch.randn(batch, m_rows, h, dv, generator=gen, device="cuda").to(dtype)
+    pick = {"realistic": realistic_block_indices, "uniform": uniform_block_indices,
+            "local": local_block_indices}[selection]
+    idx = pick(batch, m_rows, n, g, cfg["num_blocks"], cfg["block_size"], generator=gen, device="cuda")
+    if bad:
+        nb = -(-n // cfg["block_size"])
+        idx[:, :, :, -1] = -1
+        idx[:, ::3, :, 0] = nb + 5
+        idx[:, 1::3, :, 0] = -(2**31)
+        idx[:, 2::3, :, 0] = nb - 1
+    return q, k, v, do, effective_block_indices(idx, None)
+
+
+class Backward:
+    """The two-pass backward of one artifact, stage by stage (as nsa_iree.api.backward_into runs it)."""
+
+    def __init__(self, spec, kernels):
+        self.module = device_for(torch.device("cuda")).module(_artifact(spec, "two-pass", kernels).path)
+        self.forward = device_for(torch.device("cuda")).module(_artifact(spec, "forward", kernels).path)
+
+    def fwd(self, q, k, v, idx, scale, poison=False):
+        o = q.new_empty(*q.shape[:3], v.shape[3])
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+        if poison:
+            o.fill_(float("nan"))
+            lse.fill_(float("nan"))
+        self.forward.call("selection_attention_fwd", q, k, v, idx, scale, o, lse)
+        return o, lse
+
+    def delta(self, o, do):
+        return self.module.call("selection_attention_delta", o, do)[0]
+
+    def dq(self, q, k, v, idx, lse, delta, do, scale, dq):
+        self.module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
+        return dq
+
+    def bwd(self, q, k, v, o, lse, do, idx, scale, poison=False):
+        dq, dk, dv = (torch.full_like(x, float("nan")) if poison else torch.empty_like(x) for x in (q, k, v))
+        delta = self.delta(o, do)
+        self.dq(q, k, v, idx, lse, delta, do, scale, dq)
+        entries, start, count = self.module.call("invert_block_indices", idx, k.shape[1], wait_for_torch=False)
+        self.module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, start, count, scale,
+                         dk, dv, wait_for_torch=False)
+        return dq, dk, dv
+
+
+def check(seed=0):
+    """Every case: the custom backward's dq, dk, dv (outputs poisoned first) against the linalg stages and
+    the f64 reference."""
+    recipe = load_recipe("cuda")
+    for name, cfg, batch, m_rows, n, selection, bad in CASES:
+        spec = _spec(cfg)
+        custom, linalg = Backward(spec, "custom"), Backward(spec, "linalg")
+        q, k, v, do, idx = _problem(cfg, batch, m_rows, n, selection, bad, seed)
+        scale = cfg["head_dim"] ** -0.5
+        o, lse = linalg.fwd(q, k, v, idx, scale)
+        o_mine, lse_mine = custom.fwd(q, k, v, idx, scale, poison=True)
+        mine = custom.bwd(q, k, v, o, lse, do, idx, scale, poison=True)
+        theirs = linalg.bwd(q, k, v, o, lse, do, idx, scale, poison=True)
+        torch.cuda.synchronize()
+        _, *ref = selection_attention_backward_reference(q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(),
+                                                         idx.cpu(), cfg["block_size"])
+        o_ref, lse_ref = selection_attention_reference(q.cpu(), k.cpu(), v.cpu(), idx.cpu(), cfg["block_size"])
+        row = {"case": name, "kernels": [template_for(s, spec, recipe) for s in ("forward", "dq", "dkdv")]}
+        for out, a, b, r in (("o", o_mine, o, o_ref), ("lse", lse_mine, lse, lse_ref)):
+            row[f"{out}_custom_vs_linalg"] = relative_rms_error(a.float(), b.float())
+            row[f"{out}_custom_vs_f64"] = relative_rms_error(a.cpu(), r)
+            row[f"{out}_linalg_vs_f64"] = relative_rms_error(b.cpu(), r)
+        for grad, a, b, r in zip(("dq", "dk", "dv"), mine, theirs, ref):
+            row[f"{grad}_custom_vs_linalg"] = relative_rms_error(a.float(), b.float())
+            row[f"{grad}_custom_vs_f64"] = relative_rms_error(a.cpu(), r, rms_floor=1e-3)
+            row[f"{grad}_linalg_vs_f64"] = relative_rms_error(b.cpu(), r, rms_floor=1e-3)
+        row["all_written"] = all(bool(torch.isfinite(t).all()) for t in (*mine, o_mine)) and bool(
+            (torch.isfinite(lse_mine) | (lse_mine == float("-inf"))).all())
+        print(json.dumps(row), flush=True)
+
+
+def determinism(repeats=20):
+    cfg = CONFIGS["anchors"]
+    custom = Backward(_spec(cfg), "custom")
+    q, k, v, do, idx = _problem(cfg, 1, 16384, 16384, "realistic", False, 1)
+    scale = cfg["head_dim"] ** -0.5
+    o, lse = custom.fwd(q, k, v, idx, scale)
+    first = [x.clone() for x in custom.bwd(q, k, v, o, lse, do, idx, scale)]
+    same = sum(all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                   for a, b in zip(first, custom.bwd(q, k, v, o, lse, do, idx, scale)))
+               for _ in range(repeats))
+    print(json.dumps({"custom_backward_identical_runs": f"{same}/{repeats}"}), flush=True)
+
+
+def _median_ms(fn, repeats=10, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def time(seqs=(65536,), selections=("realistic", "uniform", "local")):
+    cfg = CONFIGS["anchors"]
+    spec = _spec(cfg)
+    impls = {"custom": Backward(spec, "custom"), "linalg": Backward(spec, "linalg")}
+    for seq in seqs:
+        for selection in selections:
+            q, k, v, do, idx = _problem(cfg, 1, seq, seq, selection, False, 2)
+            scale = cfg["head_dim"] ** -0.5
+            o, lse = impls["linalg"].fwd(q, k, v, idx, scale)
+            row = {"seq": seq, "selection": selection}
+            outs = {}
+            for name, impl in impls.items():
+                row[f"fwd_ms_{name}"] = _median_ms(lambda: impl.fwd(q, k, v, idx, scale))
+                delta = impl.delta(o, do)
+                dq = torch.empty_like(q)
+                row[f"dq_ms_{name}"] = _median_ms(lambda: impl.dq(q, k, v, idx, lse, delta, do, scale, dq))
+                row[f"bwd_ms_{name}"] = _median_ms(lambda: impl.bwd(q, k, v, o, lse, do, idx, scale))
+                outs[name] = impl.bwd(q, k, v, o, lse, do, idx, scale)
+            torch.cuda.synchronize()
+            row["dq_custom_vs_linalg"] = relative_rms_error(outs["custom"][0].float(), outs["linalg"][0].float())
+            o_custom, lse_custom = impls["custom"].fwd(q, k, v, idx, scale)
+            row["o_custom_vs_linalg"] = relative_rms_error(o_custom.float(), o.float())
+            row["lse_custom_vs_linalg"] = relative_rms_error(lse_custom, lse)
+            for i, grad in ((1, "dk"), (2, "dv")):
+                row[f"{grad}_custom_vs_linalg"] = relative_rms_error(outs["custom"][i].float(), outs["linalg"][i].float())
+            print(json.dumps(row), flush=True)
+            del q, k, v, do, idx, o, lse, outs
+            torch.cuda.empty_cache()
+
+
+def variants(root=".dev/variants", seq=65536, selections=("realistic", "uniform", "local")):
+    """Time the custom backward of each recipe variant under `root` (one directory each, holding a cuda.toml;
+    loaded through $NSA_IREE_PIPELINES_DIR), in one process. The first variant is also profiled per kernel."""
+    from pathlib import Path
+
+    cfg = CONFIGS["anchors"]
+    spec = _spec(cfg)
+    names = sorted(p.name for p in Path(root).iterdir() if (p / "cuda.toml").exists())
+    impls = {}
+    for name in names:
+        os.environ["NSA_IREE_PIPELINES_DIR"] = str(Path(root) / name)
+        impls[name] = Backward(spec, "custom")
+    os.environ.pop("NSA_IREE_PIPELINES_DIR", None)
+    for selection in selections:
+        q, k, v, do, idx = _problem(cfg, 1, seq, seq, selection, False, 2)
+        scale = cfg["head_dim"] ** -0.5
+        o, lse = next(iter(impls.values())).fwd(q, k, v, idx, scale)
+        row = {"seq": seq, "selection": selection}
+        for name, impl in impls.items():
+            delta = impl.delta(o, do)
+            dq = torch.empty_like(q)
+            row[f"{name}_dq_ms"] = round(_median_ms(lambda: impl.dq(q, k, v, idx, lse, delta, do, scale, dq)), 2)
+            row[f"{name}_bwd_ms"] = round(_median_ms(lambda: impl.bwd(q, k, v, o, lse, do, idx, scale)), 2)
+        print(json.dumps(row), flush=True)
+        if selection == selections[0]:
+            impl = impls[names[0]]
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                impl.bwd(q, k, v, o, lse, do, idx, scale)
+                torch.cuda.synchronize()
+            kernels = sorted(((e.key, e.device_time_total / 1e3) for e in prof.key_averages() if e.device_time_total > 0),
+                             key=lambda r: -r[1])
+            print(json.dumps({"profile": names[0], "kernels_ms": [(key[:60], round(ms, 2)) for key, ms in kernels]}),
+                  flush=True)
+        del q, k, v, do, idx, o, lse
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    what = sys.argv[1]
+    args = [int(a) for a in sys.argv[2:]]
+    {"precompile": precompile, "check": check, "determinism": determinism,
+     "time": lambda: time(tuple(args) or (65536,)), "variants": variants}[what]()

@@ -1,0 +1,184 @@
+"""Matrix-unit fragments of the hand-written kernels, and the values their templates are rendered with.
+
+A hand-written kernel (``nsa_iree/mlir/*_kernel.mlir``) does its products with ``iree_codegen.inner_tiled``
+on per-lane fragments and loads those fragments itself, so it must know which element of each operand tile
+every lane holds. That placement is IREE's, per intrinsic: :data:`LAYOUTS` writes it down for the intrinsics
+the kernels use, in IREE's own terms (per tile dimension: ``outer`` repeats, ``thread`` lanes with lane
+strides ``tstrides``, ``element`` contiguous values per lane), and ``tests/test_fragments.py`` pins each
+entry against ``iree_gpu.get_single_subgroup_layout`` of the installed compiler. :func:`element_position`
+says where element ``i`` of lane ``lane``'s fragment sits in the tile; the templates' comments spell the
+same placement out for the shapes they use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from .spec import KernelSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandLayout:
+    """IREE's single-subgroup layout of one operand tile (2-d: rows, columns)."""
+
+    outer: tuple[int, int]
+    thread: tuple[int, int]
+    tstrides: tuple[int, int]
+    element: tuple[int, int]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(o * t * e for o, t, e in zip(self.outer, self.thread, self.element))
+
+    @property
+    def fragment_size(self) -> int:
+        return self.outer[0] * self.outer[1] * self.element[0] * self.element[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class MMAKind:
+    """An intrinsic's tile shape (M, N, K), its lanes, and the layouts of lhs (M x K), rhs (K x N), acc (M x N)."""
+
+    name: str
+    mnk: tuple[int, int, int]
+    subgroup_size: int
+    lhs: OperandLayout
+    rhs: OperandLayout
+    acc: OperandLayout
+
+
+_NV = dict(mnk=(16, 8, 16), subgroup_size=32,
+           lhs=OperandLayout(outer=(2, 2), thread=(8, 4), tstrides=(4, 1), element=(1, 2)),
+           rhs=OperandLayout(outer=(2, 1), thread=(4, 8), tstrides=(1, 4), element=(2, 1)),
+           acc=OperandLayout(outer=(2, 1), thread=(8, 4), tstrides=(4, 1), element=(1, 2)))
+_MFMA_16x16x32 = dict(mnk=(16, 16, 32), subgroup_size=64,
+                      lhs=OperandLayout(outer=(1, 1), thread=(16, 4), tstrides=(1, 16), element=(1, 8)),
+                      rhs=OperandLayout(outer=(1, 1), thread=(4, 16), tstrides=(16, 1), element=(8, 1)),
+                      acc=OperandLayout(outer=(1, 1), thread=(4, 16), tstrides=(16, 1), element=(4, 1)))
+
+LAYOUTS: dict[str, MMAKind] = {
+    name: MMAKind(name=name, **table)
+    for name, table in (("NV_MMA_SYNC_F32_16x8x16_BF16", _NV), ("NV_MMA_SYNC_F32_16x8x16_F16", _NV),
+                        ("MFMA_F32_16x16x32_BF16", _MFMA_16x16x32), ("MFMA_F32_16x16x32_F16", _MFMA_16x16x32))
+}
+
+
+def element_position(layout: OperandLayout, lane: int, index: int) -> tuple[int, int]:
+    """(row, column) in the operand tile of element ``index`` of lane ``lane``'s flat fragment.
+
+    The fragment is IREE's distributed vector: the outer repeats, then the per-lane elements, each in
+    row-major order (``[outer_row, outer_col, element_row, element_col]`` flattened).
+    """
+    o_rows, o_cols = layout.outer
+    e_rows, e_cols = layout.element
+    outer_row, outer_col, element_row, element_col = _unflatten(index, (o_rows, o_cols, e_rows, e_cols))
+    position = []
+    for dim, (o, e) in enumerate(((outer_row, element_row), (outer_col, element_col))):
+        t = (lane // layout.tstrides[dim]) % layout.thread[dim]
+        position.append(o * layout.thread[dim] * layout.element[dim] + t * layout.element[dim] + e)
+    return position[0], position[1]
+
+
+def _unflatten(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for size in reversed(shape):
+        out.append(index % size)
+        index //= size
+    return tuple(reversed(out))
+
+
+def covers_tile(layout: OperandLayout, subgroup_size: int) -> bool:
+    """Every element of the tile is held by exactly one (lane, index): the table describes a placement."""
+    seen = [element_position(layout, lane, i)
+            for lane, i in itertools.product(range(subgroup_size), range(layout.fragment_size))]
+    rows, cols = layout.shape
+    return sorted(seen) == [(r, c) for r in range(rows) for c in range(cols)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The backward kernels (nsa_iree/mlir/dq_kernel.mlir, nsa_iree/mlir/dkdv_kernel.mlir)
+
+KEYS_PER_SUBGROUP = 16   # each subgroup owns 16 keys of every block (two 8-key column tiles of s)
+HEAD_ROWS = 16           # one 16-row lhs tile holds the heads of a group (padded when HPG < 16)
+PAD = 8                  # elements added to every workgroup-memory row (32-bit fragment reads on 32 banks)
+
+
+def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
+    """Why the custom kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
+    if stage not in ("forward", "dq", "dkdv"):
+        return [f"no custom kernel for stage {stage!r}"]
+    why = []
+    kind = recipe.kernel_settings.get("mma_kind", "")
+    if spec.dtype not in ("bf16", "f16"):
+        why.append("dtype is not bf16 or f16")
+    layout = LAYOUTS.get(string_template_name(kind, spec))
+    if layout is None:
+        why.append(f"no fragment table for {kind!r}")
+    elif layout.mnk != (16, 8, 16):
+        # The template's fragment loads and its ds re-tiling are written for this placement; the MFMA one
+        # (keys as the M dimension, s^T = k q^T) is a different text not written yet.
+        why.append(f"dq_kernel.mlir is written for 16x8x16 fragments, not {layout.name}")
+    if spec.heads_per_group > HEAD_ROWS:
+        why.append(f"more than {HEAD_ROWS} heads per group")
+    if spec.head_dim % 16 or spec.value_dim % 16:
+        why.append("D or Dv not a multiple of 16")
+    if spec.block_size % KEYS_PER_SUBGROUP or spec.block_size // KEYS_PER_SUBGROUP > 8:
+        why.append(f"BS not a multiple of {KEYS_PER_SUBGROUP} up to {8 * KEYS_PER_SUBGROUP}")
+    limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
+    need = workgroup_memory(stage, spec, recipe)
+    if limit and need > limit:
+        why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
+    return why
+
+
+def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
+    """Bytes of workgroup memory the kernel of `stage` allocates for spec (16-bit elements)."""
+    d, dv, bs = spec.head_dim + PAD, spec.value_dim + PAD, spec.block_size
+    if stage in ("dq", "forward"):
+        stages = int(recipe.kernel_settings.get("dq_stages", 2))
+        if stage == "forward":
+            subgroups = bs // KEYS_PER_SUBGROUP
+            return max(stages * bs * (d + dv) * 2, subgroups * HEAD_ROWS * (spec.value_dim + 2) * 4)
+        return stages * bs * (d + dv) * 2 + HEAD_ROWS * dv * 2
+    stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
+    return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 3 * recipe.rows_per_piece * 4
+
+
+def string_template_name(kind: str, spec: KernelSpec) -> str:
+    return kind.replace("${MMA_DTYPE}", spec.dtype.upper())
+
+
+def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
+    """Substitutions of the hand-written kernels beyond the common ones (render.template_values)."""
+    kind = LAYOUTS.get(string_template_name(recipe.kernel_settings.get("mma_kind", ""), spec))
+    if kind is None:
+        return {}
+    subgroups = spec.block_size // KEYS_PER_SUBGROUP
+    # Workgroup-memory buffers of the asynchronous copies: the copies of step t + STAGES - 1 are in flight
+    # while step t computes.
+    dq_stages = int(recipe.kernel_settings.get("dq_stages", 2))
+    dkdv_stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
+    d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
+    dq_k_bytes = dq_stages * bs * (d + PAD) * 2          # 16-bit elements
+    dq_v_bytes = dq_stages * bs * (dv + PAD) * 2
+    values = {
+        "MMA_KIND": kind.name, "SUBGROUP_SIZE": kind.subgroup_size, "SUBGROUPS": subgroups,
+        "LANES": subgroups * kind.subgroup_size,
+        "D_PADDED": d + PAD, "DV_PADDED": dv + PAD, 
+        "DQ_STAGES": dq_stages, "DQ_STAGES_MINUS_1": dq_stages - 1, "T_PLUS_DQ_LAG": spec.num_blocks + dq_stages - 1,
+        "DKDV_STAGES": dkdv_stages, "DKDV_STAGES_MINUS_1": dkdv_stages - 1,
+        "ROWS_PER_PIECE_PLUS_DKDV_LAG": recipe.rows_per_piece + dkdv_stages - 1,
+        "DQ_K_BYTES": dq_k_bytes, "DQ_KV_BYTES": dq_k_bytes + dq_v_bytes,
+        "DQ_SMEM_BYTES": dq_k_bytes + dq_v_bytes + HEAD_ROWS * (dv + PAD) * 2,
+        # The forward kernel: after its loop the K/V bytes hold each subgroup's o [16, Dv], max and sum.
+        "FWD_O_PARTS_BYTES": subgroups * HEAD_ROWS * dv * 4,
+        "FWD_O_PARTS_STATS_BYTES": subgroups * HEAD_ROWS * (dv + 1) * 4,
+        "FWD_SMEM_BYTES": max(dq_k_bytes + dq_v_bytes, subgroups * HEAD_ROWS * (dv + 2) * 4),
+        "FWD_O_ITEMS": spec.heads_per_group * dv,
+        "D_CHUNKS": d // 8, "DV_CHUNKS": dv // 8, "K_STAGE_ITEMS": bs * (d // 8), "V_STAGE_ITEMS": bs * (dv // 8),
+        "D_STEPS": d // kind.mnk[2], "DV_STEPS": dv // kind.mnk[2], "D_TILES": d // kind.mnk[1],
+        "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,
+        "Q_STAGE_ITEMS": HEAD_ROWS * (d // 8), "DO_STAGE_ITEMS": HEAD_ROWS * (dv // 8),
+    }
+    return {key: str(value) for key, value in values.items()}

@@ -1,0 +1,519 @@
+// dk/dv pass as one hand-written matrix-unit kernel: one workgroup per piece of @invert_block_indices
+// (up to ROWS_PER_PIECE query rows that selected one kv block), dk and dv of the piece accumulated together.
+//
+// The block's K and V rows are staged once into workgroup memory; the piece's rows follow one at a time
+// (their HPG heads of q and do, lse and delta), double-buffered with asynchronous copies so that the next
+// row loads while this one is computed. Subgroup w owns keys [16 w, 16 w + 16) of the block; for each row,
+// on the matrix units, with the 16 heads of the row as the 16 "query vectors":
+//   s^T  = k q^T        lhs k [16 keys x D]        rhs q^T [D x 16 heads]   (ldmatrix from the tiles)
+//   dp^T = v do^T       lhs v [16 keys x Dv]       rhs do^T [Dv x 16 heads]
+//   p^T  = w exp(scale s^T - lse), ds^T = scale p^T (dp^T - delta)   (w: how often the row lists the block;
+//          0 for keys past the row's last visible key and for padding heads past HPG)
+//   dv  += p^T do       lhs p^T [16 keys x 16 heads] (the s^T accumulators re-tiled in registers)
+//   dk  += ds^T q       lhs ds^T                       rhs q [16 heads x D] (ldmatrix .trans)
+// 4 products per row instead of the 5 of the two linalg regions (which each recomputed s). Each subgroup
+// writes its [16 keys, D] and [16 keys, Dv] f32 partials of the piece once; @dkdv_piece_sums adds the
+// pieces of a block in piece order, so dk and dv stay bitwise reproducible.
+//
+// Fragments are those of dq_kernel.mlir (${MMA_KIND}, IREE's placement, nsa_iree/fragments.py): the
+// accumulator element [tile][o][e] of s^T is (key 8 o + r, head 8 tile + 2 c + e) with r = lane / 4,
+// c = lane % 4, which is element [2 o + tile][e] of the lhs fragment of p^T do and ds^T q.
+
+// Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
+#dkdv_kernel_layout = #hal.pipeline.layout<constants = 5, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // entries [pieces, ROWS_PER_PIECE, 2] i32
+  #hal.pipeline.binding<storage_buffer>,            // dk pieces [pieces, BS, D] f32
+  #hal.pipeline.binding<storage_buffer>             // dv pieces [pieces, BS, Dv] f32
+]>
+
+!dkv_q = memref<?x?x${H}x${D}x${E}>
+!dkv_k = memref<?x?x${G}x${D}x${E}>
+!dkv_v = memref<?x?x${G}x${DV}x${E}>
+!dkv_do = memref<?x?x${H}x${DV}x${E}>
+!dkv_entries = memref<?x${ROWS_PER_PIECE}x2xi32>
+!dkv_dk_pieces = memref<?x${BS}x${D}xf32>
+!dkv_dv_pieces = memref<?x${BS}x${DV}xf32>
+// Workgroup tiles: the block's K and V rows, two row buffers of q and do heads (16 rows each, padding heads
+// zero-filled), the rows' lse and delta, and per piece row: its row group, weight and last visible key.
+!dkv_k_tile = memref<${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_v_tile = memref<${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_q_rows = memref<${DKDV_STAGES}x16x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_do_rows = memref<${DKDV_STAGES}x16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_stats = memref<${DKDV_STAGES}x16xf32, #gpu.address_space<workgroup>>
+!dkv_row_i32 = memref<${ROWS_PER_PIECE}xi32, #gpu.address_space<workgroup>>
+!dkv_row_f32 = memref<${ROWS_PER_PIECE}xf32, #gpu.address_space<workgroup>>
+// Per-lane fragments.
+!dkv_k_frags = vector<1x${D_STEPS}x4x2x${E}>
+!dkv_v_frags = vector<1x${DV_STEPS}x4x2x${E}>
+!dkv_rhs_step = vector<1x2x2x2x${E}>
+!dkv_scores = vector<1x2x2x2xf32>
+!dkv_lhs = vector<1x1x4x2x${E}>
+!dkv_dk_acc = vector<1x${D_TILES}x2x2xf32>
+!dkv_dv_acc = vector<1x${DV_TILES}x2x2xf32>
+
+#dkv_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
+
+hal.executable.source private @selection_attention_dkdv_kernel_exe {
+  hal.executable.export public @selection_attention_dkdv_piece ordinal(0) layout(#dkdv_kernel_layout)
+      count(%device: !hal.device, %pieces: index) -> (index, index, index) {
+    %c1 = arith.constant 1 : index
+    hal.return %pieces, %c1, %c1 : index, index, index
+  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_dkdv_piece() attributes {translation_info = #iree_codegen.translation_info<
+        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
+        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %c4 = arith.constant 4 : index
+      %c8 = arith.constant 8 : index
+      %c16 = arith.constant 16 : index
+      %c0_i32 = arith.constant 0 : i32
+      %minus_one = arith.constant -1 : i32
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %heads_per_group = arith.constant ${HPG} : index
+      %block_size = arith.constant ${BS} : index
+      %kv_heads = arith.constant ${G} : index
+      %slots = arith.constant ${T} : index
+      %rows = arith.constant ${ROWS_PER_PIECE} : index
+      %steps = arith.constant ${ROWS_PER_PIECE_PLUS_DKDV_LAG} : index
+      %stages = arith.constant ${DKDV_STAGES} : index
+      %lag = arith.constant ${DKDV_STAGES_MINUS_1} : index
+      %lanes = arith.constant ${LANES} : index
+      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
+      %k_chunks = arith.constant ${D_CHUNKS} : index
+      %v_chunks = arith.constant ${DV_CHUNKS} : index
+      %k_items = arith.constant ${K_STAGE_ITEMS} : index
+      %v_items = arith.constant ${V_STAGE_ITEMS} : index
+      %q_items = arith.constant ${Q_STAGE_ITEMS} : index
+      %do_items = arith.constant ${DO_STAGE_ITEMS} : index
+      %d_steps = arith.constant ${D_STEPS} : index
+      %dv_steps = arith.constant ${DV_STEPS} : index
+      %d_tiles = arith.constant ${D_TILES} : index
+      %dv_tiles = arith.constant ${DV_TILES} : index
+
+      %piece = hal.interface.workgroup.id[0] : index
+      %batch_i32 = hal.interface.constant.load layout(#dkdv_kernel_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#dkdv_kernel_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#dkdv_kernel_layout) ordinal(2) : i32
+      %scale_bits = hal.interface.constant.load layout(#dkdv_kernel_layout) ordinal(3) : i32
+      %pieces_i32 = hal.interface.constant.load layout(#dkdv_kernel_layout) ordinal(4) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %scale = arith.bitcast %scale_bits : i32 to f32
+      %pieces = arith.index_castui %pieces_i32 : i32 to index
+
+      %q = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_q{%batch, %m_rows}
+      %k = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_k{%batch, %n}
+      %v = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_v{%batch, %n}
+      %block_indices = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+      %delta = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}xf32>{%batch, %m_rows}
+      %do = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_do{%batch, %m_rows}
+      %entries = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(7) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_entries{%pieces}
+      %dk_pieces = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(8) alignment(64) offset(%c0)
+          : !dkv_dk_pieces{%pieces}
+      %dv_pieces = hal.interface.binding.subspan layout(#dkdv_kernel_layout) binding(9) alignment(64) offset(%c0)
+          : !dkv_dv_pieces{%pieces}
+
+      // A padding piece (no rows) is never read by the piece sums: nothing to do. Uniform per workgroup.
+      %first_row_i32 = memref.load %entries[%piece, %c0, %c0] : !dkv_entries
+      %piece_used = arith.cmpi sge, %first_row_i32, %c0_i32 : i32
+      scf.if %piece_used {
+        %k_tile = memref.alloc() : !dkv_k_tile
+        %v_tile = memref.alloc() : !dkv_v_tile
+        %q_rows = memref.alloc() : !dkv_q_rows
+        %do_rows = memref.alloc() : !dkv_do_rows
+        %lse_rows = memref.alloc() : !dkv_stats
+        %delta_rows = memref.alloc() : !dkv_stats
+        %row_m = memref.alloc() : !dkv_row_i32
+        %row_last = memref.alloc() : !dkv_row_i32
+        %row_weight = memref.alloc() : !dkv_row_f32
+
+        %tid = gpu.thread_id x
+        %subgroup = arith.divui %tid, %subgroup_size : index
+        %lane = arith.remui %tid, %subgroup_size : index
+        %r = arith.divui %lane, %c4 : index
+        %c = arith.remui %lane, %c4 : index
+        %c2x = arith.muli %c, %c2 : index
+        %key_base = arith.muli %subgroup, %c16 : index
+
+        // The piece's flat block fb = (b * G + g) * NB + i.
+        %num_blocks = arith.ceildivui %n, %block_size : index
+        %fb_i32 = memref.load %entries[%piece, %c0, %c1] : !dkv_entries
+        %fb = arith.index_castui %fb_i32 : i32 to index
+        %block = arith.remui %fb, %num_blocks : index
+        %bg = arith.divui %fb, %num_blocks : index
+        %g = arith.remui %bg, %kv_heads : index
+        %b = arith.divui %bg, %kv_heads : index
+        %block_i32 = arith.index_castui %block : index to i32
+        %key0 = arith.muli %block, %block_size : index
+        %h0 = arith.muli %g, %heads_per_group : index
+        %offset = arith.subi %n, %m_rows : index
+
+        // Per piece row: its query row m (-1: padding), the last visible key of the block for it, and its
+        // weight (how many of its slots name the block; the inversion lists the row once).
+        scf.for %row = %tid to %rows step %lanes {
+          %c_i32 = memref.load %entries[%piece, %row, %c0] : !dkv_entries
+          %used = arith.cmpi sge, %c_i32, %c0_i32 : i32
+          %c_safe_i32 = arith.maxsi %c_i32, %c0_i32 : i32
+          %c_row = arith.index_castui %c_safe_i32 : i32 to index
+          %bm = arith.divui %c_row, %kv_heads : index
+          %m = arith.remui %bm, %m_rows : index
+          %pos = arith.addi %m, %offset : index
+          %last = arith.subi %pos, %key0 : index
+          %last_i32 = arith.index_cast %last : index to i32
+          %weight = scf.for %t = %c0 to %slots step %c1 iter_args(%acc = %zero) -> (f32) {
+            %listed = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+            %same = arith.cmpi eq, %listed, %block_i32 : i32
+            %inc = arith.select %same, %one, %zero : f32
+            %next = arith.addf %acc, %inc : f32
+            scf.yield %next : f32
+          } {unroll_loop}
+          %m_i32 = arith.index_cast %m : index to i32
+          %m_or_none = arith.select %used, %m_i32, %minus_one : i32
+          memref.store %m_or_none, %row_m[%row] : !dkv_row_i32
+          memref.store %last_i32, %row_last[%row] : !dkv_row_i32
+          memref.store %weight, %row_weight[%row] : !dkv_row_f32
+        }
+
+        // The block's K and V rows (keys past N zero-filled, never read).
+        %in_range = arith.subi %n, %key0 : index
+        scf.for %item = %tid to %k_items step %lanes {
+          %chunk = arith.remui %item, %k_chunks : index
+          %j = arith.divui %item, %k_chunks : index
+          %d0 = arith.muli %chunk, %c8 : index
+          %exists = arith.cmpi slt, %j, %in_range : index
+          %count = arith.select %exists, %c8, %c0 : index
+          %key_j = arith.addi %key0, %j : index
+          %key = arith.select %exists, %key_j, %key0 : index
+          %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_tile[%j, %d0], 8, %count : !dkv_k to !dkv_k_tile
+        }
+        scf.for %item = %tid to %v_items step %lanes {
+          %chunk = arith.remui %item, %v_chunks : index
+          %j = arith.divui %item, %v_chunks : index
+          %e0 = arith.muli %chunk, %c8 : index
+          %exists = arith.cmpi slt, %j, %in_range : index
+          %count = arith.select %exists, %c8, %c0 : index
+          %key_j = arith.addi %key0, %j : index
+          %key = arith.select %exists, %key_j, %key0 : index
+          %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_tile[%j, %e0], 8, %count : !dkv_v to !dkv_v_tile
+        }
+        nvvm.cp.async.commit.group
+        nvvm.cp.async.wait.group 0
+        gpu.barrier
+
+        // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
+        %matrix = arith.divui %lane, %c8 : index
+        %matrix_row = arith.remui %lane, %c8 : index
+        %matrix_lo = arith.remui %matrix, %c2 : index
+        %matrix_hi = arith.divui %matrix, %c2 : index
+        %lo8 = arith.muli %matrix_lo, %c8 : index
+        %hi8 = arith.muli %matrix_hi, %c8 : index
+        %hi_row = arith.addi %hi8, %matrix_row : index
+        %lo_row = arith.addi %lo8, %matrix_row : index
+        %tile_row = arith.addi %key_base, %hi_row : index
+
+        // This subgroup's 16 keys of K and V as lhs fragments, read once: matrix q = (rows 8 (q / 2),
+        // columns 8 (q mod 2)) is fragment element [q].
+        %kf_init = arith.constant dense<0.0> : !dkv_k_frags
+        %k_frags = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %kf_init) -> (!dkv_k_frags) {
+          %col0 = arith.muli %s, %c16 : index
+          %col = arith.addi %col0, %lo8 : index
+          %x = nvgpu.ldmatrix %k_tile[%tile_row, %col] numTiles = 4 transpose = false : !dkv_k_tile -> vector<4x2x${E}>
+          %next = vector.insert %x, %acc[0, %s] : vector<4x2x${E}> into !dkv_k_frags
+          scf.yield %next : !dkv_k_frags
+        } {unroll_loop}
+        %vf_init = arith.constant dense<0.0> : !dkv_v_frags
+        %v_frags = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %vf_init) -> (!dkv_v_frags) {
+          %col0 = arith.muli %s, %c16 : index
+          %col = arith.addi %col0, %lo8 : index
+          %x = nvgpu.ldmatrix %v_tile[%tile_row, %col] numTiles = 4 transpose = false : !dkv_v_tile -> vector<4x2x${E}>
+          %next = vector.insert %x, %acc[0, %s] : vector<4x2x${E}> into !dkv_v_frags
+          scf.yield %next : !dkv_v_frags
+        } {unroll_loop}
+
+        // Iteration t stages piece row t into buffer t mod 2 (empty group for a padding row or t = R) and
+        // computes row t - 1 from the other buffer meanwhile.
+        %dk_init = arith.constant dense<0.0> : !dkv_dk_acc
+        %dv_init = arith.constant dense<0.0> : !dkv_dv_acc
+        %dk_acc, %dv_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dk_iter = %dk_init, %dv_iter = %dv_init)
+            -> (!dkv_dk_acc, !dkv_dv_acc) {
+          %stage_buffer = arith.remui %t, %stages : index
+          %t_in_range = arith.cmpi ult, %t, %rows : index
+          %t_safe = arith.select %t_in_range, %t, %c0 : index
+          %stage_m_i32 = memref.load %row_m[%t_safe] : !dkv_row_i32
+          %stage_used = arith.cmpi sge, %stage_m_i32, %c0_i32 : i32
+          %stage = arith.andi %t_in_range, %stage_used : i1
+          scf.if %stage {
+            %m = arith.index_castui %stage_m_i32 : i32 to index
+            // Heads h < HPG of the row; the padding heads' rows are zero-filled.
+            scf.for %item = %tid to %q_items step %lanes {
+              %chunk = arith.remui %item, %k_chunks : index
+              %h = arith.divui %item, %k_chunks : index
+              %d0 = arith.muli %chunk, %c8 : index
+              %real = arith.cmpi ult, %h, %heads_per_group : index
+              %count = arith.select %real, %c8, %c0 : index
+              %head_h = arith.addi %h0, %h : index
+              %head = arith.select %real, %head_h, %h0 : index
+              %copy = nvgpu.device_async_copy %q[%b, %m, %head, %d0], %q_rows[%stage_buffer, %h, %d0], 8, %count
+                  : !dkv_q to !dkv_q_rows
+            }
+            scf.for %item = %tid to %do_items step %lanes {
+              %chunk = arith.remui %item, %v_chunks : index
+              %h = arith.divui %item, %v_chunks : index
+              %e0 = arith.muli %chunk, %c8 : index
+              %real = arith.cmpi ult, %h, %heads_per_group : index
+              %count = arith.select %real, %c8, %c0 : index
+              %head_h = arith.addi %h0, %h : index
+              %head = arith.select %real, %head_h, %h0 : index
+              %copy = nvgpu.device_async_copy %do[%b, %m, %head, %e0], %do_rows[%stage_buffer, %h, %e0], 8, %count
+                  : !dkv_do to !dkv_do_rows
+            }
+            %is_lse_lane = arith.cmpi ult, %tid, %heads_per_group : index
+            scf.if %is_lse_lane {
+              %head = arith.addi %h0, %tid : index
+              %copy_l = nvgpu.device_async_copy %lse[%b, %head, %m], %lse_rows[%stage_buffer, %tid], 1
+                  : memref<?x${H}x?xf32> to !dkv_stats
+              %copy_d = nvgpu.device_async_copy %delta[%b, %m, %head], %delta_rows[%stage_buffer, %tid], 1
+                  : memref<?x?x${H}xf32> to !dkv_stats
+            }
+          }
+          nvvm.cp.async.commit.group
+          nvvm.cp.async.wait.group ${DKDV_STAGES_MINUS_1}
+          gpu.barrier
+
+          %has_previous = arith.cmpi uge, %t, %lag : index
+          %previous = arith.select %has_previous, %t, %lag : index
+          %row = arith.subi %previous, %lag : index
+          %buffer = arith.remui %row, %stages : index
+          %row_m_i32 = memref.load %row_m[%row] : !dkv_row_i32
+          %row_used = arith.cmpi sge, %row_m_i32, %c0_i32 : i32
+          %compute = arith.andi %row_used, %has_previous : i1
+          %dk_next, %dv_next = scf.if %compute -> (!dkv_dk_acc, !dkv_dv_acc) {
+            %last_i32 = memref.load %row_last[%row] : !dkv_row_i32
+            %last = arith.index_cast %last_i32 : i32 to index
+            %weight = memref.load %row_weight[%row] : !dkv_row_f32
+
+            // s^T and dp^T, one 16-column step at a time (one ldmatrix of q or do rows gives the two rhs
+            // fragments: matrix q is head tile q / 2, k' = q mod 2), so one step's fragments are live at once.
+            %scores_zero = arith.constant dense<0.0> : !dkv_scores
+            %st = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
+              %col0 = arith.muli %s, %c16 : index
+              %col = arith.addi %col0, %lo8 : index
+              %x = nvgpu.ldmatrix %q_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
+                  : !dkv_q_rows -> vector<4x2x${E}>
+              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
+              %lhs0 = vector.extract %k_frags[0, %s] : vector<4x2x${E}> from !dkv_k_frags
+              %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dkv_lhs
+              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
+              scf.yield %next : !dkv_scores
+            } {unroll_loop}
+            %dpt = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
+              %col0 = arith.muli %s, %c16 : index
+              %col = arith.addi %col0, %lo8 : index
+              %x = nvgpu.ldmatrix %do_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
+                  : !dkv_do_rows -> vector<4x2x${E}>
+              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
+              %lhs0 = vector.extract %v_frags[0, %s] : vector<4x2x${E}> from !dkv_v_frags
+              %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dkv_lhs
+              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
+              scf.yield %next : !dkv_scores
+            } {unroll_loop}
+
+            // p^T and ds^T element by element: [tile][o][e] is key key_base + 8 o + r, head 8 tile + 2 c + e,
+            // and goes to element [2 o + tile][e] of the lhs fragments.
+            %lhs_zero = arith.constant dense<0.0> : !dkv_lhs
+            %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
+            %pt, %dst = scf.for %tile = %c0 to %c2 step %c1 iter_args(%p_acc = %lhs_zero, %ds_acc = %lhs_zero)
+                -> (!dkv_lhs, !dkv_lhs) {
+              %p_o, %ds_o = scf.for %o = %c0 to %c2 step %c1 iter_args(%p_acc2 = %p_acc, %ds_acc2 = %ds_acc)
+                  -> (!dkv_lhs, !dkv_lhs) {
+                %o8 = arith.muli %o, %c8 : index
+                %j0 = arith.addi %key_base, %o8 : index
+                %j = arith.addi %j0, %r : index
+                %key_visible = arith.cmpi sle, %j, %last : index
+                %p_pair, %ds_pair = scf.for %e = %c0 to %c2 step %c1 iter_args(%pp = %zero_pair, %dd = %zero_pair)
+                    -> (vector<2x${E}>, vector<2x${E}>) {
+                  %tile8 = arith.muli %tile, %c8 : index
+                  %h1 = arith.addi %tile8, %c2x : index
+                  %h = arith.addi %h1, %e : index
+                  %head_real = arith.cmpi ult, %h, %heads_per_group : index
+                  %live = arith.andi %key_visible, %head_real : i1
+                  %l = memref.load %lse_rows[%buffer, %h] : !dkv_stats
+                  %dl = memref.load %delta_rows[%buffer, %h] : !dkv_stats
+                  %sv = vector.extract %st[0, %tile, %o, %e] : f32 from !dkv_scores
+                  %dpv = vector.extract %dpt[0, %tile, %o, %e] : f32 from !dkv_scores
+                  %scaled = arith.mulf %sv, %scale : f32
+                  %shifted = arith.subf %scaled, %l : f32
+                  %ex = math.exp %shifted : f32
+                  %p_raw = arith.mulf %weight, %ex : f32
+                  %dp_minus_delta = arith.subf %dpv, %dl : f32
+                  %ds_raw = arith.mulf %p_raw, %dp_minus_delta : f32
+                  %ds_scaled = arith.mulf %ds_raw, %scale : f32
+                  %p_live = arith.select %live, %p_raw, %zero : f32
+                  %ds_live = arith.select %live, %ds_scaled, %zero : f32
+                  %p_e = ${TRUNCF} %p_live : f32 to ${E}
+                  %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
+                  %pp_next = vector.insert %p_e, %pp[%e] : ${E} into vector<2x${E}>
+                  %dd_next = vector.insert %ds_e, %dd[%e] : ${E} into vector<2x${E}>
+                  scf.yield %pp_next, %dd_next : vector<2x${E}>, vector<2x${E}>
+                } {unroll_loop}
+                %o2 = arith.muli %o, %c2 : index
+                %frag_row = arith.addi %o2, %tile : index
+                %p_next = vector.insert %p_pair, %p_acc2[0, 0, %frag_row] : vector<2x${E}> into !dkv_lhs
+                %ds_next = vector.insert %ds_pair, %ds_acc2[0, 0, %frag_row] : vector<2x${E}> into !dkv_lhs
+                scf.yield %p_next, %ds_next : !dkv_lhs, !dkv_lhs
+              } {unroll_loop}
+              scf.yield %p_o, %ds_o : !dkv_lhs, !dkv_lhs
+            } {unroll_loop}
+
+            // dv += p^T do and dk += ds^T q, two column tiles per step: the rhs (heads x columns) is read
+            // transposed (ldmatrix .trans: matrix q is column tile 2 s + q / 2, k' = q mod 2).
+            %dv_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %dv_iter) -> (!dkv_dv_acc) {
+              %col0 = arith.muli %s, %c16 : index
+              %col = arith.addi %col0, %hi8 : index
+              %x = nvgpu.ldmatrix %do_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
+                  : !dkv_do_rows -> vector<4x2x${E}>
+              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
+              %s2 = arith.muli %s, %c2 : index
+              %s2_1 = arith.addi %s2, %c1 : index
+              %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dkv_dv_acc
+              %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dkv_dv_acc
+              %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dkv_scores
+              %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dkv_scores
+              %out = iree_codegen.inner_tiled ins(%pt, %rhs) outs(%pair) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
+              %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dkv_scores
+              %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dkv_scores
+              %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dkv_dv_acc
+              %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dkv_dv_acc
+              scf.yield %next : !dkv_dv_acc
+            } {unroll_loop}
+            %dk_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dk_iter) -> (!dkv_dk_acc) {
+              %col0 = arith.muli %s, %c16 : index
+              %col = arith.addi %col0, %hi8 : index
+              %x = nvgpu.ldmatrix %q_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
+                  : !dkv_q_rows -> vector<4x2x${E}>
+              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
+              %s2 = arith.muli %s, %c2 : index
+              %s2_1 = arith.addi %s2, %c1 : index
+              %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dkv_dk_acc
+              %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dkv_dk_acc
+              %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dkv_scores
+              %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dkv_scores
+              %out = iree_codegen.inner_tiled ins(%dst, %rhs) outs(%pair) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
+              %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dkv_scores
+              %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dkv_scores
+              %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dkv_dk_acc
+              %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dkv_dk_acc
+              scf.yield %next : !dkv_dk_acc
+            } {unroll_loop}
+            scf.yield %dk_new, %dv_new : !dkv_dk_acc, !dkv_dv_acc
+          } else {
+            scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc
+          }
+          // The next iteration stages into the buffer just read.
+          gpu.barrier
+          scf.yield %dk_next, %dv_next : !dkv_dk_acc, !dkv_dv_acc
+        }
+
+        // The piece's partials: accumulator element [0][tile][o][e] is key key_base + 8 o + r, column
+        // 8 tile + 2 c + e.
+        scf.for %tile = %c0 to %d_tiles step %c1 {
+          scf.for %o = %c0 to %c2 step %c1 {
+            %o8 = arith.muli %o, %c8 : index
+            %j0 = arith.addi %key_base, %o8 : index
+            %j = arith.addi %j0, %r : index
+            %tile8 = arith.muli %tile, %c8 : index
+            %d = arith.addi %tile8, %c2x : index
+            %x = vector.extract %dk_acc[0, %tile, %o] : vector<2xf32> from !dkv_dk_acc
+            vector.store %x, %dk_pieces[%piece, %j, %d] : !dkv_dk_pieces, vector<2xf32>
+          } {unroll_loop}
+        } {unroll_loop}
+        scf.for %tile = %c0 to %dv_tiles step %c1 {
+          scf.for %o = %c0 to %c2 step %c1 {
+            %o8 = arith.muli %o, %c8 : index
+            %j0 = arith.addi %key_base, %o8 : index
+            %j = arith.addi %j0, %r : index
+            %tile8 = arith.muli %tile, %c8 : index
+            %e = arith.addi %tile8, %c2x : index
+            %x = vector.extract %dv_acc[0, %tile, %o] : vector<2xf32> from !dkv_dv_acc
+            vector.store %x, %dv_pieces[%piece, %j, %e] : !dkv_dv_pieces, vector<2xf32>
+          } {unroll_loop}
+        } {unroll_loop}
+      }
+      return
+    }
+  }
+}
+
+// Host side: the kernel writes every used piece's partials, @dkdv_piece_sums adds them per block.
+func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
+    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 0 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %pieces_i32 = arith.index_cast %pieces : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %dk_pieces, %dv_pieces = flow.dispatch @selection_attention_dkdv_kernel_exe::@selection_attention_dkdv_piece[%pieces](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %pieces_i32, %q, %k, %v, %block_indices, %lse, %delta, %do, %entries)
+      : (i32, i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows},
+         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows},
+         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces})
+      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces})
+  %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
+      : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
+      -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>)
+  return %dk, %dv : tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+}

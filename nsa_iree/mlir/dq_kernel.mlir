@@ -1,0 +1,491 @@
+// dq pass as a hand-written matrix-unit kernel: one workgroup per (query row m, kv group g, batch b).
+//
+// For each selected block the workgroup stages the block's K rows twice into workgroup memory (row-major
+// for s = q k^T, and as key pairs per d for dq = ds k) and its V rows once, each read from global memory
+// once. Subgroup w owns keys [16 w, 16 w + 16) of every block: it computes s and dp for the 16 heads x its
+// keys on the matrix units, p and ds in registers (masking invisible keys and padding heads), and adds
+// ds k over its keys into a private dq accumulator [16 heads, D] kept in registers for the whole row. The
+// subgroups' accumulators are summed in a fixed order at the end (bitwise reproducible) and dq written once.
+//
+//   s  = q k^T         lhs q [16 x D] (registers, loaded once)   rhs k^T [D x 16 keys] (workgroup memory)
+//   dp = do v^T        lhs do [16 x Dv] (registers)               rhs v^T [Dv x 16 keys]
+//   p  = exp(scale s - lse), ds = scale p (dp - delta), 0 where the key is invisible or the head is padding
+//   dq += ds k         lhs ds [16 x 16 keys] (the s accumulators, re-tiled in registers) rhs k [16 keys x D]
+//
+// Matrix operations are iree_codegen.inner_tiled on per-lane fragments of ${MMA_KIND} (${SUBGROUP_SIZE} lanes). The
+// lane -> element placement of the fragments is IREE's layout for that intrinsic (nsa_iree/fragments.py,
+// pinned by tests/test_fragments.py): lane l holds, with r = l / 4 and c = l % 4,
+//   lhs  vector<4x2>: [2 i + k'][e] = X[8 i + r][8 k' + 2 c + e]        (16 x 16, rows x reduction)
+//   rhs  vector<2x2>: [k'][e]       = Y[8 k' + 2 c + e][r]              (16 x 8, reduction x columns)
+//   acc  vector<2x2>: [i][e]        = Z[8 i + r][2 c + e]               (16 x 8)
+// so every fragment is read as pairs of adjacent elements (32-bit loads) from tiles padded by 8 elements
+// per row, which puts the 32 lanes of a fragment read on 32 different banks.
+//
+// Visibility (semantics.md): slot t of row m names block i; it is skipped when i < 0 or i * BS > pos(m),
+// pos(m) = m + N - M (tested as i <= floor(pos / BS), which cannot overflow); key i * BS + j is visible
+// when j < min(pos - i * BS + 1, BS). Keys past that are staged as zeros and their ds is 0, so a NaN in an
+// unread key reaches nothing.
+
+// Push constants: B, M, N (i32), then the bits of scale (f32).
+#dq_kernel_layout = #hal.pipeline.layout<constants = 4, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
+]>
+
+!dqk_q = memref<?x?x${H}x${D}x${E}>
+!dqk_k = memref<?x?x${G}x${D}x${E}>
+!dqk_v = memref<?x?x${G}x${DV}x${E}>
+!dqk_do = memref<?x?x${H}x${DV}x${E}>
+// Workgroup tiles: K and V rows of the current block, K as key pairs per d, and the dq sum.
+!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dqk_dq_sum = memref<16x${D}xf32, #gpu.address_space<workgroup>>
+!dqk_do_tile = memref<16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+// Per-lane fragments (one subgroup's share of each product).
+!dqk_lhs = vector<4x2x${E}>
+!dqk_rhs = vector<2x2x${E}>
+!dqk_acc = vector<2x2xf32>
+!dqk_q_frags = vector<1x${D_STEPS}x4x2x${E}>
+!dqk_lhs_step = vector<1x1x4x2x${E}>
+!dqk_rhs_step = vector<1x2x2x2x${E}>
+!dqk_scores = vector<1x2x2x2xf32>
+!dqk_ds_frags = vector<1x1x4x2x${E}>
+!dqk_dq_acc = vector<1x${D_TILES}x2x2xf32>
+
+#dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
+
+hal.executable.source private @selection_attention_dq_kernel_exe {
+  hal.executable.export public @selection_attention_dq_row ordinal(0) layout(#dq_kernel_layout)
+      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
+    hal.return %m_rows, %kv_heads, %batch : index, index, index
+  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_dq_row() attributes {translation_info = #iree_codegen.translation_info<
+        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
+        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %c4 = arith.constant 4 : index
+      %c8 = arith.constant 8 : index
+      %c16 = arith.constant 16 : index
+      %zero = arith.constant 0.0 : f32
+      %zero_e = arith.constant 0.0 : ${E}
+      %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
+      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
+      %heads_per_group = arith.constant ${HPG} : index
+      %block_size = arith.constant ${BS} : index
+      %slots = arith.constant ${T} : index
+      %steps = arith.constant ${T_PLUS_DQ_LAG} : index
+      %stages = arith.constant ${DQ_STAGES} : index
+      %lag = arith.constant ${DQ_STAGES_MINUS_1} : index
+      %lanes = arith.constant ${LANES} : index
+      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
+      %k_chunks = arith.constant ${D_CHUNKS} : index
+      %v_chunks = arith.constant ${DV_CHUNKS} : index
+      %k_items = arith.constant ${K_STAGE_ITEMS} : index
+      %v_items = arith.constant ${V_STAGE_ITEMS} : index
+      %do_items = arith.constant ${DO_STAGE_ITEMS} : index
+      %d_steps = arith.constant ${D_STEPS} : index
+      %dv_steps = arith.constant ${DV_STEPS} : index
+      %d_tiles = arith.constant ${D_TILES} : index
+      %subgroups = arith.constant ${SUBGROUPS} : index
+      %head_dim = arith.constant ${D} : index
+
+      %m = hal.interface.workgroup.id[0] : index
+      %g = hal.interface.workgroup.id[1] : index
+      %b = hal.interface.workgroup.id[2] : index
+      %batch_i32 = hal.interface.constant.load layout(#dq_kernel_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#dq_kernel_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#dq_kernel_layout) ordinal(2) : i32
+      %scale_bits = hal.interface.constant.load layout(#dq_kernel_layout) ordinal(3) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %scale = arith.bitcast %scale_bits : i32 to f32
+
+      %q = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqk_q{%batch, %m_rows}
+      %k = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqk_k{%batch, %n}
+      %v = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqk_v{%batch, %n}
+      %block_indices = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+      %delta = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}xf32>{%batch, %m_rows}
+      %do = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqk_do{%batch, %m_rows}
+      %dq = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(7) alignment(64) offset(%c0)
+          : !dqk_q{%batch, %m_rows}
+
+      // One workgroup allocation: K rows, V rows, the do tile; the dq sum reuses the K rows after the loop.
+      %smem = memref.alloc() : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
+      %v_offset = arith.constant ${DQ_K_BYTES} : index
+      %do_offset = arith.constant ${DQ_KV_BYTES} : index
+      %k_rows = memref.view %smem[%c0][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_k_rows
+      %v_rows = memref.view %smem[%v_offset][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_v_rows
+      %do_tile = memref.view %smem[%do_offset][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_do_tile
+      %dq_sum = memref.view %smem[%c0][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_dq_sum
+
+      %tid = gpu.thread_id x
+      %subgroup = arith.divui %tid, %subgroup_size : index
+      %lane = arith.remui %tid, %subgroup_size : index
+      %r = arith.divui %lane, %c4 : index
+      %c = arith.remui %lane, %c4 : index
+      %c2x = arith.muli %c, %c2 : index
+      %r8 = arith.addi %r, %c8 : index
+      %key_base = arith.muli %subgroup, %c16 : index
+      %h0 = arith.muli %g, %heads_per_group : index
+
+      // This lane's two heads (rows r and r + 8 of every 16-row fragment): padding rows past HPG read
+      // nothing and contribute nothing.
+      %head_valid_0 = arith.cmpi ult, %r, %heads_per_group : index
+      %head_valid_1 = arith.cmpi ult, %r8, %heads_per_group : index
+      %head_0 = arith.addi %h0, %r : index
+      %head_1 = arith.addi %h0, %r8 : index
+      %lse_0 = scf.if %head_valid_0 -> (f32) {
+        %x = memref.load %lse[%b, %head_0, %m] : memref<?x${H}x?xf32>
+        scf.yield %x : f32
+      } else {
+        scf.yield %zero : f32
+      }
+      %lse_1 = scf.if %head_valid_1 -> (f32) {
+        %x = memref.load %lse[%b, %head_1, %m] : memref<?x${H}x?xf32>
+        scf.yield %x : f32
+      } else {
+        scf.yield %zero : f32
+      }
+      %delta_0 = scf.if %head_valid_0 -> (f32) {
+        %x = memref.load %delta[%b, %m, %head_0] : memref<?x?x${H}xf32>
+        scf.yield %x : f32
+      } else {
+        scf.yield %zero : f32
+      }
+      %delta_1 = scf.if %head_valid_1 -> (f32) {
+        %x = memref.load %delta[%b, %m, %head_1] : memref<?x?x${H}xf32>
+        scf.yield %x : f32
+      } else {
+        scf.yield %zero : f32
+      }
+
+      // q and do as lhs fragments over all of D (Dv), loaded once: element [2 i + k'][e] of step s is
+      // row 8 i + r, column 16 s + 8 k' + 2 c + e.
+      %q_init = arith.constant dense<0.0> : !dqk_q_frags
+      %q_frags = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %q_init) -> (!dqk_q_frags) {
+        %col0 = arith.muli %s, %c16 : index
+        %col1 = arith.addi %col0, %c2x : index
+        %col2 = arith.addi %col1, %c8 : index
+        %x00 = scf.if %head_valid_0 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_0, %col1] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %x01 = scf.if %head_valid_0 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_0, %col2] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %x10 = scf.if %head_valid_1 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_1, %col1] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %x11 = scf.if %head_valid_1 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_1, %col2] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %a0 = vector.insert %x00, %acc[0, %s, 0] : vector<2x${E}> into !dqk_q_frags
+        %a1 = vector.insert %x01, %a0[0, %s, 1] : vector<2x${E}> into !dqk_q_frags
+        %a2 = vector.insert %x10, %a1[0, %s, 2] : vector<2x${E}> into !dqk_q_frags
+        %a3 = vector.insert %x11, %a2[0, %s, 3] : vector<2x${E}> into !dqk_q_frags
+        scf.yield %a3 : !dqk_q_frags
+      } {unroll_loop}
+      // do as a [16 heads, Dv] tile in workgroup memory (padding heads zero), read with ldmatrix per block:
+      // keeping it in registers like q would leave too few registers for 3 workgroups per multiprocessor.
+      scf.for %item = %tid to %do_items step %lanes {
+        %chunk = arith.remui %item, %v_chunks : index
+        %h = arith.divui %item, %v_chunks : index
+        %e0 = arith.muli %chunk, %c8 : index
+        %real = arith.cmpi ult, %h, %heads_per_group : index
+        %row = scf.if %real -> (vector<8x${E}>) {
+          %head = arith.addi %h0, %h : index
+          %x = vector.load %do[%b, %m, %head, %e0] : !dqk_do, vector<8x${E}>
+          scf.yield %x : vector<8x${E}>
+        } else {
+          scf.yield %zero_chunk : vector<8x${E}>
+        }
+        vector.store %row, %do_tile[%h, %e0] : !dqk_do_tile, vector<8x${E}>
+      }
+
+      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
+      %offset = arith.subi %n, %m_rows : index
+      %pos = arith.addi %m, %offset : index
+      %last_visible_block = arith.floordivsi %pos, %block_size : index
+
+      // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
+      %matrix = arith.divui %lane, %c8 : index
+      %matrix_row = arith.remui %lane, %c8 : index
+      %matrix_lo = arith.remui %matrix, %c2 : index
+      %matrix_hi = arith.divui %matrix, %c2 : index
+      %lo8 = arith.muli %matrix_lo, %c8 : index
+      %hi8 = arith.muli %matrix_hi, %c8 : index
+      // s, dp: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
+      %lhs_row = arith.addi %hi8, %matrix_row : index
+      %sd_row = arith.addi %key_base, %hi8 : index
+      %score_row = arith.addi %sd_row, %matrix_row : index
+      // dq (transposed): matrix q = (d tile q / 2, key half q mod 2).
+      %dq_row0 = arith.addi %key_base, %lo8 : index
+      %dq_row = arith.addi %dq_row0, %matrix_row : index
+
+      // Iteration t stages slot t into buffer t mod 2 (asynchronous 16-byte copies, one commit group per
+      // iteration, empty for a skipped slot or t = T), then computes slot t - 1 from the other buffer while
+      // those copies are in flight.
+      %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
+      %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
+        %stage_buffer = arith.remui %t, %stages : index
+        %t_in_range = arith.cmpi ult, %t, %slots : index
+        scf.if %t_in_range {
+          %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+          %block = arith.index_cast %block_i32 : i32 to index
+          %not_negative = arith.cmpi sge, %block, %c0 : index
+          %not_future = arith.cmpi sle, %block, %last_visible_block : index
+          %selected = arith.andi %not_negative, %not_future : i1
+          scf.if %selected {
+            %key0 = arith.muli %block, %block_size : index
+            %to_pos = arith.subi %pos, %key0 : index
+            %visible = arith.addi %to_pos, %c1 : index
+            // Item = (key j, chunk of 8 elements); lanes run along a row (coalesced).
+            scf.for %item = %tid to %k_items step %lanes {
+              %chunk = arith.remui %item, %k_chunks : index
+              %j = arith.divui %item, %k_chunks : index
+              %d0 = arith.muli %chunk, %c8 : index
+              %is_visible = arith.cmpi slt, %j, %visible : index
+              %count = arith.select %is_visible, %c8, %c0 : index
+              %key_j = arith.addi %key0, %j : index
+              %key = arith.select %is_visible, %key_j, %key0 : index
+              %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_rows[%stage_buffer, %j, %d0], 8, %count
+                  : !dqk_k to !dqk_k_rows
+            }
+            scf.for %item = %tid to %v_items step %lanes {
+              %chunk = arith.remui %item, %v_chunks : index
+              %j = arith.divui %item, %v_chunks : index
+              %e0 = arith.muli %chunk, %c8 : index
+              %is_visible = arith.cmpi slt, %j, %visible : index
+              %count = arith.select %is_visible, %c8, %c0 : index
+              %key_j = arith.addi %key0, %j : index
+              %key = arith.select %is_visible, %key_j, %key0 : index
+              %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_rows[%stage_buffer, %j, %e0], 8, %count
+                  : !dqk_v to !dqk_v_rows
+            }
+          }
+        }
+        nvvm.cp.async.commit.group
+        nvvm.cp.async.wait.group ${DQ_STAGES_MINUS_1}
+        gpu.barrier
+
+        %has_previous = arith.cmpi uge, %t, %lag : index
+        %previous = arith.select %has_previous, %t, %lag : index
+        %slot = arith.subi %previous, %lag : index
+        %buffer = arith.remui %slot, %stages : index
+        %block_i32 = memref.load %block_indices[%b, %m, %g, %slot] : memref<?x?x${G}x${T}xi32>
+        %block = arith.index_cast %block_i32 : i32 to index
+        %not_negative = arith.cmpi sge, %block, %c0 : index
+        %not_future = arith.cmpi sle, %block, %last_visible_block : index
+        %selected_now = arith.andi %not_negative, %not_future : i1
+        %compute = arith.andi %selected_now, %has_previous : i1
+        %dq_next = scf.if %compute -> (!dqk_dq_acc) {
+          %key0 = arith.muli %block, %block_size : index
+          %to_pos = arith.subi %pos, %key0 : index
+          %visible = arith.addi %to_pos, %c1 : index
+
+          // s and dp over this subgroup's 16 keys: per 16-d step one ldmatrix (two rhs fragments: matrix q
+          // is key tile q / 2, k' = q mod 2) and two mma, so only one step's fragments are live at a time.
+          %scores_zero = arith.constant dense<0.0> : !dqk_scores
+          %s_acc = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
+            %col0 = arith.muli %s, %c16 : index
+            %col = arith.addi %col0, %lo8 : index
+            %x = nvgpu.ldmatrix %k_rows[%buffer, %score_row, %col] numTiles = 4 transpose = false
+                : !dqk_k_rows -> vector<4x2x${E}>
+            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
+            %lhs0 = vector.extract %q_frags[0, %s] : vector<4x2x${E}> from !dqk_q_frags
+            %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dqk_lhs_step
+            %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+              indexing_maps = #dqk_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !dqk_lhs_step, !dqk_rhs_step into !dqk_scores
+            scf.yield %next : !dqk_scores
+          } {unroll_loop}
+          %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
+            %col0 = arith.muli %s, %c16 : index
+            %col = arith.addi %col0, %lo8 : index
+            %x = nvgpu.ldmatrix %v_rows[%buffer, %score_row, %col] numTiles = 4 transpose = false
+                : !dqk_v_rows -> vector<4x2x${E}>
+            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
+            %lhs0 = nvgpu.ldmatrix %do_tile[%lhs_row, %col] numTiles = 4 transpose = false
+                : !dqk_do_tile -> vector<4x2x${E}>
+            %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dqk_lhs_step
+            %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+              indexing_maps = #dqk_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !dqk_lhs_step, !dqk_rhs_step into !dqk_scores
+            scf.yield %next : !dqk_scores
+          } {unroll_loop}
+
+          // ds, element by element of the accumulators: [tile][i][e] is head 8 i + r, key
+          // key_base + 8 tile + 2 c + e. It goes straight into the lhs fragment of dq = ds k, whose element
+          // [2 i + tile][e] is the same (head, key): the 16 keys of the subgroup are that product's reduction.
+          %ds_init = arith.constant dense<0.0> : !dqk_ds_frags
+          %ds_frags = scf.for %tile = %c0 to %c2 step %c1 iter_args(%acc = %ds_init) -> (!dqk_ds_frags) {
+            %acc_i = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc2 = %acc) -> (!dqk_ds_frags) {
+              %is_row_1 = arith.cmpi eq, %i, %c1 : index
+              %head_valid = arith.select %is_row_1, %head_valid_1, %head_valid_0 : i1
+              %l = arith.select %is_row_1, %lse_1, %lse_0 : f32
+              %dl = arith.select %is_row_1, %delta_1, %delta_0 : f32
+              %pair = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_pair) -> (vector<2x${E}>) {
+                %tile8 = arith.muli %tile, %c8 : index
+                %j0 = arith.addi %key_base, %tile8 : index
+                %j1 = arith.addi %j0, %c2x : index
+                %j = arith.addi %j1, %e : index
+                %key_visible = arith.cmpi slt, %j, %visible : index
+                %live = arith.andi %key_visible, %head_valid : i1
+                %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
+                %dpv = vector.extract %dp_acc[0, %tile, %i, %e] : f32 from !dqk_scores
+                %scaled = arith.mulf %sv, %scale : f32
+                %shifted = arith.subf %scaled, %l : f32
+                %p = math.exp %shifted : f32
+                %dp_minus_delta = arith.subf %dpv, %dl : f32
+                %ds_raw = arith.mulf %p, %dp_minus_delta : f32
+                %ds_scaled = arith.mulf %ds_raw, %scale : f32
+                %ds_live = arith.select %live, %ds_scaled, %zero : f32
+                %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
+                %next = vector.insert %ds_e, %pair_acc[%e] : ${E} into vector<2x${E}>
+                scf.yield %next : vector<2x${E}>
+              } {unroll_loop}
+              %i2 = arith.muli %i, %c2 : index
+              %frag_row = arith.addi %i2, %tile : index
+              %next = vector.insert %pair, %acc2[0, 0, %frag_row] : vector<2x${E}> into !dqk_ds_frags
+              scf.yield %next : !dqk_ds_frags
+            } {unroll_loop}
+            scf.yield %acc_i : !dqk_ds_frags
+          } {unroll_loop}
+
+          // dq += ds k: rhs [d tile][k'][e] = k[key_base + 8 k' + 2 c + e][8 d_tile + r], a transposed read of
+          // the row-major K tile (ldmatrix .trans: matrix q is d tile 2 s + q / 2, k' = q mod 2), two d tiles
+          // per step.
+          %dq_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dq_iter) -> (!dqk_dq_acc) {
+            %col0 = arith.muli %s, %c16 : index
+            %col = arith.addi %col0, %hi8 : index
+            %x = nvgpu.ldmatrix %k_rows[%buffer, %dq_row, %col] numTiles = 4 transpose = true
+                : !dqk_k_rows -> vector<4x2x${E}>
+            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
+            %s2 = arith.muli %s, %c2 : index
+            %s2_1 = arith.addi %s2, %c1 : index
+            %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dqk_dq_acc
+            %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dqk_dq_acc
+            %pair0 = arith.constant dense<0.0> : !dqk_scores
+            %pair1 = vector.insert %acc0, %pair0[0, 0] : vector<2x2xf32> into !dqk_scores
+            %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dqk_scores
+            %out = iree_codegen.inner_tiled ins(%ds_frags, %rhs) outs(%pair) <
+              indexing_maps = #dqk_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !dqk_ds_frags, !dqk_rhs_step into !dqk_scores
+            %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dqk_scores
+            %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dqk_scores
+            %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dqk_dq_acc
+            %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dqk_dq_acc
+            scf.yield %next : !dqk_dq_acc
+          } {unroll_loop}
+          scf.yield %dq_new : !dqk_dq_acc
+        } else {
+          scf.yield %dq_iter : !dqk_dq_acc
+        }
+        // The next iteration stages into the buffer just read.
+        gpu.barrier
+        scf.yield %dq_next : !dqk_dq_acc
+      }
+
+      // Sum the subgroups' accumulators in subgroup order (fixed: bitwise reproducible), then write dq.
+      // Accumulator element [0][tile][i][e] is head 8 i + r, d = 8 tile + 2 c + e.
+      scf.for %turn = %c0 to %subgroups step %c1 {
+        %mine = arith.cmpi eq, %turn, %subgroup : index
+        %first = arith.cmpi eq, %turn, %c0 : index
+        scf.if %mine {
+          scf.for %tile = %c0 to %d_tiles step %c1 {
+            scf.for %i = %c0 to %c2 step %c1 {
+              %i8 = arith.muli %i, %c8 : index
+              %h = arith.addi %i8, %r : index
+              %tile8 = arith.muli %tile, %c8 : index
+              %d = arith.addi %tile8, %c2x : index
+              %part = vector.extract %dq_acc[0, %tile, %i] : vector<2xf32> from !dqk_dq_acc
+              %sum = scf.if %first -> (vector<2xf32>) {
+                scf.yield %part : vector<2xf32>
+              } else {
+                %old = vector.load %dq_sum[%h, %d] : !dqk_dq_sum, vector<2xf32>
+                %s = arith.addf %old, %part : vector<2xf32>
+                scf.yield %s : vector<2xf32>
+              }
+              vector.store %sum, %dq_sum[%h, %d] : !dqk_dq_sum, vector<2xf32>
+            } {unroll_loop}
+          } {unroll_loop}
+        }
+        gpu.barrier
+      }
+      %dq_items = arith.constant ${DQ_ITEMS} : index
+      scf.for %item = %tid to %dq_items step %lanes {
+        %h = arith.divui %item, %head_dim : index
+        %d = arith.remui %item, %head_dim : index
+        %x = memref.load %dq_sum[%h, %d] : !dqk_dq_sum
+        %x_e = ${TRUNCF} %x : f32 to ${E}
+        %head = arith.addi %h0, %h : index
+        memref.store %x_e, %dq[%b, %m, %head, %d] : !dqk_q
+      }
+      return
+    }
+  }
+}
+
+// Host side: one dispatch, dq written into the caller's tensor.
+func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
+    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %kv_heads = arith.constant ${G} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %dq = flow.dispatch @selection_attention_dq_kernel_exe::@selection_attention_dq_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do)
+      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows},
+         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows},
+         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows})
+      -> tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+  return %dq : tensor<?x?x${H}x${D}x${E}>
+}

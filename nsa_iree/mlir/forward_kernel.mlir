@@ -1,0 +1,501 @@
+// Forward as a hand-written matrix-unit kernel: one workgroup per (query row m, kv group g, batch b), one
+// pass over the selected blocks with an online softmax (dq_kernel.mlir's staging and fragments).
+//
+// Each selected block's K and V rows are staged once into workgroup memory (double-buffered, asynchronous
+// copies). Subgroup w owns keys [16 w, 16 w + 16) of every block and keeps, for the 16 heads, a running
+// max, a running sum of exp (per lane, over its columns) and an o accumulator [16 heads, Dv] in registers:
+//   s  = q k^T              lhs q [16 x D] (registers)   rhs k^T (ldmatrix)
+//   m' = max(m, rowmax(scale s)), p = exp(scale s - m'), l = l exp(m - m') + rowsum(p), o = o exp(m - m')
+//   o += p v                lhs p [16 x 16 keys] (the s accumulators re-tiled in registers)  rhs v (ldmatrix .trans)
+// Invisible keys and padding heads take no part (p = 0). At the end the subgroups' (max, sum, o) are
+// combined in subgroup order (fixed: bitwise reproducible): M = max_w m_w, L = sum_w l_w exp(m_w - M),
+// o = sum_w o_w exp(m_w - M) / L, lse = M + log(L) (natural log); a row that sees no key gets o = 0 and
+// lse = -inf. p is rounded to the input type for the matrix units, as in the linalg forward.
+//
+// Fragments and visibility as in dq_kernel.mlir (${MMA_KIND}, nsa_iree/fragments.py; semantics.md).
+
+// Push constants: B, M, N (i32), then the bits of scale (f32).
+#fwd_kernel_layout = #hal.pipeline.layout<constants = 4, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer>,            // o [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer>             // lse [B, H, M] f32
+]>
+
+!dqk_q = memref<?x?x${H}x${D}x${E}>
+!dqk_k = memref<?x?x${G}x${D}x${E}>
+!dqk_v = memref<?x?x${G}x${DV}x${E}>
+!fwk_o = memref<?x?x${H}x${DV}x${E}>
+// Workgroup memory: K and V rows of the blocks in flight; after the loop the same bytes hold the
+// subgroups' partial o, max and sum.
+!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+!fwk_o_parts = memref<${SUBGROUPS}x16x${DV}xf32, #gpu.address_space<workgroup>>
+!fwk_stats = memref<${SUBGROUPS}x16xf32, #gpu.address_space<workgroup>>
+!fwk_smem = memref<${FWD_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
+// Per-lane fragments.
+!dqk_lhs_step = vector<1x1x4x2x${E}>
+!dqk_rhs_step = vector<1x2x2x2x${E}>
+!dqk_scores = vector<1x2x2x2xf32>
+!dqk_q_frags = vector<1x${D_STEPS}x4x2x${E}>
+!fwk_p_frags = vector<1x1x4x2x${E}>
+!fwk_o_acc = vector<1x${DV_TILES}x2x2xf32>
+
+#dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
+
+hal.executable.source private @selection_attention_fwd_kernel_exe {
+  hal.executable.export public @selection_attention_fwd_row ordinal(0) layout(#fwd_kernel_layout)
+      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
+    hal.return %m_rows, %kv_heads, %batch : index, index, index
+  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_fwd_row() attributes {translation_info = #iree_codegen.translation_info<
+        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
+        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %c4 = arith.constant 4 : index
+      %c8 = arith.constant 8 : index
+      %c16 = arith.constant 16 : index
+      %c1_i32 = arith.constant 1 : i32
+      %c2_i32 = arith.constant 2 : i32
+      %c32_i32 = arith.constant 32 : i32
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %minus_inf = arith.constant 0xFF800000 : f32
+      %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
+      %heads_per_group = arith.constant ${HPG} : index
+      %block_size = arith.constant ${BS} : index
+      %slots = arith.constant ${T} : index
+      %lanes = arith.constant ${LANES} : index
+      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
+      %k_chunks = arith.constant ${D_CHUNKS} : index
+      %v_chunks = arith.constant ${DV_CHUNKS} : index
+      %k_items = arith.constant ${K_STAGE_ITEMS} : index
+      %v_items = arith.constant ${V_STAGE_ITEMS} : index
+      %d_steps = arith.constant ${D_STEPS} : index
+      %dv_steps = arith.constant ${DV_STEPS} : index
+      %subgroups = arith.constant ${SUBGROUPS} : index
+      %value_dim = arith.constant ${DV} : index
+      %dv_tiles = arith.constant ${DV_TILES} : index
+      %steps = arith.constant ${T_PLUS_DQ_LAG} : index
+      %stages = arith.constant ${DQ_STAGES} : index
+      %lag = arith.constant ${DQ_STAGES_MINUS_1} : index
+
+      %m = hal.interface.workgroup.id[0] : index
+      %g = hal.interface.workgroup.id[1] : index
+      %b = hal.interface.workgroup.id[2] : index
+      %batch_i32 = hal.interface.constant.load layout(#fwd_kernel_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#fwd_kernel_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#fwd_kernel_layout) ordinal(2) : i32
+      %scale_bits = hal.interface.constant.load layout(#fwd_kernel_layout) ordinal(3) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %scale = arith.bitcast %scale_bits : i32 to f32
+
+      %q = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqk_q{%batch, %m_rows}
+      %k = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqk_k{%batch, %n}
+      %v = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqk_v{%batch, %n}
+      %block_indices = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %o = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(4) alignment(64) offset(%c0)
+          : !fwk_o{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(5) alignment(64) offset(%c0)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+
+      %smem = memref.alloc() : !fwk_smem
+      %v_offset = arith.constant ${DQ_K_BYTES} : index
+      %max_offset = arith.constant ${FWD_O_PARTS_BYTES} : index
+      %sum_offset = arith.constant ${FWD_O_PARTS_STATS_BYTES} : index
+      %k_rows = memref.view %smem[%c0][] : !fwk_smem to !dqk_k_rows
+      %v_rows = memref.view %smem[%v_offset][] : !fwk_smem to !dqk_v_rows
+      %o_parts = memref.view %smem[%c0][] : !fwk_smem to !fwk_o_parts
+      %max_parts = memref.view %smem[%max_offset][] : !fwk_smem to !fwk_stats
+      %sum_parts = memref.view %smem[%sum_offset][] : !fwk_smem to !fwk_stats
+
+      %tid = gpu.thread_id x
+      %subgroup = arith.divui %tid, %subgroup_size : index
+      %lane = arith.remui %tid, %subgroup_size : index
+      %r = arith.divui %lane, %c4 : index
+      %c = arith.remui %lane, %c4 : index
+      %c2x = arith.muli %c, %c2 : index
+      %r8 = arith.addi %r, %c8 : index
+      %key_base = arith.muli %subgroup, %c16 : index
+      %h0 = arith.muli %g, %heads_per_group : index
+      %head_valid_0 = arith.cmpi ult, %r, %heads_per_group : index
+      %head_valid_1 = arith.cmpi ult, %r8, %heads_per_group : index
+      %head_0 = arith.addi %h0, %r : index
+      %head_1 = arith.addi %h0, %r8 : index
+
+      // q as lhs fragments over all of D, loaded once: element [2 i + k'][e] of step s is row 8 i + r,
+      // column 16 s + 8 k' + 2 c + e.
+      %q_init = arith.constant dense<0.0> : !dqk_q_frags
+      %q_frags = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %q_init) -> (!dqk_q_frags) {
+        %col0 = arith.muli %s, %c16 : index
+        %col1 = arith.addi %col0, %c2x : index
+        %col2 = arith.addi %col1, %c8 : index
+        %x00 = scf.if %head_valid_0 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_0, %col1] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %x01 = scf.if %head_valid_0 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_0, %col2] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %x10 = scf.if %head_valid_1 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_1, %col1] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %x11 = scf.if %head_valid_1 -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_1, %col2] : !dqk_q, vector<2x${E}>
+          scf.yield %x : vector<2x${E}>
+        } else {
+          scf.yield %zero_pair : vector<2x${E}>
+        }
+        %a0 = vector.insert %x00, %acc[0, %s, 0] : vector<2x${E}> into !dqk_q_frags
+        %a1 = vector.insert %x01, %a0[0, %s, 1] : vector<2x${E}> into !dqk_q_frags
+        %a2 = vector.insert %x10, %a1[0, %s, 2] : vector<2x${E}> into !dqk_q_frags
+        %a3 = vector.insert %x11, %a2[0, %s, 3] : vector<2x${E}> into !dqk_q_frags
+        scf.yield %a3 : !dqk_q_frags
+      } {unroll_loop}
+
+      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
+      %offset = arith.subi %n, %m_rows : index
+      %pos = arith.addi %m, %offset : index
+      %last_visible_block = arith.floordivsi %pos, %block_size : index
+
+      // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
+      %matrix = arith.divui %lane, %c8 : index
+      %matrix_row = arith.remui %lane, %c8 : index
+      %matrix_lo = arith.remui %matrix, %c2 : index
+      %matrix_hi = arith.divui %matrix, %c2 : index
+      %lo8 = arith.muli %matrix_lo, %c8 : index
+      %hi8 = arith.muli %matrix_hi, %c8 : index
+      // s: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
+      %sd_row = arith.addi %key_base, %hi8 : index
+      %score_row = arith.addi %sd_row, %matrix_row : index
+      // p v (v read transposed): matrix q = (e tile q / 2, key half q mod 2).
+      %pv_row0 = arith.addi %key_base, %lo8 : index
+      %pv_row = arith.addi %pv_row0, %matrix_row : index
+
+      // Iteration t stages slot t into buffer t mod STAGES and computes slot t - STAGES + 1 meanwhile.
+      // Carried per lane: o for its fragment elements, the running max of its two heads, and its part of
+      // their running sums.
+      %o_init = arith.constant dense<0.0> : !fwk_o_acc
+      %o_acc, %max_0, %max_1, %sum_0, %sum_1 = scf.for %t = %c0 to %steps step %c1
+          iter_args(%o_iter = %o_init, %mx0 = %minus_inf, %mx1 = %minus_inf, %l0 = %zero, %l1 = %zero)
+          -> (!fwk_o_acc, f32, f32, f32, f32) {
+        %stage_buffer = arith.remui %t, %stages : index
+        %t_in_range = arith.cmpi ult, %t, %slots : index
+        scf.if %t_in_range {
+          %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+          %block = arith.index_cast %block_i32 : i32 to index
+          %not_negative = arith.cmpi sge, %block, %c0 : index
+          %not_future = arith.cmpi sle, %block, %last_visible_block : index
+          %selected = arith.andi %not_negative, %not_future : i1
+          scf.if %selected {
+            %key0 = arith.muli %block, %block_size : index
+            %to_pos = arith.subi %pos, %key0 : index
+            %visible = arith.addi %to_pos, %c1 : index
+            // Item = (key j, chunk of 8 elements); lanes run along a row (coalesced).
+            scf.for %item = %tid to %k_items step %lanes {
+              %chunk = arith.remui %item, %k_chunks : index
+              %j = arith.divui %item, %k_chunks : index
+              %d0 = arith.muli %chunk, %c8 : index
+              %is_visible = arith.cmpi slt, %j, %visible : index
+              %count = arith.select %is_visible, %c8, %c0 : index
+              %key_j = arith.addi %key0, %j : index
+              %key = arith.select %is_visible, %key_j, %key0 : index
+              %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_rows[%stage_buffer, %j, %d0], 8, %count
+                  : !dqk_k to !dqk_k_rows
+            }
+            scf.for %item = %tid to %v_items step %lanes {
+              %chunk = arith.remui %item, %v_chunks : index
+              %j = arith.divui %item, %v_chunks : index
+              %e0 = arith.muli %chunk, %c8 : index
+              %is_visible = arith.cmpi slt, %j, %visible : index
+              %count = arith.select %is_visible, %c8, %c0 : index
+              %key_j = arith.addi %key0, %j : index
+              %key = arith.select %is_visible, %key_j, %key0 : index
+              %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_rows[%stage_buffer, %j, %e0], 8, %count
+                  : !dqk_v to !dqk_v_rows
+            }
+          }
+        }
+        nvvm.cp.async.commit.group
+        nvvm.cp.async.wait.group ${DQ_STAGES_MINUS_1}
+        gpu.barrier
+
+        %has_previous = arith.cmpi uge, %t, %lag : index
+        %previous = arith.select %has_previous, %t, %lag : index
+        %slot = arith.subi %previous, %lag : index
+        %buffer = arith.remui %slot, %stages : index
+        %block_i32 = memref.load %block_indices[%b, %m, %g, %slot] : memref<?x?x${G}x${T}xi32>
+        %block = arith.index_cast %block_i32 : i32 to index
+        %not_negative = arith.cmpi sge, %block, %c0 : index
+        %not_future = arith.cmpi sle, %block, %last_visible_block : index
+        %selected_now = arith.andi %not_negative, %not_future : i1
+        %compute = arith.andi %selected_now, %has_previous : i1
+        %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next = scf.if %compute -> (!fwk_o_acc, f32, f32, f32, f32) {
+          %key0 = arith.muli %block, %block_size : index
+          %to_pos = arith.subi %pos, %key0 : index
+          %visible = arith.addi %to_pos, %c1 : index
+
+          %scores_zero = arith.constant dense<0.0> : !dqk_scores
+          %s_acc = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
+            %col0 = arith.muli %s, %c16 : index
+            %col = arith.addi %col0, %lo8 : index
+            %x = nvgpu.ldmatrix %k_rows[%buffer, %score_row, %col] numTiles = 4 transpose = false
+                : !dqk_k_rows -> vector<4x2x${E}>
+            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
+            %lhs0 = vector.extract %q_frags[0, %s] : vector<4x2x${E}> from !dqk_q_frags
+            %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dqk_lhs_step
+            %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+              indexing_maps = #dqk_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !dqk_lhs_step, !dqk_rhs_step into !dqk_scores
+            scf.yield %next : !dqk_scores
+          } {unroll_loop}
+          // Scaled scores, -inf where the key is invisible or the head is padding: [tile][i][e] is head
+          // 8 i + r, key key_base + 8 tile + 2 c + e.
+          %x_init = arith.constant dense<0.0> : !dqk_scores
+          %x = scf.for %tile = %c0 to %c2 step %c1 iter_args(%acc = %x_init) -> (!dqk_scores) {
+            %acc_i = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc2 = %acc) -> (!dqk_scores) {
+              %is_row_1 = arith.cmpi eq, %i, %c1 : index
+              %head_valid = arith.select %is_row_1, %head_valid_1, %head_valid_0 : i1
+              %acc_e = scf.for %e = %c0 to %c2 step %c1 iter_args(%acc3 = %acc2) -> (!dqk_scores) {
+                %tile8 = arith.muli %tile, %c8 : index
+                %j0 = arith.addi %key_base, %tile8 : index
+                %j1 = arith.addi %j0, %c2x : index
+                %j = arith.addi %j1, %e : index
+                %key_visible = arith.cmpi slt, %j, %visible : index
+                %live = arith.andi %key_visible, %head_valid : i1
+                %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
+                %scaled = arith.mulf %sv, %scale : f32
+                %xv = arith.select %live, %scaled, %minus_inf : f32
+                %next = vector.insert %xv, %acc3[0, %tile, %i, %e] : f32 into !dqk_scores
+                scf.yield %next : !dqk_scores
+              } {unroll_loop}
+              scf.yield %acc_e : !dqk_scores
+            } {unroll_loop}
+            scf.yield %acc_i : !dqk_scores
+          } {unroll_loop}
+          // Block max per head: over the lane's 4 keys, then over the 4 lanes (c) sharing the head.
+          %x00 = vector.extract %x[0, 0, 0] : vector<2xf32> from !dqk_scores
+          %x10 = vector.extract %x[0, 1, 0] : vector<2xf32> from !dqk_scores
+          %x01 = vector.extract %x[0, 0, 1] : vector<2xf32> from !dqk_scores
+          %x11 = vector.extract %x[0, 1, 1] : vector<2xf32> from !dqk_scores
+          %row0 = arith.maximumf %x00, %x10 : vector<2xf32>
+          %row1 = arith.maximumf %x01, %x11 : vector<2xf32>
+          %lane_max_0 = vector.reduction <maximumf>, %row0 : vector<2xf32> into f32
+          %lane_max_1 = vector.reduction <maximumf>, %row1 : vector<2xf32> into f32
+          %sh0a, %v0a = gpu.shuffle xor %lane_max_0, %c1_i32, %c32_i32 : f32
+          %m0a = arith.maximumf %lane_max_0, %sh0a : f32
+          %sh0b, %v0b = gpu.shuffle xor %m0a, %c2_i32, %c32_i32 : f32
+          %block_max_0 = arith.maximumf %m0a, %sh0b : f32
+          %sh1a, %v1a = gpu.shuffle xor %lane_max_1, %c1_i32, %c32_i32 : f32
+          %m1a = arith.maximumf %lane_max_1, %sh1a : f32
+          %sh1b, %v1b = gpu.shuffle xor %m1a, %c2_i32, %c32_i32 : f32
+          %block_max_1 = arith.maximumf %m1a, %sh1b : f32
+          %new_max_0 = arith.maximumf %mx0, %block_max_0 : f32
+          %new_max_1 = arith.maximumf %mx1, %block_max_1 : f32
+          // Rescale factors; a head that has seen no key yet keeps max -inf, o = 0 and sum 0.
+          %none_0 = arith.cmpf oeq, %new_max_0, %minus_inf : f32
+          %none_1 = arith.cmpf oeq, %new_max_1, %minus_inf : f32
+          %safe_max_0 = arith.select %none_0, %zero, %new_max_0 : f32
+          %safe_max_1 = arith.select %none_1, %zero, %new_max_1 : f32
+          %drop_0 = arith.subf %mx0, %safe_max_0 : f32
+          %drop_1 = arith.subf %mx1, %safe_max_1 : f32
+          %alpha_0 = math.exp %drop_0 : f32
+          %alpha_1 = math.exp %drop_1 : f32
+
+          // p = exp(x - max) (0 for x = -inf), its row sums per lane, and p as the lhs fragment of p v:
+          // element [2 i + tile][e].
+          %p_init = arith.constant dense<0.0> : !fwk_p_frags
+          %p_frags, %psum_0, %psum_1 = scf.for %tile = %c0 to %c2 step %c1
+              iter_args(%acc = %p_init, %ps0 = %zero, %ps1 = %zero) -> (!fwk_p_frags, f32, f32) {
+            %acc_i, %ps0_i, %ps1_i = scf.for %i = %c0 to %c2 step %c1
+                iter_args(%acc2 = %acc, %ps0b = %ps0, %ps1b = %ps1) -> (!fwk_p_frags, f32, f32) {
+              %is_row_1 = arith.cmpi eq, %i, %c1 : index
+              %row_max = arith.select %is_row_1, %safe_max_1, %safe_max_0 : f32
+              %pair, %pair_sum = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_pair, %psum = %zero)
+                  -> (vector<2x${E}>, f32) {
+                %xv = vector.extract %x[0, %tile, %i, %e] : f32 from !dqk_scores
+                %shifted = arith.subf %xv, %row_max : f32
+                %p = math.exp %shifted : f32
+                %p_e = ${TRUNCF} %p : f32 to ${E}
+                %next = vector.insert %p_e, %pair_acc[%e] : ${E} into vector<2x${E}>
+                %psum_next = arith.addf %psum, %p : f32
+                scf.yield %next, %psum_next : vector<2x${E}>, f32
+              } {unroll_loop}
+              %i2 = arith.muli %i, %c2 : index
+              %frag_row = arith.addi %i2, %tile : index
+              %next = vector.insert %pair, %acc2[0, 0, %frag_row] : vector<2x${E}> into !fwk_p_frags
+              %add_0 = arith.select %is_row_1, %zero, %pair_sum : f32
+              %add_1 = arith.select %is_row_1, %pair_sum, %zero : f32
+              %ps0_next = arith.addf %ps0b, %add_0 : f32
+              %ps1_next = arith.addf %ps1b, %add_1 : f32
+              scf.yield %next, %ps0_next, %ps1_next : !fwk_p_frags, f32, f32
+            } {unroll_loop}
+            scf.yield %acc_i, %ps0_i, %ps1_i : !fwk_p_frags, f32, f32
+          } {unroll_loop}
+          %l0_scaled = arith.mulf %l0, %alpha_0 : f32
+          %l1_scaled = arith.mulf %l1, %alpha_1 : f32
+          %l0_new = arith.addf %l0_scaled, %psum_0 : f32
+          %l1_new = arith.addf %l1_scaled, %psum_1 : f32
+
+          // o = o * alpha (per head: accumulator element [0][tile][i][e] is head 8 i + r), then o += p v
+          // with v read transposed (ldmatrix .trans), two e tiles per step.
+          %alpha_rows0 = vector.broadcast %alpha_0 : f32 to vector<2xf32>
+          %alpha_rows1 = vector.broadcast %alpha_1 : f32 to vector<2xf32>
+          %alpha_pair0 = arith.constant dense<0.0> : vector<2x2xf32>
+          %alpha_pair1 = vector.insert %alpha_rows0, %alpha_pair0[0] : vector<2xf32> into vector<2x2xf32>
+          %alpha_pair = vector.insert %alpha_rows1, %alpha_pair1[1] : vector<2xf32> into vector<2x2xf32>
+          %alpha_all = vector.broadcast %alpha_pair : vector<2x2xf32> to !fwk_o_acc
+          %o_rescaled = arith.mulf %o_iter, %alpha_all : !fwk_o_acc
+          %o_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %o_rescaled) -> (!fwk_o_acc) {
+            %col0 = arith.muli %s, %c16 : index
+            %col = arith.addi %col0, %hi8 : index
+            %xv = nvgpu.ldmatrix %v_rows[%buffer, %pv_row, %col] numTiles = 4 transpose = true
+                : !dqk_v_rows -> vector<4x2x${E}>
+            %rhs = vector.shape_cast %xv : vector<4x2x${E}> to !dqk_rhs_step
+            %s2 = arith.muli %s, %c2 : index
+            %s2_1 = arith.addi %s2, %c1 : index
+            %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !fwk_o_acc
+            %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !fwk_o_acc
+            %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dqk_scores
+            %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dqk_scores
+            %out = iree_codegen.inner_tiled ins(%p_frags, %rhs) outs(%pair) <
+              indexing_maps = #dqk_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !fwk_p_frags, !dqk_rhs_step into !dqk_scores
+            %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dqk_scores
+            %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dqk_scores
+            %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !fwk_o_acc
+            %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !fwk_o_acc
+            scf.yield %next : !fwk_o_acc
+          } {unroll_loop}
+          scf.yield %o_new, %new_max_0, %new_max_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
+        } else {
+          scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32
+        }
+        // The next iteration stages into the buffer just read.
+        gpu.barrier
+        scf.yield %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next : !fwk_o_acc, f32, f32, f32, f32
+      }
+
+      // Each subgroup's partial o, max and sum (sums over the 4 lanes of a head) into workgroup memory.
+      %sa0, %va0 = gpu.shuffle xor %sum_0, %c1_i32, %c32_i32 : f32
+      %sb0 = arith.addf %sum_0, %sa0 : f32
+      %sc0, %vc0 = gpu.shuffle xor %sb0, %c2_i32, %c32_i32 : f32
+      %row_sum_0 = arith.addf %sb0, %sc0 : f32
+      %sa1, %va1 = gpu.shuffle xor %sum_1, %c1_i32, %c32_i32 : f32
+      %sb1 = arith.addf %sum_1, %sa1 : f32
+      %sc1, %vc1 = gpu.shuffle xor %sb1, %c2_i32, %c32_i32 : f32
+      %row_sum_1 = arith.addf %sb1, %sc1 : f32
+      %first_of_head = arith.cmpi eq, %c, %c0 : index
+      scf.if %first_of_head {
+        memref.store %max_0, %max_parts[%subgroup, %r] : !fwk_stats
+        memref.store %max_1, %max_parts[%subgroup, %r8] : !fwk_stats
+        memref.store %row_sum_0, %sum_parts[%subgroup, %r] : !fwk_stats
+        memref.store %row_sum_1, %sum_parts[%subgroup, %r8] : !fwk_stats
+      }
+      scf.for %tile = %c0 to %dv_tiles step %c1 {
+        scf.for %i = %c0 to %c2 step %c1 {
+          %i8 = arith.muli %i, %c8 : index
+          %h = arith.addi %i8, %r : index
+          %tile8 = arith.muli %tile, %c8 : index
+          %e = arith.addi %tile8, %c2x : index
+          %part = vector.extract %o_acc[0, %tile, %i] : vector<2xf32> from !fwk_o_acc
+          vector.store %part, %o_parts[%subgroup, %h, %e] : !fwk_o_parts, vector<2xf32>
+        } {unroll_loop}
+      } {unroll_loop}
+      gpu.barrier
+
+      // Combine in subgroup order and write o and lse (heads past HPG are padding: not written).
+      %o_items = arith.constant ${FWD_O_ITEMS} : index
+      scf.for %item = %tid to %o_items step %lanes {
+        %h = arith.divui %item, %value_dim : index
+        %e = arith.remui %item, %value_dim : index
+        %row_max = scf.for %w = %c0 to %subgroups step %c1 iter_args(%acc = %minus_inf) -> (f32) {
+          %x = memref.load %max_parts[%w, %h] : !fwk_stats
+          %next = arith.maximumf %acc, %x : f32
+          scf.yield %next : f32
+        }
+        %empty = arith.cmpf oeq, %row_max, %minus_inf : f32
+        %safe_max = arith.select %empty, %zero, %row_max : f32
+        %total, %weighted = scf.for %w = %c0 to %subgroups step %c1 iter_args(%l = %zero, %acc = %zero) -> (f32, f32) {
+          %mw = memref.load %max_parts[%w, %h] : !fwk_stats
+          %lw = memref.load %sum_parts[%w, %h] : !fwk_stats
+          %ow = memref.load %o_parts[%w, %h, %e] : !fwk_o_parts
+          %nothing = arith.cmpf oeq, %mw, %minus_inf : f32
+          %drop = arith.subf %mw, %safe_max : f32
+          %factor0 = math.exp %drop : f32
+          %factor = arith.select %nothing, %zero, %factor0 : f32
+          %lf = arith.mulf %lw, %factor : f32
+          %of = arith.mulf %ow, %factor : f32
+          %l_next = arith.addf %l, %lf : f32
+          %acc_next = arith.addf %acc, %of : f32
+          scf.yield %l_next, %acc_next : f32, f32
+        }
+        %seen = arith.cmpf ogt, %total, %zero : f32
+        %safe_total = arith.select %seen, %total, %one : f32
+        %o_value = arith.divf %weighted, %safe_total : f32
+        %o_final = arith.select %seen, %o_value, %zero : f32
+        %o_e = ${TRUNCF} %o_final : f32 to ${E}
+        %head = arith.addi %h0, %h : index
+        memref.store %o_e, %o[%b, %m, %head, %e] : !fwk_o
+        %first_column = arith.cmpi eq, %e, %c0 : index
+        scf.if %first_column {
+          %log_total = math.log %safe_total : f32
+          %lse_value = arith.addf %safe_max, %log_total : f32
+          %lse_final = arith.select %seen, %lse_value, %minus_inf : f32
+          memref.store %lse_final, %lse[%b, %head, %m] : memref<?x${H}x?xf32>
+        }
+      }
+      return
+    }
+  }
+}
+
+// Host side: one dispatch, o and lse written into the caller's tensors.
+func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
+    %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
+    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %kv_heads = arith.constant ${G} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %o, %lse = flow.dispatch @selection_attention_fwd_kernel_exe::@selection_attention_fwd_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices)
+      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows})
+      -> (tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows})
+  return %o, %lse : tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>
+}

@@ -1,0 +1,105 @@
+"""The hand-written kernels' fragment tables and kernel choice.
+
+The kernels load their matrix-unit fragments themselves, so the lane -> element placement in
+nsa_iree/fragments.py must be IREE's own for each intrinsic: pinned here against the installed compiler's
+`get_single_subgroup_layout` (the AMD tables cannot be checked on hardware, so they are checked against
+IREE). Which stages render as hand-written kernels follows the recipe, the environment override and the
+shapes a kernel supports.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nsa_iree.fragments import LAYOUTS, covers_tile, element_position
+from nsa_iree.recipes import load_recipe
+from nsa_iree.render import render_module, template_for
+from nsa_iree.spec import KernelSpec
+
+ANCHORS_CUDA = KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16,
+                          dtype="bf16", target="cuda")
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_fragment_table_is_irees_layout(name):
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_gpu
+
+    kind = LAYOUTS[name]
+    with ir.Context():
+        intrinsic = iree_gpu.MMAIntrinsicAttr.get(getattr(iree_gpu.MMAIntrinsic, name))
+        mma = iree_gpu.MMAAttr.get(getattr(iree_gpu.MMAIntrinsic, name))
+        assert tuple(mma.mnk_shape) == kind.mnk
+        for operand, table in enumerate((kind.lhs, kind.rhs, kind.acc)):
+            irees = iree_gpu.get_single_subgroup_layout(intrinsic, operand)
+            assert (tuple(irees.outer), tuple(irees.thread), tuple(irees.tstrides), tuple(irees.element)) == (
+                table.outer, table.thread, table.tstrides, table.element), (name, operand)
+            fragment = mma.abc_vector_types[operand]
+            assert fragment.shape and table.fragment_size == fragment.shape[0] * (
+                fragment.shape[1] if len(fragment.shape) > 1 else 1)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_every_tile_element_has_exactly_one_lane(name):
+    kind = LAYOUTS[name]
+    m, n, k = kind.mnk
+    assert kind.lhs.shape == (m, k) and kind.rhs.shape == (k, n) and kind.acc.shape == (m, n)
+    for table in (kind.lhs, kind.rhs, kind.acc):
+        assert covers_tile(table, kind.subgroup_size)
+
+
+# The placement the cuda kernels' comments state (lane l, r = l / 4, c = l % 4), from the table.
+NV_PLACEMENT = [
+    ("lhs", 0, lambda r, c: (r, 2 * c)), ("lhs", 1, lambda r, c: (r, 2 * c + 1)),
+    ("lhs", 2, lambda r, c: (r, 2 * c + 8)), ("lhs", 5, lambda r, c: (r + 8, 2 * c + 1)),
+    ("lhs", 7, lambda r, c: (r + 8, 2 * c + 9)),
+    ("rhs", 1, lambda r, c: (2 * c + 1, r)), ("rhs", 2, lambda r, c: (2 * c + 8, r)),
+    ("acc", 1, lambda r, c: (r, 2 * c + 1)), ("acc", 2, lambda r, c: (r + 8, 2 * c)),
+]
+
+
+@pytest.mark.parametrize("operand,index,where", NV_PLACEMENT, ids=[f"{o}[{i}]" for o, i, _ in NV_PLACEMENT])
+def test_nv_placement_used_by_the_kernels(operand, index, where):
+    table = getattr(LAYOUTS["NV_MMA_SYNC_F32_16x8x16_BF16"], operand)
+    for lane in range(32):
+        assert element_position(table, lane, index) == where(lane // 4, lane % 4), lane
+
+
+KERNEL_CHOICE = [
+    ("cuda_anchors", ANCHORS_CUDA, {}, "dq_kernel", "dkdv_kernel"),
+    ("cuda_env_linalg", ANCHORS_CUDA, {"NSA_IREE_KERNELS": "linalg"}, "dq", "dkdv"),
+    ("cuda_32_heads_per_group", ANCHORS_CUDA.replace(heads=128), {}, "dq", "dkdv"),
+    ("cuda_head_dim_72", ANCHORS_CUDA.replace(head_dim=72), {}, "dq", "dkdv"),
+    ("gfx950_no_custom_kernels_yet", ANCHORS_CUDA.replace(target="gfx950"), {}, "dq", "dkdv"),
+    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {}, "dq", "dkdv"),
+]
+
+
+@pytest.mark.parametrize("case,spec,env,dq,dkdv", KERNEL_CHOICE, ids=[c[0] for c in KERNEL_CHOICE])
+def test_kernel_choice(monkeypatch, case, spec, env, dq, dkdv):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    recipe = load_recipe(spec.target)
+    assert (template_for("dq", spec, recipe), template_for("dkdv", spec, recipe)) == (dq, dkdv)
+    assert template_for("forward", spec, recipe) == ("forward_kernel" if dq == "dq_kernel" else "forward")
+
+
+def test_a_kernel_over_the_targets_workgroup_memory_falls_back(monkeypatch):
+    spec = ANCHORS_CUDA.replace(head_dim=192, block_size=128)      # dq would need 176 KB, sm_80 has 163 KB
+    recipe = load_recipe("cuda")
+    assert [template_for(s, spec, recipe) for s in ("forward", "dq", "dkdv")] == ["forward", "dq", "dkdv_kernel"]
+
+
+def test_rendered_cuda_modules_hold_the_kernels():
+    backward = render_module(ANCHORS_CUDA, "two-pass")
+    assert "@selection_attention_dq_kernel_exe" in backward and "@selection_attention_dkdv_kernel_exe" in backward
+    forward = render_module(ANCHORS_CUDA, "forward")
+    assert "@selection_attention_fwd_kernel_exe" in forward
+    for text in (backward, forward):
+        assert "iree_codegen.inner_tiled" in text and "${" not in text
+
+
+def test_unknown_kernel_choice_is_refused(monkeypatch):
+    monkeypatch.setenv("NSA_IREE_KERNELS", "fast")
+    with pytest.raises(ValueError, match="NSA_IREE_KERNELS"):
+        load_recipe("cuda").kernel_for("dq", ANCHORS_CUDA)

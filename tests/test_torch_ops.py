@@ -1,0 +1,240 @@
+"""selection_attention as torch operators: torch.compile (fullgraph, no graph break), torch.export, autocast,
+the gradients autograd asks for, and a clear error on double backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nsa_iree
+from nsa_iree import api, runtime
+from nsa_iree.testing import relative_rms_error
+
+B, M, N, H, G, D, DV, BS, T = 2, 40, 56, 4, 2, 16, 8, 8, 3
+
+
+def inputs(dtype=torch.float32, seed=0, b=B, m=M, n=N, h=H, g=G, d=D, dv=DV, bs=BS, t=T):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, m, h, d, generator=gen).to(dtype)
+    k = torch.randn(b, n, g, d, generator=gen).to(dtype)
+    v = torch.randn(b, n, g, dv, generator=gen).to(dtype)
+    idx = torch.randint(-1, n // bs, (b, m, g, t), generator=gen)
+    do = torch.randn(b, m, h, dv, generator=gen).to(dtype)
+    return q, k, v, idx, do
+
+
+def attend(q, k, v, idx):
+    return nsa_iree.selection_attention(q, k, v, idx, block_size=BS, block_counts=2)
+
+
+def run(fn, q, k, v, idx, do, requires_grad=(True, True, True)):
+    """o and the gradients of (o * do).sum() for the leaves that require grad (None for the others)."""
+    leaves = [t.clone().requires_grad_(r) for t, r in zip((q, k, v), requires_grad)]
+    o = fn(*leaves, idx)
+    o.backward(do)
+    return [o.detach()] + [t.grad for t in leaves]
+
+
+def test_torch_compile_fullgraph_equals_eager():
+    q, k, v, idx, do = inputs()
+    eager = run(attend, q, k, v, idx, do)
+    compiled = run(torch.compile(attend, fullgraph=True), q, k, v, idx, do)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a, b), name
+
+
+def test_no_graph_break():
+    q, k, v, idx, _ = inputs()
+    explanation = torch._dynamo.explain(attend)(q.requires_grad_(), k, v, idx)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+
+
+class SelectionLayer(torch.nn.Module):
+    """Projections around selection attention, the way a model uses it."""
+
+    def __init__(self, dim=24):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(dim, n * d) for n, d in ((H, D), (G, D), (G, DV)))
+        self.out = torch.nn.Linear(H * DV, dim)
+
+    def forward(self, x, idx):
+        b, m, _ = x.shape
+        q = self.q(x).view(b, m, H, D)
+        k, v = self.k(x).view(b, m, G, D), self.v(x).view(b, m, G, DV)
+        o = nsa_iree.selection_attention(q, k, v, idx, block_size=BS)
+        return self.out(o.reshape(b, m, H * DV))
+
+
+def _layer_grads(layer, x, idx):
+    x = x.clone().requires_grad_(True)
+    layer.zero_grad()
+    y = layer(x, idx)
+    y.square().sum().backward()
+    return [y.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
+
+
+def test_torch_compile_of_a_module_matches_eager():
+    torch.manual_seed(0)
+    layer = SelectionLayer()
+    x = torch.randn(B, N, 24)
+    idx = torch.randint(-1, N // BS, (B, N, G, T), generator=torch.Generator().manual_seed(1))
+    eager = _layer_grads(layer, x, idx)
+    compiled = _layer_grads(torch.compile(layer, fullgraph=True), x, idx)
+    # Inductor reorders the projections' sums: equal up to f32 rounding. (k's bias has a gradient of zero up
+    # to rounding, ~1e-7: a bias shared by every key shifts all scores of a row alike.)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_shapes_one_graph_for_every_length():
+    q, k, v, idx, do = inputs()
+    compiled = torch.compile(attend, fullgraph=True, dynamic=True, backend="aot_eager")
+    for m in (M, M // 2, 7):
+        a = run(attend, q[:, :m], k, v, idx[:, :m], do[:, :m])
+        b = run(compiled, q[:, :m], k, v, idx[:, :m], do[:, :m])
+        for name, x, y in zip(("o", "dq", "dk", "dv"), a, b):
+            assert torch.equal(x, y), (m, name)
+
+
+def test_torch_export_of_a_module():
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, idx):
+            return attend(q, k, v, idx)
+
+    q, k, v, idx, _ = inputs()
+    exported = torch.export.export(Attend(), (q, k, v, idx))
+    ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert "nsa_iree.selection_attention_fwd.default" in ops
+    assert torch.equal(exported.module()(q, k, v, idx), attend(q, k, v, idx))
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+def test_jit_trace():
+    q, k, v, idx, _ = inputs()
+    traced = torch.jit.trace(attend, (q, k, v, idx), check_trace=False)
+    assert torch.equal(traced(q, k, v, idx), attend(q, k, v, idx))
+
+
+def test_operators_pass_opcheck():
+    """torch's own checks of a custom op: schema, fake (meta) implementation, autograd registration and
+    AOT dispatch, forward and backward."""
+    q, k, v, idx, do = inputs()
+    idx = api.effective_block_indices(idx, None)
+    scale = D ** -0.5
+    fwd, bwd = torch.ops.nsa_iree.selection_attention_fwd, torch.ops.nsa_iree.selection_attention_bwd
+    torch.library.opcheck(fwd, (q.requires_grad_(), k.requires_grad_(), v, idx, BS, scale))
+    o, lse = fwd(q.detach(), k.detach(), v, idx, BS, scale)
+    for need in ((True, True), (True, False), (False, True)):
+        torch.library.opcheck(bwd, (do, q.detach(), k.detach(), v, o, lse, idx, BS, scale, "two-pass", *need))
+
+
+@pytest.mark.parametrize("variant", ["two-pass", "one-pass"])
+@pytest.mark.parametrize("wanted", ["q", "kv", "k", "v"])
+def test_only_the_gradients_asked_for(variant, wanted, monkeypatch):
+    """Gradients of leaves that do not require grad are None, the others equal a full backward; the two-pass
+    variant skips the dk/dv work (inversion and dk/dv pass) when only dq is wanted, and the dq pass when
+    only dk or dv are."""
+    q, k, v, idx, do = inputs()
+    fn = lambda *a: nsa_iree.selection_attention(*a, block_size=BS, variant=variant)  # noqa: E731
+    full = run(fn, q, k, v, idx, do)
+    calls = []
+    original = runtime.Module.call
+    monkeypatch.setattr(runtime.Module, "call",
+                        lambda self, name, *a, **kw: calls.append(name) or original(self, name, *a, **kw))
+    requires = tuple(name in wanted for name in "qkv")
+    partial = run(fn, q, k, v, idx, do, requires)
+    assert torch.equal(partial[0], full[0])
+    for name, needed, got, ref in zip("qkv", requires, partial[1:], full[1:]):
+        assert (got is not None) == needed, name
+        if needed:                                 # (one-pass: f32 atomics, equal up to rounding order)
+            assert torch.equal(got, ref) if variant == "two-pass" else relative_rms_error(got, ref) < 1e-6, name
+    if variant == "two-pass":
+        assert ("selection_attention_dq" in calls) == (wanted == "q"), calls
+        assert ("selection_attention_dkdv" in calls) == (wanted != "q"), calls
+        assert ("invert_block_indices" in calls) == (wanted != "q"), calls
+
+
+def test_bad_inputs_under_torch_compile_name_the_argument():
+    q, k, v, idx, _ = inputs()
+    bad = (q[:, :, :3], k, v, idx)                                     # H = 3 is no multiple of G = 2
+    message = "H=3 .* must be a positive multiple of the number of kv heads G=2"
+    with pytest.raises(ValueError, match=message):
+        torch.compile(attend, backend="eager")(*bad)
+    with pytest.raises(Exception, match=message):                     # fullgraph: dynamo wraps the ValueError
+        torch.compile(attend, fullgraph=True, backend="eager")(*bad)
+
+
+def test_lse_from_the_operator_is_not_differentiable():
+    q, k, v, idx, _ = inputs()
+    o, lse = torch.ops.nsa_iree.selection_attention_fwd(q.requires_grad_(), k, v, idx.int(), BS, 0.25)
+    assert o.requires_grad and not lse.requires_grad
+
+
+def test_double_backward_raises_a_clear_error():
+    q, k, v, idx, _ = inputs()
+    q.requires_grad_(True)
+    o = attend(q, k, v, idx)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="selection_attention is not twice differentiable"):
+        dq.sum().backward()
+
+
+def _autocast_matches_casting_by_hand(device_type, dtype, **sizes):
+    bs = sizes.get("bs", BS)
+    q, k, v, idx, do = (t.to(device_type) for t in inputs(**sizes))
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    with torch.autocast(device_type, dtype=dtype):
+        o = nsa_iree.selection_attention(*leaves, idx, block_size=bs)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(leaves[0].transpose(1, 2), leaves[0].transpose(1, 2),
+                                                                leaves[0].transpose(1, 2))
+    assert o.dtype == sdpa.dtype == dtype
+    o.backward(do.to(dtype))
+    assert all(t.grad.dtype == torch.float32 for t in leaves)         # the leaves' own dtype, as for SDPA
+    by_hand = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+    o2 = nsa_iree.selection_attention(*by_hand, idx, block_size=bs)
+    o2.backward(do.to(dtype))
+    assert torch.equal(o, o2)
+    for a, b in zip(leaves, by_hand):
+        assert torch.equal(a.grad, b.grad.float())
+    with torch.autocast(device_type, dtype=dtype):                    # the functions without autograd too
+        o3, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, bs)
+        grads = nsa_iree.selection_attention_bwd(q, k, v, o3, lse, do, idx, bs)
+    assert o3.dtype == dtype and lse.dtype == torch.float32 and torch.equal(o3, o2.detach())
+    assert all(g.dtype == dtype for g in grads)
+    with torch.autocast(device_type, dtype=dtype):                    # mixed float inputs, as SDPA takes them
+        assert torch.equal(nsa_iree.selection_attention(q, k.to(dtype), v, idx, bs), o3)
+    with pytest.raises(TypeError, match="k must have q's dtype"):   # (outside autocast they must agree)
+        nsa_iree.selection_attention(q, k.to(dtype), v, idx, bs)
+
+
+def test_autocast_casts_like_sdpa_on_cpu():
+    _autocast_matches_casting_by_hand("cpu", torch.bfloat16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_autocast_casts_like_sdpa_on_cuda():
+    # A layout and block size the cuda recipe compiles (GPUs take f16/bf16 and BS 32, 64 or 128).
+    _autocast_matches_casting_by_hand("cuda", torch.float16, b=1, m=256, n=256, h=16, g=1, d=128, dv=128, bs=64, t=4)
+
+
+def test_autocast_under_torch_compile():
+    q, k, v, idx, do = inputs()
+
+    def step(q, k, v, idx):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return attend(q, k, v, idx)
+
+    eager = run(step, q, k, v, idx, do.bfloat16())
+    compiled = run(torch.compile(step, fullgraph=True, backend="aot_eager"), q, k, v, idx, do.bfloat16())
+    assert compiled[0].dtype == torch.bfloat16
+    for name, a, b in zip(("o", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a, b), name
+
+
+def test_torch_compile_with_only_q_requiring_grad():
+    q, k, v, idx, do = inputs()
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    eager = run(attend, q, k, v, idx, do, (True, False, False))
+    got = run(compiled, q, k, v, idx, do, (True, False, False))
+    assert got[2] is None and got[3] is None
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
