@@ -92,6 +92,11 @@ def run_script(body: str, tmp_path: Path, timeout=240, prefix=(), header="", **e
     """Run header + PRELUDE + body in a fresh interpreter (its own session: a hung child is killed with it)."""
     script = tmp_path / f"script_{len(list(tmp_path.glob('script_*.py')))}.py"
     script.write_text(header + PRELUDE + textwrap.dedent(body))
+    # The per-user fallback caches of this run, not the machine's: nothing there can stand in for what a test
+    # broke in its own cache.
+    env.setdefault("XDG_CACHE_HOME", tmp_path / "xdg")
+    env.setdefault("TMPDIR", tmp_path / "tmp")
+    Path(env["TMPDIR"]).mkdir(exist_ok=True)
     proc = subprocess.Popen([*prefix, sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env(**env), cwd=tmp_path, start_new_session=True)
     try:
@@ -340,7 +345,6 @@ def test_read_only_cache(tmp_path, built, restore_modes, contents):
     directory = cache_from(built, tmp_path / "cache") if prefilled else tmp_path / "cache"
     directory.mkdir(exist_ok=True)
     home, tmp = tmp_path / "xdg", tmp_path / "tmp"
-    tmp.mkdir()
     prefix = _read_only_prefix(tmp_path, [directory])
     env = dict(NSA_IREE_CACHE_DIR=directory, XDG_CACHE_HOME=home, TMPDIR=tmp)
     header = NO_COMPILER if "runtime only" in contents else ""
@@ -356,7 +360,7 @@ def test_read_only_cache(tmp_path, built, restore_modes, contents):
         second = run_script("check(run()); print('ok')", tmp_path, prefix=prefix, **env)
         assert_ok(second)
         assert {p: p.stat().st_mtime_ns for p in fallback.glob("*.vmfb")} == built_here   # reused, not rebuilt
-    assert not list(tmp.iterdir()) and sorted(p.name for p in directory.iterdir()) == sorted(
+    assert not list(tmp.glob("nsa_iree*")) and sorted(p.name for p in directory.iterdir()) == sorted(
         p.name for p in (built.iterdir() if prefilled else ()))
 
 
