@@ -19,6 +19,7 @@ process (SIGILL / SIGSEGV) on garbage.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -55,14 +56,52 @@ def describe_dir(directory: Path) -> str:
     return str(directory)
 
 
-def _user_tmp_dir() -> Path:
+def _user_tmp_dir() -> Path | None:
     uid = os.getuid() if hasattr(os, "getuid") else os.getpid()
-    return Path(tempfile.gettempdir()) / f"nsa_iree-{uid}"
+    try:
+        return Path(tempfile.gettempdir()) / f"nsa_iree-{uid}"
+    except OSError:                                  # no writable temporary directory at all
+        return None
 
 
 def fallback_dirs(primary: Path) -> list[Path]:
     """Per-user directories that take the artifacts a read-only `primary` cannot, in order of preference."""
-    return [d for d in (_default_dir(), _user_tmp_dir()) if d != primary]
+    return [d for d in (_default_dir(), _user_tmp_dir()) if d is not None and d != primary]
+
+
+def _can_create_in(directory: str) -> bool:
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".probe.", suffix=".tmp")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
+@contextlib.contextmanager
+def tool_tmpdir(writable: Path):
+    """TMPDIR for a tool run inside the block (iree-compile writes temporary files there, else in /tmp),
+    changed only when the environment's cannot be written: then Python's own choice of a temporary directory,
+    else `writable` (the directory the artifact goes to)."""
+    current = os.environ.get("TMPDIR")
+    if _can_create_in(current or "/tmp"):
+        yield
+        return
+    try:
+        replacement = tempfile.gettempdir()
+        if not _can_create_in(replacement):
+            raise OSError
+    except OSError:
+        replacement = str(writable)
+    os.environ["TMPDIR"] = replacement
+    try:
+        yield
+    finally:
+        if current is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = current
 
 
 def _private_enough(directory: Path) -> bool:

@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 from .cache import ArtifactError, atomic_write, cache_dir, describe_dir, fallback_dirs, problem_with, \
-    probe_writable, write_artifact, writable_dir
+    probe_writable, tool_tmpdir, write_artifact, writable_dir
 from .recipes import load_recipe
 from .render import render_module
 from .spec import KernelSpec
@@ -119,7 +119,8 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
     start = time.perf_counter()
     try:
         from iree.compiler import CompilerToolError, compile_str
-        binary = compile_str(text, extra_args=list(recipe.flags))
+        with tool_tmpdir(directory):
+            binary = compile_str(text, extra_args=list(recipe.flags))
     except CompilerToolError as err:
         raise CompileError(
             f"iree-compile failed for {variant} {spec.name}; rendered MLIR kept at {mlir}\n{err}") from None

@@ -14,6 +14,7 @@
 | empty read-only cache: runs (fallback    | test_read_only_cache[empty]                                      |
 |   named in a warning) or names           | test_no_writable_cache_names_the_variable                        |
 |   NSA_IREE_CACHE_DIR                     | test_the_shared_tmp_fallback_must_be_private                     |
+|                                          | test_the_compiler_gets_a_writable_temporary_directory            |
 | transposed-view q, k: backward works,    | test_transposed_views_backward                                   |
 |   outputs contiguous                     | test_bwd_outputs_are_contiguous_whatever_the_inputs_strides      |
 | no "leaked" line at exit                 | test_no_leak_report_at_exit (the README example), and the forked |
@@ -392,6 +393,24 @@ def test_the_shared_tmp_fallback_must_be_private(tmp_path, monkeypatch):
     assert cache.probe_writable(user_dir) is None and (user_dir.stat().st_mode & 0o777) == 0o700
     user_dir.chmod(0o777)
     assert isinstance(cache.probe_writable(user_dir), PermissionError)
+
+
+def test_the_compiler_gets_a_writable_temporary_directory(tmp_path, monkeypatch):
+    """iree-compile writes a temporary file in $TMPDIR (else /tmp): with that read-only, compiling into a
+    writable fallback failed with "failed to generate temporary file"; the compile gets a writable one."""
+    read_only, writable = str(tmp_path / "read_only"), tmp_path / "writable"
+    writable.mkdir()
+    monkeypatch.setenv("TMPDIR", read_only)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    real = cache._can_create_in
+    monkeypatch.setattr(cache, "_can_create_in", lambda d: d != read_only and real(d))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: (_ for _ in ()).throw(FileNotFoundError("none")))
+    with cache.tool_tmpdir(writable):
+        assert os.environ["TMPDIR"] == str(writable)
+    assert os.environ["TMPDIR"] == read_only
+    monkeypatch.setenv("TMPDIR", str(writable))
+    with cache.tool_tmpdir(tmp_path / "unused"):
+        assert os.environ["TMPDIR"] == str(writable)                  # a writable one is left alone
 
 
 # --- outputs contiguous whatever the inputs' strides ------------------------------------------------------
