@@ -33,8 +33,9 @@ an inherited device waits for them forever. So a child forgets its parent's devi
 and makes its own on first use; the inherited objects are kept referenced and never touched, not even
 destroyed (their destructors would wait for the same threads). torch's OpenMP pool has the same problem (a
 parallel copy inside a call would wait for the parent's threads): a child forked after the library was used
-runs torch on one thread, as DataLoader workers do. At exit, the devices a process made are
-released before the interpreter tears down IREE's bindings (atexit), so nothing is reported leaked.
+runs torch on one thread, as DataLoader workers do. At exit, the devices a process made are released and
+reference cycles collected before the interpreter tears down IREE's bindings (atexit): nothing is reported
+leaked, and nothing is freed after the bindings are gone (a crash).
 """
 
 from __future__ import annotations
@@ -157,9 +158,9 @@ class Module:
             problem = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if problem is not None:                  # raised outside the handler: no frame <-> exception cycle
             self.vm_module = self.context = None
-            raise ArtifactError(f"nsa_iree: IREE cannot load the artifact {self.path} ({problem}); it matches its "
-                                f"digest, so it was compiled for another runtime or device: compile it again "
-                                f"(`nsa-iree compile` into NSA_IREE_CACHE_DIR)")
+            raise ArtifactError(f"nsa_iree: IREE cannot load the artifact {self.path} ({problem}), although it "
+                                f"matches its digest: compile it again (`nsa-iree compile` into "
+                                f"NSA_IREE_CACHE_DIR, {self.path.parent})")
         self._functions = {}
         self._transient_sizes = {}  # (function, argument shapes and integer scalars) -> bytes
         self._placeholder = None
