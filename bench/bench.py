@@ -6,8 +6,9 @@
 Every configuration is checked for correctness at a small size (against fla when importable, else the f64
 reference) before it is timed. Timings: warm-up, then the median of --repeats runs, each synchronised
 (IREE runs on its own CUDA stream: the runtime waits for torch's stream before a call, and a call returns
-when its results are ready). Results go to bench/results/: a Markdown table and a JSON record stamped with
-date, machine and versions, and a PNG plot (time against sequence length) when matplotlib is present.
+when its results are ready). Results go to --out (default ./nsa_iree_results, under the current directory;
+the checked-in tables are in bench/results/): a Markdown table and a JSON record stamped with date, machine
+and versions, and a PNG plot (time against sequence length) when matplotlib is present.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from nsa_iree.testing import relative_rms_error
 from nsa_iree.reference import selection_attention_reference
 from nsa_iree.selection import local_block_indices, realistic_block_indices, uniform_block_indices
 
-RESULTS = Path(__file__).parent / "results"
+DEFAULT_OUT = "nsa_iree_results"                # relative: under the current directory
 
 CONFIGS = {
     # anchors.md: the configuration fla and dense SDPA were measured in on the H200.
@@ -437,7 +438,8 @@ def main(argv=None):
     parser.add_argument("--selection", nargs="+", choices=SELECTIONS, default=["realistic", "uniform"])
     parser.add_argument("--impl", nargs="+", default=list(IMPLS))
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="directory for the table, record and plot (default ./%(default)s)")
     parser.add_argument("--profile", type=int, default=0, metavar="SEQ",
                         help="also record per-kernel GPU times (torch.profiler) of nsa_iree at this length")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: the harness works, nothing is timed seriously")

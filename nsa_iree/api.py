@@ -64,8 +64,12 @@ def _artifact_path(spec: KernelSpec, variant: str):
 
 
 def kernels(spec: KernelSpec, variant: str, device: torch.device):
-    """The loaded module holding the stage functions of `variant` ("forward" or a backward variant)."""
-    return device_for(device).module(_artifact_path(spec, variant))
+    """The loaded module holding the stage functions of `variant` ("forward" or a backward variant).
+
+    An artifact that fails its digest check or that IREE refuses to load is compiled again, once.
+    """
+    return device_for(device).module(_artifact_path(spec, variant),
+                                     rebuild=lambda: compile_artifact(spec, variant, rebuild=True).path)
 
 
 def effective_block_indices(block_indices: Tensor, block_counts: BlockCounts) -> Tensor:

@@ -1,4 +1,8 @@
-"""``nsa-iree``: compile artifacts, print rendered MLIR, and run the demo."""
+"""``nsa-iree``: compile artifacts, print rendered MLIR, and run the demo.
+
+A bad value is reported in one line (``nsa-iree: error: ...``, exit status 2), as argparse reports a bad
+option; an artifact that cannot be compiled, stored or loaded likewise (exit status 1), without a traceback.
+"""
 
 from __future__ import annotations
 
@@ -22,9 +26,33 @@ def _add_spec_options(parser: argparse.ArgumentParser, target_default: str = "cp
     parser.add_argument("--dtype", choices=DTYPES, default=d.dtype)
 
 
+class UsageError(ValueError):
+    """A value the command line accepted but nsa_iree cannot use; reported in one line, exit status 2."""
+
+
+_SPEC_OPTIONS = {"heads": "--heads", "kv_heads": "--kv-heads", "head_dim": "--head-dim",
+                 "value_dim": "--value-dim", "block_size": "--block-size", "num_blocks": "--num-blocks"}
+
+
+def _positive(option: str, value: int) -> None:
+    if value <= 0:
+        raise UsageError(f"{option} must be a positive integer, got {value}")
+
+
 def _spec_from(args) -> KernelSpec:
-    return KernelSpec(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, value_dim=args.value_dim,
+    from .compiler import check_supported
+
+    for field, option in _SPEC_OPTIONS.items():
+        _positive(option, getattr(args, field))
+    if args.heads % args.kv_heads:
+        raise UsageError(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    spec = KernelSpec(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, value_dim=args.value_dim,
                       block_size=args.block_size, num_blocks=args.num_blocks, dtype=args.dtype, target=args.target)
+    try:
+        check_supported(spec)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return spec
 
 
 def _cmd_compile(args) -> int:
@@ -61,13 +89,13 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_bench(rest) -> int:
+    """bench/bench.py of the source checkout; results go to its --out (default ./nsa_iree_results)."""
     # The benchmarks are not part of the installed package: they need a source checkout (bench/).
     checkout = Path(__file__).resolve().parent.parent
     if not (checkout / "bench" / "bench.py").is_file():
-        print("nsa-iree bench needs a source checkout of nsa_iree (its bench/ directory is not installed): "
-              "run it from an editable install (pip install -e .) or `python -m bench.bench` in the checkout",
-              file=sys.stderr)
-        return 2
+        raise UsageError("bench needs a source checkout of nsa_iree (its bench/ directory is not installed): "
+                         "run it from an editable install (pip install -e .) or `python -m bench.bench` in the "
+                         "checkout")
     sys.path.insert(0, str(checkout))
     from bench.bench import main as bench_main
 
@@ -78,7 +106,13 @@ def _cmd_bench(rest) -> int:
 def _cmd_demo(args) -> int:
     from .demo import run_demo
 
+    _positive("--seq-len", args.seq_len)
     return run_demo(seq_len=args.seq_len, seed=args.seed)
+
+
+def _fail(status: int, message: str) -> int:
+    sys.stderr.write(f"nsa-iree: error: {message}\n")
+    return status
 
 
 def main(argv=None) -> int:
@@ -110,11 +144,19 @@ def main(argv=None) -> int:
     sub.add_parser("bench", help="benchmarks against dense attention and fla (see bench/bench.py --help)",
                    add_help=False)
 
+    from .cache import ArtifactError
+    from .compiler import CompileError
+
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        return _cmd_bench(argv[1:])
-    args = parser.parse_args(argv)
-    return args.fn(args)
+    try:
+        if argv[:1] == ["bench"]:
+            return _cmd_bench(argv[1:])
+        args = parser.parse_args(argv)
+        return args.fn(args)
+    except UsageError as err:
+        return _fail(2, str(err))
+    except (ArtifactError, CompileError) as err:
+        return _fail(1, str(err))
 
 
 if __name__ == "__main__":

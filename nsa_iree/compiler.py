@@ -3,20 +3,23 @@
 An artifact is keyed by sha256 over the rendered MLIR, the compiler version and the target's flags (plus
 the host CPU for the ``cpu`` target, whose code is tuned for the machine that compiles it). A changed
 template renders different text and so can never load a stale vmfb. Artifacts are written to a temporary
-file and renamed into place, so processes compiling the same key at once never see a torn file.
-Compiling never needs a device.
+file and renamed into place, so processes compiling the same key at once never see a torn file, and each
+vmfb has a sha256 digest beside it: a cached vmfb that does not match it (truncated, overwritten, or written
+before digests) is compiled again, never loaded. A read-only cache is used as it is; what it lacks is
+compiled into a per-user writable directory (nsa_iree/cache.py). Compiling never needs a device.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import platform
-import tempfile
 import time
+import warnings
 from pathlib import Path
 
+from .cache import ArtifactError, atomic_write, cache_dir, describe_dir, fallback_dirs, problem_with, \
+    probe_writable, tool_tmpdir, write_artifact, writable_dir
 from .recipes import load_recipe
 from .render import render_module
 from .spec import KernelSpec
@@ -34,15 +37,6 @@ class Artifact:
     mlir_path: Path     # the rendered module it was compiled from
     key: str
     compile_seconds: float  # 0.0 when it came from the cache
-
-
-def cache_dir() -> Path:
-    """``$NSA_IREE_CACHE_DIR``, else ``$XDG_CACHE_HOME/nsa_iree``, else ``~/.cache/nsa_iree``."""
-    env = os.environ.get("NSA_IREE_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "nsa_iree"
 
 
 def compiler_version() -> str:
@@ -70,8 +64,8 @@ def cache_key(text: str, flags: tuple[str, ...], target: str) -> str:
     return h.hexdigest()
 
 
-def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None) -> Artifact:
-    """The vmfb for (spec, variant), from the cache or freshly compiled into it (or into out_dir)."""
+def check_supported(spec: KernelSpec) -> None:
+    """ValueError naming the value when the target's recipe cannot compile `spec` (before any work)."""
     recipe = load_recipe(spec.target)
     if spec.dtype not in recipe.dtypes:
         raise ValueError(f"target {spec.target} supports dtypes {list(recipe.dtypes)} (pipelines/{spec.target}.toml), "
@@ -79,52 +73,86 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
     if recipe.block_sizes is not None and spec.block_size not in recipe.block_sizes:
         raise ValueError(f"target {spec.target} supports block_size in {list(recipe.block_sizes)} "
                          f"(pipelines/{spec.target}.toml), got {spec.block_size}")
+
+
+def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None,
+                     rebuild: bool = False) -> Artifact:
+    """The vmfb for (spec, variant), from the cache or freshly compiled into it (or into out_dir).
+
+    A cached vmfb is used only when it matches the digest beside it; otherwise it is compiled again (with a
+    warning). rebuild=True compiles again even over a verified one (IREE refused to load it). When the cache
+    directory cannot be written, its verified artifacts are still used and new ones go to a per-user
+    directory (cache.writable_dir, with a warning); out_dir must be writable.
+    """
+    check_supported(spec)
+    recipe = load_recipe(spec.target)
     text = render_module(spec, variant)
-    directory = Path(out_dir) if out_dir is not None else cache_dir()
+    primary = Path(out_dir) if out_dir is not None else cache_dir()
     try:
         key = cache_key(text, recipe.flags, spec.target)
     except ImportError:
-        return _prebuilt(spec, variant, text, recipe.flags, directory)
-    directory.mkdir(parents=True, exist_ok=True)
+        return _prebuilt(spec, variant, text, recipe.flags, primary, searched_fallbacks=out_dir is None)
     stem = f"{variant}_{spec.name}_{key[:16]}"
+    problem = problem_with(primary / f"{stem}.vmfb")
+    if problem is None and not rebuild:
+        return Artifact(spec, variant, primary / f"{stem}.vmfb", primary / f"{stem}.mlir", key, 0.0)
+    what = f"the {variant} artifact for {spec.name}"
+    if out_dir is None:
+        directory = writable_dir(primary, what)
+    else:
+        error = probe_writable(primary)
+        if error is not None:
+            raise ArtifactError(f"nsa_iree: cannot write {what} into {primary}: {error.strerror or error}")
+        directory = primary
     vmfb, mlir = directory / f"{stem}.vmfb", directory / f"{stem}.mlir"
-    if vmfb.exists():
-        return Artifact(spec, variant, vmfb, mlir, key, 0.0)
+    if directory != primary and not rebuild and problem_with(vmfb) is None:
+        return Artifact(spec, variant, vmfb, mlir, key, 0.0)   # compiled into the fallback by an earlier run
+    if rebuild and problem is None:
+        warnings.warn(f"nsa_iree: IREE could not load the cached artifact {primary / (stem + '.vmfb')}: "
+                      f"compiling it again into {vmfb}", RuntimeWarning, stacklevel=2)
+    elif problem != "it does not exist":
+        warnings.warn(f"nsa_iree: the cached artifact {primary / (stem + '.vmfb')} cannot be used ({problem}): "
+                      f"compiling it again into {vmfb}", RuntimeWarning, stacklevel=2)
 
-    _atomic_write(mlir, text.encode())
-    _atomic_write(mlir.with_suffix(".flags"), "\n".join(recipe.flags).encode())
+    atomic_write(mlir, text.encode())
+    atomic_write(mlir.with_suffix(".flags"), "\n".join(recipe.flags).encode())
     start = time.perf_counter()
     try:
         from iree.compiler import CompilerToolError, compile_str
-        binary = compile_str(text, extra_args=list(recipe.flags))
+        with tool_tmpdir(directory):
+            binary = compile_str(text, extra_args=list(recipe.flags))
     except CompilerToolError as err:
         raise CompileError(
             f"iree-compile failed for {variant} {spec.name}; rendered MLIR kept at {mlir}\n{err}") from None
     seconds = time.perf_counter() - start
-    _atomic_write(vmfb, binary)
+    write_artifact(vmfb, binary)
     return Artifact(spec, variant, vmfb, mlir, key, seconds)
 
 
-def _prebuilt(spec: KernelSpec, variant: str, text: str, flags, directory: Path) -> Artifact:
+def _prebuilt(spec: KernelSpec, variant: str, text: str, flags, primary: Path, searched_fallbacks: bool) -> Artifact:
     """On a machine with only the IREE runtime (a GPU box): an artifact compiled elsewhere is used when the
-    MLIR and flags saved beside it are exactly what this checkout renders, so it cannot be stale."""
-    for vmfb in sorted(directory.glob(f"{variant}_{spec.name}_*.vmfb")):
-        mlir, saved_flags = vmfb.with_suffix(".mlir"), vmfb.with_suffix(".flags")
-        if (mlir.exists() and saved_flags.exists() and mlir.read_text() == text
-                and saved_flags.read_text() == "\n".join(flags)):
-            return Artifact(spec, variant, vmfb, mlir, vmfb.stem.rsplit("_", 1)[-1], 0.0)
-    raise CompileError(f"iree-base-compiler is not installed and {directory} holds no artifact compiled from "
+    MLIR and flags saved beside it are exactly what this checkout renders, so it cannot be stale, and the
+    vmfb matches its digest, so it is not torn or corrupted."""
+    directories = [primary] + (fallback_dirs(primary) if searched_fallbacks else [])
+    rejected = []
+    for directory in directories:
+        for vmfb in sorted(directory.glob(f"{variant}_{spec.name}_*.vmfb")):
+            mlir, saved_flags = vmfb.with_suffix(".mlir"), vmfb.with_suffix(".flags")
+            try:
+                same = mlir.read_text() == text and saved_flags.read_text() == "\n".join(flags)
+            except (OSError, UnicodeDecodeError):
+                continue
+            if not same:
+                continue
+            problem = problem_with(vmfb)
+            if problem is None:
+                return Artifact(spec, variant, vmfb, mlir, vmfb.stem.rsplit("_", 1)[-1], 0.0)
+            rejected.append(f"{vmfb}: {problem}")
+    if rejected:
+        raise ArtifactError(f"nsa_iree: iree-base-compiler is not installed, so the cached {variant} artifact for "
+                            f"{spec.name} cannot be rebuilt here: {'; '.join(rejected)}. Compile it again with "
+                            f"`nsa-iree compile` where the compiler is installed and point NSA_IREE_CACHE_DIR at "
+                            f"the result (now {describe_dir(primary)}).")
+    raise CompileError(f"iree-base-compiler is not installed and {primary} holds no artifact compiled from "
                        f"this checkout's {variant} module for {spec.name}: compile it with `nsa-iree compile` "
                        f"where the compiler is installed and point NSA_IREE_CACHE_DIR at the result")
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

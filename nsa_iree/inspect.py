@@ -18,7 +18,8 @@ import re
 import shutil
 from pathlib import Path
 
-from .compiler import cache_dir, cache_key
+from .cache import cache_dir, writable_dir
+from .compiler import cache_key
 from .recipes import load_recipe
 from .render import render_module
 from .spec import KernelSpec
@@ -43,7 +44,10 @@ def dump_executables(spec: KernelSpec, variant: str, dump_dir: Path | None = Non
     recipe = load_recipe(spec.target)
     text = render_module(spec, variant)
     key = cache_key(text, recipe.flags, spec.target)
-    target = Path(dump_dir) if dump_dir else cache_dir() / "dumps" / f"{variant}_{spec.name}_{key[:16]}"
+    if dump_dir:
+        target = Path(dump_dir)
+    else:
+        target = writable_dir(cache_dir(), "executable dumps") / "dumps" / f"{variant}_{spec.name}_{key[:16]}"
     if not (target / ".complete").exists():
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)

@@ -20,16 +20,36 @@ The results IREE still allocates itself (delta and the inverted block lists, han
 next) are small. Wrapping IREE's allocator in its caching allocator for them (``--cuda_async_allocations=false``)
 gained about 1 ms of a 102 ms backward at 64k and, as IREE 3.13 cannot trim that cache, held its memory until
 exit; it is not offered (bench/results/experiments_H200.md).
+
+Loading: a module is made from the bytes of its vmfb after they are checked against the sha256 digest stored
+beside it (cache.read_verified), never from an unchecked file, and never through a writable mapping (so a
+read-only cache works). A vmfb that fails the check or that IREE refuses is compiled again once, through the
+`rebuild` callback the caller passes (api.kernels); without a compiler the error names the file and
+NSA_IREE_CACHE_DIR.
+
+Processes: IREE devices, modules and contexts belong to the process that made them. The local-task driver
+runs worker threads, which a forked child (every DataLoader worker on Linux) does not have: a call through
+an inherited device waits for them forever. So a child forgets its parent's devices (os.register_at_fork)
+and makes its own on first use; the inherited objects are kept referenced and never touched, not even
+destroyed (their destructors would wait for the same threads). torch's OpenMP pool has the same problem (a
+parallel copy inside a call would wait for the parent's threads): a child forked after the library was used
+runs torch on one thread, as DataLoader workers do. At exit, the devices a process made are released and
+reference cycles collected before the interpreter tears down IREE's bindings (atexit): nothing is reported
+leaked, and nothing is freed after the bindings are gone (a crash).
 """
 
 from __future__ import annotations
 
-import functools
+import atexit
+import ctypes
+import gc
 import os
 import threading
 from pathlib import Path
 
 import torch
+
+from .cache import ArtifactError, read_verified
 
 _DLPACK_DEVICE = {"cpu": 1, "cuda": 2, "hip": 10}
 _ALIGNMENT = 64
@@ -53,6 +73,7 @@ class Device:
 
     def __init__(self, torch_device: torch.device):
         import iree.runtime as rt
+        from iree.runtime._binding import create_hal_driver
 
         self.torch_device = torch_device
         self.driver_name = _driver_for(torch_device)
@@ -60,22 +81,43 @@ class Device:
         if torch_device.type == "cpu" and os.environ.get("NSA_IREE_CPU_THREADS"):
             # local-task worker count (set before the first CPU device is made; the flag is process-wide).
             rt.flags.parse_flags(f"--task_topology_group_count={int(os.environ['NSA_IREE_CPU_THREADS'])}")
-        driver = rt.get_driver(self.driver_name)
+        # A driver of our own, not IREE's process-wide cached one: the local-task driver owns the worker
+        # threads, and a cached driver made before a fork would be handed to the child without them.
+        self.driver = create_hal_driver(self.driver_name)
         if torch_device.type == "cpu":
-            self.hal_device = driver.create_default_device()
+            self.hal_device = self.driver.create_default_device()
         else:
             index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
-            self.hal_device = driver.create_device(driver.query_available_devices()[index])
+            self.hal_device = self.driver.create_device(self.driver.query_available_devices()[index])
         self.hal_module = rt.create_hal_module(self.instance, self.hal_device)
         self._dlpack_type = _DLPACK_DEVICE["hip" if self.driver_name == "hip" else torch_device.type]
         self._modules: dict[Path, Module] = {}
         self._lock = threading.Lock()
 
-    def module(self, vmfb: Path) -> "Module":
+    def module(self, vmfb: Path, rebuild=None) -> "Module":
+        """The module of `vmfb`, loaded once per device.
+
+        rebuild: called (no arguments) when the vmfb fails its digest check or IREE refuses it; returns the
+        path of a freshly compiled artifact, loaded instead. Without it, or if that fails too, ArtifactError.
+        """
         with self._lock:
             if vmfb not in self._modules:
-                self._modules[vmfb] = Module(self, vmfb)
+                try:
+                    module = Module(self, vmfb)
+                except ArtifactError:
+                    if rebuild is None:
+                        raise
+                    module = Module(self, Path(rebuild()))
+                self._modules[vmfb] = module
             return self._modules[vmfb]
+
+    def close(self) -> None:
+        """Release the IREE objects of this device and its modules (in this, the process that made them)."""
+        with self._lock:
+            for module in self._modules.values():
+                module.close()
+            self._modules.clear()
+            self.hal_module = self.hal_device = self.driver = self.instance = None
 
     def import_tensor(self, t: torch.Tensor):
         """A HalBufferView over t's memory (over a contiguous aligned copy when t is not importable)."""
@@ -104,11 +146,28 @@ class Module:
         import iree.runtime as rt
 
         self.device = device
-        self.vm_module = rt.VmModule.mmap(device.instance, str(vmfb))
-        self.context = rt.VmContext(device.instance, modules=[device.hal_module, self.vm_module])
+        self.path = Path(vmfb)
+        data = read_verified(self.path)          # ArtifactError unless the bytes match the digest beside them
+        problem = None
+        try:
+            # A copy of checked bytes, not VmModule.mmap: the file is read once, read-only, and a later change
+            # to it cannot reach the loaded module.
+            self.vm_module = rt.VmModule.copy_buffer(device.instance, data)
+            self.context = rt.VmContext(device.instance, modules=[device.hal_module, self.vm_module])
+        except (RuntimeError, ValueError) as err:
+            problem = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if problem is not None:                  # raised outside the handler: no frame <-> exception cycle
+            self.vm_module = self.context = None
+            raise ArtifactError(f"nsa_iree: IREE cannot load the artifact {self.path} ({problem}), although it "
+                                f"matches its digest: compile it again (`nsa-iree compile` into "
+                                f"NSA_IREE_CACHE_DIR, {self.path.parent})")
         self._functions = {}
         self._transient_sizes = {}  # (function, argument shapes and integer scalars) -> bytes
         self._placeholder = None
+
+    def close(self) -> None:
+        self._functions.clear()
+        self._placeholder = self.context = self.vm_module = None
 
     def _lookup(self, name: str):
         """Function `name` and its transient-size query (None for a function without transient storage)."""
@@ -184,6 +243,76 @@ class Module:
         return [outputs.get_as_object(i, rt.HalBufferView) for i in range(outputs.size)]
 
 
-@functools.lru_cache(maxsize=None)
+_devices: dict[torch.device, Device] = {}
+_devices_lock = threading.Lock()
+_devices_pid = os.getpid()
+# IREE objects a parent process made before it forked this one: kept referenced so that nothing ever calls
+# into them here, not even their destructors (see the module docstring).
+_inherited: list = []
+
+
 def device_for(torch_device: torch.device) -> Device:
-    return Device(torch_device)
+    """The IREE device of this process for `torch_device` (made on first use, in this process)."""
+    with _devices_lock:
+        if os.getpid() != _devices_pid:         # forked without the at-fork hook having run (belt and braces)
+            _forget_parent_devices()
+        device = _devices.get(torch_device)
+        if device is None:
+            device = _devices[torch_device] = Device(torch_device)
+        return device
+
+
+def _forget_parent_devices() -> None:
+    global _devices, _devices_pid
+    if _devices:
+        _one_torch_thread_after_fork()
+        _inherited.append(_devices)
+        if len(_inherited) == 1:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(_inherited))   # never freed, even at exit
+            try:
+                # The inherited objects are leaked on purpose: do not list them at this process's exit.
+                from iree.runtime._binding import disable_leak_checker
+                disable_leak_checker()
+            except (ImportError, AttributeError):
+                pass
+    _devices, _devices_pid = {}, os.getpid()
+
+
+def _one_torch_thread_after_fork() -> None:
+    """torch's OpenMP thread pool (the intra-op backend of its Linux wheels) does not survive a fork either:
+    the child's first parallel torch op, such as the copy of a strided input inside a call, waits forever for
+    threads that exist only in the parent. One thread, as torch's DataLoader workers set for themselves."""
+    try:
+        if torch.get_num_threads() > 1 and "parallel backend: OpenMP" in torch.__config__.parallel_info():
+            torch.set_num_threads(1)
+    except Exception:  # noqa: BLE001 - best effort: never fail a fork
+        pass
+
+
+def _after_fork_in_child() -> None:
+    global _devices_lock
+    _devices_lock = threading.Lock()             # the parent's may have been held by another thread
+    _forget_parent_devices()
+
+
+def release_devices() -> None:
+    """Release the IREE devices and modules this process made (at exit; later calls make new ones)."""
+    global _devices
+    with _devices_lock:
+        if os.getpid() != _devices_pid:
+            _forget_parent_devices()
+        devices, _devices = list(_devices.values()), {}
+    for device in devices:
+        device.close()
+
+
+def _at_exit() -> None:
+    release_devices()
+    # IREE objects left in reference cycles (an exception's frames, say) would otherwise be freed by the
+    # interpreter's last collection, after IREE's bindings are torn down: a crash at exit. Collect them now.
+    gc.collect()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)

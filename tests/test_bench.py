@@ -6,20 +6,34 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 from bench.bench import main  # noqa: E402
 
 
-def test_bench_smoke_run_writes_table_and_record(tmp_path):
-    record = main(["--smoke", "--out", str(tmp_path)])
+def test_bench_smoke_run_writes_table_and_record(tmp_path, monkeypatch):
+    """`nsa-iree bench` without --out writes under the current directory, never into the checkout."""
+    from nsa_iree import cli
+
+    checked_in = sorted((REPO / "bench" / "results").rglob("*"))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "--smoke"]) == 0
+    out = tmp_path / "nsa_iree_results"
+    record = json.loads(next(out.glob("*.json")).read_text())
     assert all("error" not in row for row in record["rows"]), record["rows"]
     assert {row["impl"] for row in record["rows"]} >= {"nsa_iree two-pass", "nsa_iree one-pass", "dense sdpa"}
     for key in ("errors", "one-pass_errors"):                       # f32 config: the f32 tolerance
         assert all(err < 1e-5 for err in record["checks"]["realistic"][key].values()), key
-    md = next(tmp_path.glob("*.md")).read_text()
+    md = next(out.glob("*.md")).read_text()
     assert "| realistic | 256 | nsa_iree two-pass |" in md
-    assert json.loads(next(tmp_path.glob("*.json")).read_text())["config"]["name"] == "tiny"
+    assert record["config"]["name"] == "tiny"
+    assert sorted((REPO / "bench" / "results").rglob("*")) == checked_in
+
+
+def test_bench_out_option(tmp_path):
+    record = main(["--smoke", "--out", str(tmp_path / "elsewhere"), "--impl", "dense sdpa"])
+    assert record["rows"] and next((tmp_path / "elsewhere").glob("*.md"))
 
 
 def test_sweep_variants_load_their_own_recipe(tmp_path):
