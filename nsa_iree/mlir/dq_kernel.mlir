@@ -1,16 +1,18 @@
 // dq pass as a hand-written matrix-unit kernel: one workgroup per (query row m, kv group g, batch b).
 //
-// For each selected block the workgroup stages the block's K rows twice into workgroup memory (row-major
-// for s = q k^T, and as key pairs per d for dq = ds k) and its V rows once, each read from global memory
-// once. Subgroup w owns keys [16 w, 16 w + 16) of every block: it computes s and dp for the 16 heads x its
-// keys on the matrix units, p and ds in registers (masking invisible keys and padding heads), and adds
-// ds k over its keys into a private dq accumulator [16 heads, D] kept in registers for the whole row. The
-// subgroups' accumulators are summed in a fixed order at the end (bitwise reproducible) and dq written once.
+// The selected blocks' K and V rows are staged into workgroup memory with 16-byte asynchronous copies, read
+// from global memory once per workgroup and double-buffered (${DQ_STAGES} buffers: the next slot's copies are
+// in flight while this one is computed). Subgroup w owns keys [16 w, 16 w + 16) of every block: it computes
+// s and dp for the 16 heads x its keys on the matrix units, p and ds in registers (masking invisible keys and
+// padding heads), and adds ds k over its keys into a private dq accumulator [16 heads, D] kept in registers
+// for the whole row. The subgroups' accumulators are summed in a fixed order at the end (bitwise
+// reproducible) and dq written once.
 //
-//   s  = q k^T         lhs q [16 x D] (registers, loaded once)   rhs k^T [D x 16 keys] (workgroup memory)
-//   dp = do v^T        lhs do [16 x Dv] (registers)               rhs v^T [Dv x 16 keys]
+//   s  = q k^T         lhs q [16 x D] (registers, loaded once)   rhs k^T (ldmatrix of the K rows)
+//   dp = do v^T        lhs do (ldmatrix of a [16, Dv] tile)       rhs v^T (ldmatrix of the V rows)
 //   p  = exp(scale s - lse), ds = scale p (dp - delta), 0 where the key is invisible or the head is padding
-//   dq += ds k         lhs ds [16 x 16 keys] (the s accumulators, re-tiled in registers) rhs k [16 keys x D]
+//   dq += ds k         lhs ds [16 x 16 keys] (the s accumulators, re-tiled in registers)
+//                      rhs k [16 keys x D] (ldmatrix .trans of the same K rows: no second copy)
 //
 // Matrix operations are iree_codegen.inner_tiled on per-lane fragments of ${MMA_KIND} (${SUBGROUP_SIZE} lanes). The
 // lane -> element placement of the fragments is IREE's layout for that intrinsic (nsa_iree/fragments.py,
@@ -18,8 +20,8 @@
 //   lhs  vector<4x2>: [2 i + k'][e] = X[8 i + r][8 k' + 2 c + e]        (16 x 16, rows x reduction)
 //   rhs  vector<2x2>: [k'][e]       = Y[8 k' + 2 c + e][r]              (16 x 8, reduction x columns)
 //   acc  vector<2x2>: [i][e]        = Z[8 i + r][2 c + e]               (16 x 8)
-// so every fragment is read as pairs of adjacent elements (32-bit loads) from tiles padded by 8 elements
-// per row, which puts the 32 lanes of a fragment read on 32 different banks.
+// An ldmatrix of four 8x8 matrices fills one lhs or two rhs fragments; the tiles are padded by 8 elements
+// per row, so the 8 rows of each matrix sit on different banks.
 //
 // Visibility (semantics.md): slot t of row m names block i; it is skipped when i < 0 or i * BS > pos(m),
 // pos(m) = m + N - M (tested as i <= floor(pos / BS), which cannot overflow); key i * BS + j is visible
