@@ -14,10 +14,8 @@ and versions, and a PNG plot (time against sequence length) when matplotlib is p
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
-import math
 import platform
 import re
 import statistics

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from nsa_iree.api import describe, effective_block_indices
+from nsa_iree.api import effective_block_indices
 from nsa_iree.compiler import compile_artifact
 from nsa_iree.testing import relative_rms_error
 from nsa_iree.recipes import load_recipe

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from .spec import DEMO_SPEC, DTYPES, TARGETS, VARIANTS, KernelSpec

@@ -9,7 +9,6 @@ block_counts, dtype and variant. CI runs a bounded number of examples; for a lon
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import torch
