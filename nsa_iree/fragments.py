@@ -112,7 +112,7 @@ def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     kind = recipe.kernel_settings.get("mma_kind", "")
     if spec.dtype not in ("bf16", "f16"):
         why.append("dtype is not bf16 or f16")
-    layout = LAYOUTS.get(string_template_name(kind, spec))
+    layout = LAYOUTS.get(mma_kind_name(kind, spec))
     if layout is None:
         why.append(f"no fragment table for {kind!r}")
     elif layout.mnk != (16, 8, 16):
@@ -145,13 +145,14 @@ def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
     return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 3 * recipe.rows_per_piece * 4
 
 
-def string_template_name(kind: str, spec: KernelSpec) -> str:
+def mma_kind_name(kind: str, spec: KernelSpec) -> str:
+    """The recipe's mma_kind with its element type filled in (NV_MMA_SYNC_F32_16x8x16_${MMA_DTYPE} -> ..._BF16)."""
     return kind.replace("${MMA_DTYPE}", spec.dtype.upper())
 
 
 def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
     """Substitutions of the hand-written kernels beyond the common ones (render.template_values)."""
-    kind = LAYOUTS.get(string_template_name(recipe.kernel_settings.get("mma_kind", ""), spec))
+    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
     if kind is None:
         return {}
     subgroups = spec.block_size // KEYS_PER_SUBGROUP

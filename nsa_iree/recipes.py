@@ -22,6 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, packaged as tomli (a dependency there)
     import tomli as tomllib
 
+from .fragments import custom_kernel_limits
 from .spec import TARGETS, KernelSpec
 
 PIPELINES_DIR = importlib.resources.files(__package__) / "pipelines"   # package data
@@ -90,10 +91,9 @@ class Recipe:
         The recipe's ``[kernels]`` table names the custom stages; ``$NSA_IREE_KERNELS=linalg`` turns them all
         back to linalg (a fallback for users, and the oracle the custom kernels are checked against). A custom
         kernel serves only the shapes it was written for (:func:`nsa_iree.fragments.custom_kernel_limits`);
-        other shapes get the linalg stage.
+        other shapes get the linalg stage. The choice is part of the rendered module, so it is made when a
+        configuration is first compiled in a process (nsa_iree.api keeps the artifact per configuration).
         """
-        from .fragments import custom_kernel_limits
-
         choice = os.environ.get("NSA_IREE_KERNELS", "").strip().lower()
         if choice not in ("", "custom", "linalg"):
             raise ValueError(f"NSA_IREE_KERNELS must be 'custom' or 'linalg', got {choice!r}")
