@@ -169,31 +169,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
         %h0 = arith.muli %g, %heads_per_group : index
         %offset = arith.subi %n, %m_rows : index
 
-        // Per piece row: its query row m (-1: padding), the last visible key of the block for it, and its
-        // weight (how many of its slots name the block; the inversion lists the row once).
-        scf.for %row = %tid to %rows step %lanes {
-          %c_i32 = memref.load %entries[%piece, %row, %c0] : !dkv_entries
-          %used = arith.cmpi sge, %c_i32, %c0_i32 : i32
-          %c_safe_i32 = arith.maxsi %c_i32, %c0_i32 : i32
-          %c_row = arith.index_castui %c_safe_i32 : i32 to index
-          %bm = arith.divui %c_row, %kv_heads : index
-          %m = arith.remui %bm, %m_rows : index
-          %pos = arith.addi %m, %offset : index
-          %last = arith.subi %pos, %key0 : index
-          %last_i32 = arith.index_cast %last : index to i32
-          %weight = scf.for %t = %c0 to %slots step %c1 iter_args(%acc = %zero) -> (f32) {
-            %listed = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-            %same = arith.cmpi eq, %listed, %block_i32 : i32
-            %inc = arith.select %same, %one, %zero : f32
-            %next = arith.addf %acc, %inc : f32
-            scf.yield %next : f32
-          } {unroll_loop}
-          %m_i32 = arith.index_cast %m : index to i32
-          %m_or_none = arith.select %used, %m_i32, %minus_one : i32
-          memref.store %m_or_none, %row_m[%row] : !dkv_row_i32
-          memref.store %last_i32, %row_last[%row] : !dkv_row_i32
-          memref.store %weight, %row_weight[%row] : !dkv_row_f32
-        }
+        // part: piece_rows
 
         // The block's K and V rows (keys past N zero-filled, never read).
         %in_range = arith.subi %n, %key0 : index
