@@ -142,7 +142,7 @@ def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
             return max(stages * bs * (d + dv) * 2, subgroups * HEAD_ROWS * (spec.value_dim + 2) * 4)
         return stages * bs * (d + dv) * 2 + HEAD_ROWS * dv * 2
     stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
-    return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 3 * recipe.rows_per_piece * 4
+    return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 16 * recipe.rows_per_piece
 
 
 def mma_kind_name(kind: str, spec: KernelSpec) -> str:
@@ -295,7 +295,7 @@ def evaluate_map(text: str, *dims: int) -> int:
 
 def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the portable kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
-    if stage != "dq":
+    if stage not in ("dq", "dkdv"):
         return [f"no portable kernel for stage {stage!r}"]
     why = []
     if spec.dtype not in ("bf16", "f16"):
@@ -308,10 +308,15 @@ def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         why.append(f"more than {HEAD_ROWS} heads per group")
     if spec.head_dim % k or spec.value_dim % k:
         why.append(f"D or Dv not a multiple of the intrinsic's K ({k})")
-    if spec.block_size % max(KEYS_PER_SUBGROUP, k) or spec.block_size > 8 * KEYS_PER_SUBGROUP:
-        why.append(f"BS not a multiple of {max(KEYS_PER_SUBGROUP, k)} up to {8 * KEYS_PER_SUBGROUP}")
+    # dq reduces over a block's keys K at a time; dk/dv over K // 16 piece rows at a time.
+    keys = max(KEYS_PER_SUBGROUP, k) if stage == "dq" else KEYS_PER_SUBGROUP
+    if spec.block_size % keys or spec.block_size > 8 * KEYS_PER_SUBGROUP:
+        why.append(f"BS not a multiple of {keys} up to {8 * KEYS_PER_SUBGROUP}")
+    if stage == "dkdv" and recipe.rows_per_piece % (k // UNIT):
+        why.append(f"rows_per_piece not a multiple of {k // UNIT}")
     limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
-    need = _portable_dq_memory(spec)["DQP_SMEM_BYTES"]
+    memory = _portable_dq_memory(spec) if stage == "dq" else _portable_dkdv_memory(spec, k, recipe.rows_per_piece)
+    need = memory["DQP_SMEM_BYTES" if stage == "dq" else "DKP_SMEM_BYTES"]
     if limit and need > limit:
         why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
     return why
@@ -326,6 +331,21 @@ def _portable_dq_memory(spec: KernelSpec) -> dict[str, int]:
     ds = HEAD_ROWS * (bs + PAD) * 2
     return {"DQP_V_OFFSET": k_rows, "DQP_KT_OFFSET": k_rows + v_rows, "DQP_DS_OFFSET": k_rows + v_rows + k_cols,
             "DQP_SMEM_BYTES": k_rows + v_rows + k_cols + ds}
+
+
+def _portable_dkdv_memory(spec: KernelSpec, unit_k: int, rows_per_piece: int) -> dict[str, int]:
+    """Byte offsets of the portable dk/dv kernel's tiles, in order: one step's q and do both ways, p^T and
+    ds^T of every key, the step's (lse, delta) pairs, and four words per piece row."""
+    d, dv, bs, pairs = spec.head_dim, spec.value_dim, spec.block_size, unit_k
+    tiles = [("Q", pairs * (d + PAD) * 2), ("QT", d * (pairs + PAD) * 2), ("DO", pairs * (dv + PAD) * 2),
+             ("DOT", dv * (pairs + PAD) * 2), ("PT", bs * (pairs + PAD) * 2), ("DST", bs * (pairs + PAD) * 2),
+             ("STATS", pairs * 2 * 4), ("ROW_INFO", rows_per_piece * 16)]
+    out, offset = {}, 0
+    for name, size in tiles:
+        out[f"DKP_{name}_OFFSET"] = offset
+        offset += size
+    out["DKP_SMEM_BYTES"] = offset
+    return out
 
 
 def portable_values(spec: KernelSpec, recipe) -> dict[str, str]:
@@ -354,5 +374,12 @@ def portable_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "K_ITEMS_PER_LANE": -(-(bs * d // 8) // lanes), "V_ITEMS_PER_LANE": -(-(bs * dv // 8) // lanes),
         "PAD": PAD, "D_PADDED": d + PAD, "DV_PADDED": dv + PAD, "BS_PADDED": bs + PAD, "T_PLUS_1": spec.num_blocks + 1,
         **_portable_dq_memory(spec),
+        # dk/dv: a step is K // 16 piece rows, so that its (row, head) pairs are one reduction of K.
+        "ROWS_PER_STEP": unit.k // UNIT, "ROW_HEADS": unit.k, "ROW_HEADS_PADDED": unit.k + PAD,
+        "ROW_STEPS": recipe.rows_per_piece // (unit.k // UNIT),
+        "ROW_STEPS_PLUS_1": recipe.rows_per_piece // (unit.k // UNIT) + 1,
+        "DV_TILES16": dv // UNIT, "Q_STEP_ITEMS": unit.k * d // 8, "DO_STEP_ITEMS": unit.k * dv // 8,
+        "Q_STEP_ITEMS_PER_LANE": -(-(unit.k * d // 8) // lanes), "DO_STEP_ITEMS_PER_LANE": -(-(unit.k * dv // 8) // lanes),
+        **_portable_dkdv_memory(spec, unit.k, recipe.rows_per_piece),
     }
     return {key: str(value) for key, value in values.items()}

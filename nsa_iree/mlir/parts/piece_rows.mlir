@@ -2,7 +2,7 @@
 // row m (-1 for padding), the last visible key of the piece's block for it, and its weight (how many of its
 // slots name the block: the inversion lists a row once, duplicates count twice). Uses %entries, %piece,
 // %block_indices, %b, %g, %block_i32, %key0, %offset, %m_rows, %kv_heads, %tid, %lanes, %rows and the
-// constants; fills %row_m, %row_last, %row_weight.
+// constants; fills %row_info (!dkv_row_info: per row [m, last, bits of the weight, 0], one 16-byte word).
         // Per piece row: its query row m (-1: padding), the last visible key of the block for it, and its
         // weight (how many of its slots name the block; the inversion lists the row once).
         scf.for %row = %tid to %rows step %lanes {
@@ -24,7 +24,10 @@
           } {unroll_loop}
           %m_i32 = arith.index_cast %m : index to i32
           %m_or_none = arith.select %used, %m_i32, %minus_one : i32
-          memref.store %m_or_none, %row_m[%row] : !dkv_row_i32
-          memref.store %last_i32, %row_last[%row] : !dkv_row_i32
-          memref.store %weight, %row_weight[%row] : !dkv_row_f32
+          %weight_bits = arith.bitcast %weight : f32 to i32
+          %info0 = vector.broadcast %c0_i32 : i32 to vector<4xi32>
+          %info1 = vector.insert %m_or_none, %info0[0] : i32 into vector<4xi32>
+          %info2 = vector.insert %last_i32, %info1[1] : i32 into vector<4xi32>
+          %info = vector.insert %weight_bits, %info2[2] : i32 into vector<4xi32>
+          vector.store %info, %row_info[%row, %c0] : !dkv_row_info, vector<4xi32>
         }
