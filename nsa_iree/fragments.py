@@ -295,7 +295,7 @@ def evaluate_map(text: str, *dims: int) -> int:
 
 def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the portable kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
-    if stage not in ("dq", "dkdv"):
+    if stage not in ("forward", "dq", "dkdv"):
         return [f"no portable kernel for stage {stage!r}"]
     why = []
     if spec.dtype not in ("bf16", "f16"):
@@ -308,15 +308,16 @@ def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         why.append(f"more than {HEAD_ROWS} heads per group")
     if spec.head_dim % k or spec.value_dim % k:
         why.append(f"D or Dv not a multiple of the intrinsic's K ({k})")
-    # dq reduces over a block's keys K at a time; dk/dv over K // 16 piece rows at a time.
-    keys = max(KEYS_PER_SUBGROUP, k) if stage == "dq" else KEYS_PER_SUBGROUP
+    # dq and the forward reduce over a block's keys K at a time; dk/dv over K // 16 piece rows at a time.
+    keys = max(KEYS_PER_SUBGROUP, k) if stage in ("dq", "forward") else KEYS_PER_SUBGROUP
     if spec.block_size % keys or spec.block_size > 8 * KEYS_PER_SUBGROUP:
         why.append(f"BS not a multiple of {keys} up to {8 * KEYS_PER_SUBGROUP}")
     if stage == "dkdv" and recipe.rows_per_piece % (k // UNIT):
         why.append(f"rows_per_piece not a multiple of {k // UNIT}")
     limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
-    memory = _portable_dq_memory(spec) if stage == "dq" else _portable_dkdv_memory(spec, k, recipe.rows_per_piece)
-    need = memory["DQP_SMEM_BYTES" if stage == "dq" else "DKP_SMEM_BYTES"]
+    need = {"dq": lambda: _portable_dq_memory(spec)["DQP_SMEM_BYTES"],
+            "dkdv": lambda: _portable_dkdv_memory(spec, k, recipe.rows_per_piece)["DKP_SMEM_BYTES"],
+            "forward": lambda: _portable_forward_memory(spec, k)["FWP_SMEM_BYTES"]}[stage]()
     if limit and need > limit:
         why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
     return why
@@ -345,6 +346,22 @@ def _portable_dkdv_memory(spec: KernelSpec, unit_k: int, rows_per_piece: int) ->
         out[f"DKP_{name}_OFFSET"] = offset
         offset += size
     out["DKP_SMEM_BYTES"] = offset
+    return out
+
+
+def _portable_forward_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
+    """Byte offsets of the portable forward kernel's tiles, in order: V transposed, each subgroup's p, and
+    each subgroup's o, max and sum (f32)."""
+    dv, bs = spec.value_dim, spec.block_size
+    subgroups = bs // unit_k
+    tiles = [("V_COLS", dv * (bs + PAD) * 2), ("P", subgroups * HEAD_ROWS * (unit_k + PAD) * 2),
+             ("O_PARTS", subgroups * HEAD_ROWS * dv * 4), ("MAX", subgroups * HEAD_ROWS * 4),
+             ("SUM", subgroups * HEAD_ROWS * 4)]
+    out, offset = {}, 0
+    for name, size in tiles:
+        out[f"FWP_{name}_OFFSET"] = offset
+        offset += size
+    out["FWP_SMEM_BYTES"] = offset
     return out
 
 
@@ -381,5 +398,12 @@ def portable_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "DV_TILES16": dv // UNIT, "Q_STEP_ITEMS": unit.k * d // 8, "DO_STEP_ITEMS": unit.k * dv // 8,
         "Q_STEP_ITEMS_PER_LANE": -(-(unit.k * d // 8) // lanes), "DO_STEP_ITEMS_PER_LANE": -(-(unit.k * dv // 8) // lanes),
         **_portable_dkdv_memory(spec, unit.k, recipe.rows_per_piece),
+        # The forward: a subgroup owns K keys of a block (its p v is whole units); the lanes holding one row
+        # of an accumulator differ in the lane bits of the column placement (xor shuffles over them).
+        "FWD_SUBGROUPS": bs // unit.k, "FWD_LANES": bs // unit.k * kind.subgroup_size,
+        "KEY_TILES": unit.k // UNIT, "UNIT_K_PADDED": unit.k + PAD,
+        "ROW_SHUFFLES": kind.acc.thread[1].bit_length() - 1, "ROW_SHUFFLE_STRIDE": kind.acc.tstrides[1],
+        "FWD_V_ITEMS_PER_LANE": -(-(bs * dv // 8) // (bs // unit.k * kind.subgroup_size)),
+        **_portable_forward_memory(spec, unit.k),
     }
     return {key: str(value) for key, value in values.items()}
