@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One H200 call for the hand-written kernels: install the carried wheels, then checks, determinism, timing,
 # and memcheck of one forward + two-pass backward. Usage (device tool, carry .whl .dev): bench/run_kernel_checks.sh
+# STEPS picks the steps; RECIPE=.dev/variants/NAME checks a recipe variant (e.g. the portable kernels on
+# mma.sync) instead of nsa_iree/pipelines; WHEELS is the wheel directory (default .whl).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHEELS:-.whl}/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NSA_IREE_CACHE_DIR=$PWD/.dev/artifacts
+[ -n "${RECIPE:-}" ] && export NSA_IREE_PIPELINES_DIR=$PWD/$RECIPE
 out=${OUT:-/tmp/out}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for step in ${STEPS:-check determinism time sanitize}; do

@@ -142,7 +142,7 @@ def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
             return max(stages * bs * (d + dv) * 2, subgroups * HEAD_ROWS * (spec.value_dim + 2) * 4)
         return stages * bs * (d + dv) * 2 + HEAD_ROWS * dv * 2
     stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
-    return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 3 * recipe.rows_per_piece * 4
+    return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 16 * recipe.rows_per_piece
 
 
 def mma_kind_name(kind: str, spec: KernelSpec) -> str:
@@ -183,5 +183,227 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "D_STEPS": d // kind.mnk[2], "DV_STEPS": dv // kind.mnk[2], "D_TILES": d // kind.mnk[1],
         "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,
         "Q_STAGE_ITEMS": HEAD_ROWS * (d // 8), "DO_STAGE_ITEMS": HEAD_ROWS * (dv // 8),
+    }
+    return {key: str(value) for key, value in values.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Portable kernels (nsa_iree/mlir/*_portable.mlir): one text for every intrinsic
+#
+# A portable kernel works on 16 x 16 "units": a product step is lhs [16 rows x K] x rhs [K x 16 columns]
+# into acc [16 x 16], K the intrinsic's reduction size (one MFMA 16x16x32; two mma.sync 16x8x16 side by
+# side). Both operands are staged in workgroup memory with K contiguous (lhs as [row][k], rhs as
+# [column][k]), so each lane reads its fragment as `runs` contiguous vectors of `run` elements (MFMA: one
+# 16-byte read; mma.sync: four 4-byte reads). The placement enters the template only as affine maps
+# (lane, run) -> (row or column, k) and (lane, index) -> (row, column) of the accumulator, derived here
+# from the tables above and pinned against them by tests/test_fragments.py.
+
+UNIT = 16  # rows and columns of a unit
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """A kind's 16 x 16 x K unit: fragment shapes (IREE's distributed vectors) and placement maps."""
+
+    kind: MMAKind
+
+    @property
+    def k(self) -> int:
+        return self.kind.mnk[2]
+
+    @property
+    def n_tiles(self) -> int:
+        """Intrinsic tiles side by side along the unit's 16 columns."""
+        return UNIT // self.kind.mnk[1]
+
+    def shape(self, operand: str) -> list[int]:
+        """Shape of one unit's fragment: [1, intrinsic tiles along N] (lhs [1, 1]), then IREE's per-lane
+        vector of one intrinsic operand ([outer repeats, elements] where there are repeats, else [elements])."""
+        layout = getattr(self.kind, operand)
+        repeats = layout.outer[0] * layout.outer[1]
+        elements = layout.element[0] * layout.element[1]
+        inner = [repeats, elements] if repeats > 1 else [elements]
+        return [1, 1 if operand == "lhs" else self.n_tiles] + inner
+
+    def size(self, operand: str) -> int:
+        return getattr(self.kind, operand).fragment_size * (1 if operand == "lhs" else self.n_tiles)
+
+    def position(self, operand: str, lane: int, index: int) -> tuple[int, int]:
+        """(row, column) in the unit (lhs 16 x K, rhs K x 16, acc 16 x 16) of element `index` of lane's
+        flat unit fragment ([tile along N][intrinsic fragment] for rhs and acc)."""
+        layout = getattr(self.kind, operand)
+        tile, inner = divmod(index, layout.fragment_size)
+        row, col = element_position(layout, lane, inner)
+        if operand == "lhs":
+            return row, col
+        return row, col + tile * self.kind.mnk[1]
+
+    @property
+    def run(self) -> int:
+        """Contiguous elements along K per read (lhs element columns = rhs element rows)."""
+        assert self.kind.lhs.element[1] == self.kind.rhs.element[0]
+        return self.kind.lhs.element[1]
+
+    def runs(self, operand: str) -> int:
+        return self.size(operand) // self.run
+
+    def run_origin(self, operand: str, lane: int, run: int) -> tuple[int, int]:
+        """(row or column of the unit, k) where read `run` of lane starts: the operand stored K-contiguous."""
+        row, col = self.position(operand, lane, run * self.run)
+        return (row, col) if operand == "lhs" else (col, row)
+
+    # The same placements as affine maps for the templates. Each map is built from the table's fields
+    # (outer, thread, tstrides, element), so it is the table; tests evaluate it against position().
+    def run_maps(self, operand: str) -> tuple[str, str]:
+        """affine maps (l, j) -> row (lhs) or column (rhs), and (l, j) -> k, of read j of lane l."""
+        exprs = self._position_exprs(operand, f"d1 * {self.run}")
+        major, k = (exprs[0], exprs[1]) if operand == "lhs" else (exprs[1], exprs[0])
+        return f"affine_map<(d0, d1) -> ({major})>", f"affine_map<(d0, d1) -> ({k})>"
+
+    def acc_maps(self) -> tuple[str, str]:
+        """affine maps (l, i) -> row and (l, i) -> column of element i of lane l's flat acc unit."""
+        row, col = self._position_exprs("acc", "d1")
+        return f"affine_map<(d0, d1) -> ({row})>", f"affine_map<(d0, d1) -> ({col})>"
+
+    def _position_exprs(self, operand: str, index: str) -> tuple[str, str]:
+        layout = getattr(self.kind, operand)
+        size = layout.fragment_size
+        # index = ((tile * o_rows + o_row) * o_cols + o_col) * e_rows * e_cols + e_row * e_cols + e_col
+        e_rows, e_cols = layout.element
+        o_rows, o_cols = layout.outer
+        inner = f"(({index}) mod {size})"
+        tile = f"(({index}) floordiv {size})"
+        e_col = f"({inner} mod {e_cols})"
+        e_row = f"(({inner} floordiv {e_cols}) mod {e_rows})"
+        o_col = f"(({inner} floordiv {e_cols * e_rows}) mod {o_cols})"
+        o_row = f"({inner} floordiv {e_cols * e_rows * o_cols})"
+        out = []
+        for dim, (o, e) in enumerate(((o_row, e_row), (o_col, e_col))):
+            t = f"((d0 floordiv {layout.tstrides[dim]}) mod {layout.thread[dim]})"
+            out.append(f"{o} * {layout.thread[dim] * layout.element[dim]} + {t} * {layout.element[dim]} + {e}")
+        if operand != "lhs":
+            out[1] = f"{out[1]} + {tile} * {self.kind.mnk[1]}"
+        return out[0], out[1]
+
+
+def evaluate_map(text: str, *dims: int) -> int:
+    """Value of a one-result affine map written by :class:`Unit` at integer dims (for the tests)."""
+    body = text[text.index("->") + 2:].strip()[1:-2]
+    expr = body.replace("floordiv", "//").replace("mod", "%")
+    return eval(expr, {}, {f"d{i}": v for i, v in enumerate(dims)})  # noqa: S307: our own map text
+
+
+def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
+    """Why the portable kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
+    if stage not in ("forward", "dq", "dkdv"):
+        return [f"no portable kernel for stage {stage!r}"]
+    why = []
+    if spec.dtype not in ("bf16", "f16"):
+        why.append("dtype is not bf16 or f16")
+    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
+    if kind is None:
+        return why + ["no fragment table for the recipe's mma_kind"]
+    k = kind.mnk[2]
+    if spec.heads_per_group > HEAD_ROWS:
+        why.append(f"more than {HEAD_ROWS} heads per group")
+    if spec.head_dim % k or spec.value_dim % k:
+        why.append(f"D or Dv not a multiple of the intrinsic's K ({k})")
+    # dq and the forward reduce over a block's keys K at a time; dk/dv over K // 16 piece rows at a time.
+    keys = max(KEYS_PER_SUBGROUP, k) if stage in ("dq", "forward") else KEYS_PER_SUBGROUP
+    if spec.block_size % keys or spec.block_size > 8 * KEYS_PER_SUBGROUP:
+        why.append(f"BS not a multiple of {keys} up to {8 * KEYS_PER_SUBGROUP}")
+    if stage == "dkdv" and recipe.rows_per_piece % (k // UNIT):
+        why.append(f"rows_per_piece not a multiple of {k // UNIT}")
+    limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
+    need = {"dq": lambda: _portable_dq_memory(spec)["DQP_SMEM_BYTES"],
+            "dkdv": lambda: _portable_dkdv_memory(spec, k, recipe.rows_per_piece)["DKP_SMEM_BYTES"],
+            "forward": lambda: _portable_forward_memory(spec, k)["FWP_SMEM_BYTES"]}[stage]()
+    if limit and need > limit:
+        why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
+    return why
+
+
+def _portable_dq_memory(spec: KernelSpec) -> dict[str, int]:
+    """Byte offsets of the portable dq kernel's tiles (16-bit elements, rows padded by PAD)."""
+    d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
+    k_rows = bs * (d + PAD) * 2
+    v_rows = bs * (dv + PAD) * 2
+    k_cols = d * (bs + PAD) * 2
+    ds = HEAD_ROWS * (bs + PAD) * 2
+    return {"DQP_V_OFFSET": k_rows, "DQP_KT_OFFSET": k_rows + v_rows, "DQP_DS_OFFSET": k_rows + v_rows + k_cols,
+            "DQP_SMEM_BYTES": k_rows + v_rows + k_cols + ds}
+
+
+def _portable_dkdv_memory(spec: KernelSpec, unit_k: int, rows_per_piece: int) -> dict[str, int]:
+    """Byte offsets of the portable dk/dv kernel's tiles, in order: one step's q and do both ways, p^T and
+    ds^T of every key, the step's (lse, delta) pairs, and four words per piece row."""
+    d, dv, bs, pairs = spec.head_dim, spec.value_dim, spec.block_size, unit_k
+    tiles = [("Q", pairs * (d + PAD) * 2), ("QT", d * (pairs + PAD) * 2), ("DO", pairs * (dv + PAD) * 2),
+             ("DOT", dv * (pairs + PAD) * 2), ("PT", bs * (pairs + PAD) * 2), ("DST", bs * (pairs + PAD) * 2),
+             ("STATS", pairs * 2 * 4), ("ROW_INFO", rows_per_piece * 16)]
+    out, offset = {}, 0
+    for name, size in tiles:
+        out[f"DKP_{name}_OFFSET"] = offset
+        offset += size
+    out["DKP_SMEM_BYTES"] = offset
+    return out
+
+
+def _portable_forward_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
+    """Byte offsets of the portable forward kernel's tiles, in order: V transposed, each subgroup's p, and
+    each subgroup's o, max and sum (f32)."""
+    dv, bs = spec.value_dim, spec.block_size
+    subgroups = bs // unit_k
+    tiles = [("V_COLS", dv * (bs + PAD) * 2), ("P", subgroups * HEAD_ROWS * (unit_k + PAD) * 2),
+             ("O_PARTS", subgroups * HEAD_ROWS * dv * 4), ("MAX", subgroups * HEAD_ROWS * 4),
+             ("SUM", subgroups * HEAD_ROWS * 4)]
+    out, offset = {}, 0
+    for name, size in tiles:
+        out[f"FWP_{name}_OFFSET"] = offset
+        offset += size
+    out["FWP_SMEM_BYTES"] = offset
+    return out
+
+
+def portable_values(spec: KernelSpec, recipe) -> dict[str, str]:
+    """Substitutions of the portable kernels (nsa_iree/mlir/*_portable.mlir)."""
+    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
+    if kind is None:
+        return {}
+    unit = Unit(kind)
+    major, k = unit.run_maps("lhs")
+    # One pair of maps serves both operands' reads (the template uses it for both).
+    assert all(unit.run_origin("lhs", lane, j) == unit.run_origin("rhs", lane, j)
+               for lane in range(kind.subgroup_size) for j in range(unit.runs("lhs"))), kind.name
+    acc_row, acc_col = unit.acc_maps()
+    subgroups = spec.block_size // KEYS_PER_SUBGROUP
+    lanes = subgroups * kind.subgroup_size
+    d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
+    shape = lambda operand: "x".join(map(str, unit.shape(operand)))  # noqa: E731
+    values = {
+        "MMA_KIND": kind.name, "SUBGROUP_SIZE": kind.subgroup_size, "SUBGROUPS": subgroups, "LANES": lanes,
+        "UNIT_K": unit.k, "LHS_UNIT": shape("lhs"), "RHS_UNIT": shape("rhs"), "ACC_UNIT": shape("acc"),
+        "RUN": unit.run, "RUNS": unit.runs("lhs"), "ACC_N": unit.size("acc"),
+        "RUN_MAJOR_MAP": major, "RUN_K_MAP": k, "ACC_ROW_MAP": acc_row, "ACC_COL_MAP": acc_col,
+        "D_UNITS": d // unit.k, "DV_UNITS": dv // unit.k, "KEY_UNITS": bs // unit.k,
+        "D_TILES16": d // UNIT, "DQ_UNITS_PER_SUBGROUP": -(-(d // UNIT) // subgroups),
+        "K_ITEMS": bs * d // 8, "V_ITEMS": bs * dv // 8,
+        "K_ITEMS_PER_LANE": -(-(bs * d // 8) // lanes), "V_ITEMS_PER_LANE": -(-(bs * dv // 8) // lanes),
+        "PAD": PAD, "D_PADDED": d + PAD, "DV_PADDED": dv + PAD, "BS_PADDED": bs + PAD, "T_PLUS_1": spec.num_blocks + 1,
+        **_portable_dq_memory(spec),
+        # dk/dv: a step is K // 16 piece rows, so that its (row, head) pairs are one reduction of K.
+        "ROWS_PER_STEP": unit.k // UNIT, "ROW_HEADS": unit.k, "ROW_HEADS_PADDED": unit.k + PAD,
+        "ROW_STEPS": recipe.rows_per_piece // (unit.k // UNIT),
+        "ROW_STEPS_PLUS_1": recipe.rows_per_piece // (unit.k // UNIT) + 1,
+        "DV_TILES16": dv // UNIT, "Q_STEP_ITEMS": unit.k * d // 8, "DO_STEP_ITEMS": unit.k * dv // 8,
+        "Q_STEP_ITEMS_PER_LANE": -(-(unit.k * d // 8) // lanes), "DO_STEP_ITEMS_PER_LANE": -(-(unit.k * dv // 8) // lanes),
+        **_portable_dkdv_memory(spec, unit.k, recipe.rows_per_piece),
+        # The forward: a subgroup owns K keys of a block (its p v is whole units); the lanes holding one row
+        # of an accumulator differ in the lane bits of the column placement (xor shuffles over them).
+        "FWD_SUBGROUPS": bs // unit.k, "FWD_LANES": bs // unit.k * kind.subgroup_size,
+        "KEY_TILES": unit.k // UNIT, "UNIT_K_PADDED": unit.k + PAD,
+        "ROW_SHUFFLES": kind.acc.thread[1].bit_length() - 1, "ROW_SHUFFLE_STRIDE": kind.acc.tstrides[1],
+        "FWD_V_ITEMS_PER_LANE": -(-(bs * dv // 8) // (bs // unit.k * kind.subgroup_size)),
+        **_portable_forward_memory(spec, unit.k),
     }
     return {key: str(value) for key, value in values.items()}

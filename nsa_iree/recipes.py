@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, packaged as tomli (a dependency there)
     import tomli as tomllib
 
-from .fragments import custom_kernel_limits
+from .fragments import custom_kernel_limits, portable_limits
 from .spec import TARGETS, KernelSpec
 
 PIPELINES_DIR = importlib.resources.files(__package__) / "pipelines"   # package data
@@ -85,8 +85,10 @@ class Recipe:
     kernel_settings: dict = dataclasses.field(default_factory=dict)
 
     def kernel_for(self, stage: str, spec: KernelSpec) -> str:
-        """Which implementation renders `stage` for spec: "custom" (a hand-written matrix-unit dispatch,
-        nsa_iree/mlir/<stage>_kernel.mlir) or "linalg" (the fused-region template, nsa_iree/mlir/<stage>.mlir).
+        """Which implementation renders `stage` for spec: "custom" (a hand-written matrix-unit dispatch for one
+        fragment placement, nsa_iree/mlir/<stage>_kernel.mlir), "portable" (a hand-written dispatch for every
+        intrinsic, nsa_iree/mlir/<stage>_portable.mlir) or "linalg" (the fused-region template,
+        nsa_iree/mlir/<stage>.mlir).
 
         The recipe's ``[kernels]`` table names the custom stages; ``$NSA_IREE_KERNELS=linalg`` turns them all
         back to linalg (a fallback for users, and the oracle the custom kernels are checked against). A custom
@@ -97,9 +99,11 @@ class Recipe:
         choice = os.environ.get("NSA_IREE_KERNELS", "").strip().lower()
         if choice not in ("", "custom", "linalg"):
             raise ValueError(f"NSA_IREE_KERNELS must be 'custom' or 'linalg', got {choice!r}")
-        if choice == "linalg" or self.kernel_settings.get(stage) != "custom":
+        wanted = self.kernel_settings.get(stage)
+        if choice == "linalg" or wanted not in ("custom", "portable"):
             return "linalg"
-        return "linalg" if custom_kernel_limits(stage, spec, self) else "custom"
+        limits = portable_limits if wanted == "portable" else custom_kernel_limits
+        return "linalg" if limits(stage, spec, self) else wanted
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""

@@ -12,7 +12,7 @@ import importlib.resources
 import re
 import string
 
-from .fragments import kernel_values
+from .fragments import kernel_values, portable_values
 from .recipes import Recipe, load_recipe
 from .spec import KernelSpec
 
@@ -49,12 +49,15 @@ def template_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
     values = {k: str(v) for k, v in values.items()}
     values.update(recipe.attributes(spec))
     values.update(kernel_values(spec, recipe))
+    values.update(portable_values(spec, recipe))
     return values
 
 
 def template_for(stage: str, spec: KernelSpec, recipe: Recipe) -> str:
-    """The template file rendering `stage`: ``<stage>_kernel`` where the recipe picks the custom kernel."""
-    return f"{stage}_kernel" if recipe.kernel_for(stage, spec) == "custom" else stage
+    """The template file rendering `stage`: ``<stage>_kernel`` or ``<stage>_portable`` where the recipe picks
+    a hand-written kernel, else the linalg ``<stage>``."""
+    choice = recipe.kernel_for(stage, spec)
+    return {"custom": f"{stage}_kernel", "portable": f"{stage}_portable"}.get(choice, stage)
 
 
 _PART_LINE = re.compile(r"^[ \t]*// part: (\w+)\n", flags=re.MULTILINE)

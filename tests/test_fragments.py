@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from nsa_iree.fragments import LAYOUTS, covers_tile, element_position
+from nsa_iree.fragments import LAYOUTS, Unit, covers_tile, element_position, evaluate_map
 from nsa_iree.recipes import load_recipe
 from nsa_iree.render import render_module, template_for
 from nsa_iree.spec import KernelSpec
@@ -66,22 +66,33 @@ def test_nv_placement_used_by_the_kernels(operand, index, where):
 
 
 KERNEL_CHOICE = [
-    ("cuda_anchors", ANCHORS_CUDA, {}, "dq_kernel", "dkdv_kernel"),
-    ("cuda_env_linalg", ANCHORS_CUDA, {"NSA_IREE_KERNELS": "linalg"}, "dq", "dkdv"),
-    ("cuda_32_heads_per_group", ANCHORS_CUDA.replace(heads=128), {}, "dq", "dkdv"),
-    ("cuda_head_dim_72", ANCHORS_CUDA.replace(head_dim=72), {}, "dq", "dkdv"),
-    ("gfx950_no_custom_kernels_yet", ANCHORS_CUDA.replace(target="gfx950"), {}, "dq", "dkdv"),
-    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {}, "dq", "dkdv"),
+    ("cuda_anchors", ANCHORS_CUDA, {}, ("forward_kernel", "dq_kernel", "dkdv_kernel")),
+    ("cuda_env_linalg", ANCHORS_CUDA, {"NSA_IREE_KERNELS": "linalg"}, ("forward", "dq", "dkdv")),
+    ("cuda_32_heads_per_group", ANCHORS_CUDA.replace(heads=128), {}, ("forward", "dq", "dkdv")),
+    ("cuda_head_dim_72", ANCHORS_CUDA.replace(head_dim=72), {}, ("forward", "dq", "dkdv")),
+    ("gfx950_portable", ANCHORS_CUDA.replace(target="gfx950"), {},
+     ("forward_portable", "dq_portable", "dkdv_portable")),
+    ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), {},
+     ("forward_portable", "dq_portable", "dkdv_portable")),
+    ("gfx950_env_linalg", ANCHORS_CUDA.replace(target="gfx950"), {"NSA_IREE_KERNELS": "linalg"},
+     ("forward", "dq", "dkdv")),
+    # dq's K, V, K transposed and ds for BS = 128, D = 128 need 109 KB: over the 80 KB that keep 2 waves per
+    # SIMD; the forward's and dk/dv's tiles still fit.
+    ("gfx950_dq_over_its_lds_budget", ANCHORS_CUDA.replace(target="gfx950", block_size=128), {},
+     ("forward_portable", "dq", "dkdv_portable")),
+    # The MFMA's K is 32: a head dim of 48 is not whole units.
+    ("gfx950_head_dim_48", ANCHORS_CUDA.replace(target="gfx950", head_dim=48, value_dim=48), {},
+     ("forward", "dq", "dkdv")),
+    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {}, ("forward", "dq", "dkdv")),
 ]
 
 
-@pytest.mark.parametrize("case,spec,env,dq,dkdv", KERNEL_CHOICE, ids=[c[0] for c in KERNEL_CHOICE])
-def test_kernel_choice(monkeypatch, case, spec, env, dq, dkdv):
+@pytest.mark.parametrize("case,spec,env,expected", KERNEL_CHOICE, ids=[c[0] for c in KERNEL_CHOICE])
+def test_kernel_choice(monkeypatch, case, spec, env, expected):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     recipe = load_recipe(spec.target)
-    assert (template_for("dq", spec, recipe), template_for("dkdv", spec, recipe)) == (dq, dkdv)
-    assert template_for("forward", spec, recipe) == ("forward_kernel" if dq == "dq_kernel" else "forward")
+    assert tuple(template_for(stage, spec, recipe) for stage in ("forward", "dq", "dkdv")) == expected
 
 
 def test_a_kernel_over_the_targets_workgroup_memory_falls_back(monkeypatch):
@@ -115,3 +126,48 @@ def test_kernel_parts_are_included_whole():
         body = [line for line in (MLIR_DIR / "parts" / f"{part}.mlir").read_text().splitlines()
                 if not line.startswith("//")]
         assert body and body[0].strip() in text, part
+
+
+# The portable kernels (nsa_iree/mlir/*_portable.mlir) see the placement only through a unit's fragment shapes
+# and affine maps: each map must say what the table says, for every lane.
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_unit_maps_are_the_table(name):
+    unit = Unit(LAYOUTS[name])
+    lanes = range(unit.kind.subgroup_size)
+    for operand in ("lhs", "rhs"):
+        major, k = unit.run_maps(operand)
+        for lane in lanes:
+            for j in range(unit.runs(operand)):
+                assert (evaluate_map(major, lane, j), evaluate_map(k, lane, j)) == unit.run_origin(operand, lane, j)
+                # A read is `run` consecutive elements along K of the unit's fragment.
+                row, col = unit.position(operand, lane, j * unit.run)
+                for e in range(unit.run):
+                    expected = (row, col + e) if operand == "lhs" else (row + e, col)
+                    assert unit.position(operand, lane, j * unit.run + e) == expected
+    row, col = unit.acc_maps()
+    for lane in lanes:
+        for i in range(unit.size("acc")):
+            assert (evaluate_map(row, lane, i), evaluate_map(col, lane, i)) == unit.position("acc", lane, i)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_unit_fragments_cover_their_tiles(name):
+    unit = Unit(LAYOUTS[name])
+    shapes = {"lhs": (16, unit.k), "rhs": (unit.k, 16), "acc": (16, 16)}
+    for operand, (rows, cols) in shapes.items():
+        seen = sorted(unit.position(operand, lane, i)
+                      for lane in range(unit.kind.subgroup_size) for i in range(unit.size(operand)))
+        assert seen == [(r, c) for r in range(rows) for c in range(cols)], operand
+        assert unit.size(operand) == __import__("math").prod(unit.shape(operand)), operand
+
+
+UNIT_SHAPES = [("NV_MMA_SYNC_F32_16x8x16_BF16", [1, 1, 4, 2], [1, 2, 2, 2], [1, 2, 2, 2]),
+               ("MFMA_F32_16x16x32_BF16", [1, 1, 8], [1, 1, 8], [1, 1, 4])]
+
+
+@pytest.mark.parametrize("name,lhs,rhs,acc", UNIT_SHAPES, ids=[u[0] for u in UNIT_SHAPES])
+def test_unit_fragment_shapes(name, lhs, rhs, acc):
+    """The per-lane vectors inner_tiled takes for one unit (IREE's distributed shapes; the MFMA ones were
+    probed: vector<1x1x8> operands and vector<1x1x4> accumulators compile for gfx950)."""
+    unit = Unit(LAYOUTS[name])
+    assert (unit.shape("lhs"), unit.shape("rhs"), unit.shape("acc")) == (lhs, rhs, acc)

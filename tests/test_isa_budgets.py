@@ -1,7 +1,8 @@
 """gfx950 ISA budgets of the hot dispatches (compile only: no AMD GPU is reachable).
 
-Every fused contraction region must run on the matrix units, keep at least 2 waves per SIMD, fit its LDS in
-160 KB and never spill; no dispatch of either module may spill. The regions are found by dispatch number
+The hand-written kernels (the default) and the linalg stages (the fallback): every kernel and fused
+contraction region must run on the matrix units, keep at least 2 waves per SIMD, fit its LDS in 160 KB and
+never spill; no dispatch of either module may spill. The regions are found by dispatch number
 (tests/lit/dispatch_count.test pins the numbering); IREE names them `matmul_like` or, with fewer than 16
 heads per group, `gather_..._generic`.
 Read from the kernel metadata by `nsa_iree.inspect` (what `nsa-iree inspect --target gfx950` prints).
@@ -31,7 +32,10 @@ CONFIGS = {
 
 @pytest.mark.parametrize("variant", ["forward", "two-pass"])
 @pytest.mark.parametrize("config", CONFIGS, ids=list(CONFIGS))
-def test_gfx950_fused_regions_within_budget(config, variant):
+def test_gfx950_fused_regions_within_budget(monkeypatch, config, variant):
+    """The linalg stages, gfx950's fallback (NSA_IREE_KERNELS=linalg, or shapes the portable kernels do not
+    take)."""
+    monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
     rows = inspect_spec(CONFIGS[config], variant)
     regions = [r for r in rows if any(tag in r.name for tag in FUSED_REGIONS[variant])]
     assert len(regions) == len(FUSED_REGIONS[variant]), [r.name for r in rows]
@@ -65,3 +69,31 @@ def test_cuda_kernels_feed_mma_with_wide_shared_reads(config, variant):
         assert r.stats["narrow_lds"] == 0, r
         assert r.stats["lds/mma"] <= 1.5, r
         assert r.stats["atomic_add"] == 0 and r.stats["cas"] == 0, r
+
+
+# The hand-written gfx950 kernels (nsa_iree/mlir/*_portable.mlir), anchors and paper layouts: the budgets of the
+# backward kernels' issue. Every LDS read feeding an MFMA is 32 bits or wider (one 16-byte read per fragment),
+# at most 1.5 LDS reads per MFMA, 2 or more waves per SIMD, no scratch, LDS within 160 KB. Static counts of
+# the .rocmasm (nsa-iree inspect --target gfx950).
+GFX950_KERNELS = {"forward": ("selection_attention_fwd_row",),
+                  "two-pass": ("selection_attention_dq_row", "selection_attention_dkdv_piece")}
+GFX950_CONFIGS = {
+    "anchors_h64g4_d128": ANCHORS,
+    "paper_h64g4_d192": ANCHORS.replace(head_dim=192),
+}
+
+
+@pytest.mark.parametrize("variant", list(GFX950_KERNELS))
+@pytest.mark.parametrize("config", GFX950_CONFIGS, ids=list(GFX950_CONFIGS))
+def test_gfx950_kernels_feed_mfma_with_wide_lds_reads(config, variant):
+    rows = {r.name: r for r in inspect_spec(GFX950_CONFIGS[config], variant)}
+    for name in GFX950_KERNELS[variant]:
+        r = rows[name]
+        assert r.pipeline == "hand-written", r
+        assert r.stats["mfma"] > 0, r
+        assert r.stats["narrow_lds"] == 0, r
+        assert r.stats["lds/mma"] <= 1.5, r
+        assert r.stats["waves/simd"] >= 2, r
+        assert r.stats["scratch"] == 0, r
+        assert r.stats["lds"] <= LDS_BYTES["gfx950"], r
+        assert r.stats["atomic_add"] == 0 and r.stats["cmpswap"] == 0, r

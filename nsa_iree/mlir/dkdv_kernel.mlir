@@ -41,14 +41,13 @@
 !dkv_dk_pieces = memref<?x${BS}x${D}xf32>
 !dkv_dv_pieces = memref<?x${BS}x${DV}xf32>
 // Workgroup tiles: the block's K and V rows, two row buffers of q and do heads (16 rows each, padding heads
-// zero-filled), the rows' lse and delta, and per piece row: its row group, weight and last visible key.
+// zero-filled), the rows' lse and delta, and per piece row: its query row, last visible key and weight.
 !dkv_k_tile = memref<${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_v_tile = memref<${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_q_rows = memref<${DKDV_STAGES}x16x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_do_rows = memref<${DKDV_STAGES}x16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_stats = memref<${DKDV_STAGES}x16xf32, #gpu.address_space<workgroup>>
-!dkv_row_i32 = memref<${ROWS_PER_PIECE}xi32, #gpu.address_space<workgroup>>
-!dkv_row_f32 = memref<${ROWS_PER_PIECE}xf32, #gpu.address_space<workgroup>>
+!dkv_row_info = memref<${ROWS_PER_PIECE}x4xi32, #gpu.address_space<workgroup>>
 // Per-lane fragments.
 !dkv_k_frags = vector<1x${D_STEPS}x4x2x${E}>
 !dkv_v_frags = vector<1x${DV_STEPS}x4x2x${E}>
@@ -144,9 +143,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
         %do_rows = memref.alloc() : !dkv_do_rows
         %lse_rows = memref.alloc() : !dkv_stats
         %delta_rows = memref.alloc() : !dkv_stats
-        %row_m = memref.alloc() : !dkv_row_i32
-        %row_last = memref.alloc() : !dkv_row_i32
-        %row_weight = memref.alloc() : !dkv_row_f32
+        %row_info = memref.alloc() : !dkv_row_info
 
         %tid = gpu.thread_id x
         %subgroup = arith.divui %tid, %subgroup_size : index
@@ -169,31 +166,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
         %h0 = arith.muli %g, %heads_per_group : index
         %offset = arith.subi %n, %m_rows : index
 
-        // Per piece row: its query row m (-1: padding), the last visible key of the block for it, and its
-        // weight (how many of its slots name the block; the inversion lists the row once).
-        scf.for %row = %tid to %rows step %lanes {
-          %c_i32 = memref.load %entries[%piece, %row, %c0] : !dkv_entries
-          %used = arith.cmpi sge, %c_i32, %c0_i32 : i32
-          %c_safe_i32 = arith.maxsi %c_i32, %c0_i32 : i32
-          %c_row = arith.index_castui %c_safe_i32 : i32 to index
-          %bm = arith.divui %c_row, %kv_heads : index
-          %m = arith.remui %bm, %m_rows : index
-          %pos = arith.addi %m, %offset : index
-          %last = arith.subi %pos, %key0 : index
-          %last_i32 = arith.index_cast %last : index to i32
-          %weight = scf.for %t = %c0 to %slots step %c1 iter_args(%acc = %zero) -> (f32) {
-            %listed = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-            %same = arith.cmpi eq, %listed, %block_i32 : i32
-            %inc = arith.select %same, %one, %zero : f32
-            %next = arith.addf %acc, %inc : f32
-            scf.yield %next : f32
-          } {unroll_loop}
-          %m_i32 = arith.index_cast %m : index to i32
-          %m_or_none = arith.select %used, %m_i32, %minus_one : i32
-          memref.store %m_or_none, %row_m[%row] : !dkv_row_i32
-          memref.store %last_i32, %row_last[%row] : !dkv_row_i32
-          memref.store %weight, %row_weight[%row] : !dkv_row_f32
-        }
+        // part: piece_rows
 
         // The block's K and V rows (keys past N zero-filled, never read).
         %in_range = arith.subi %n, %key0 : index
@@ -260,7 +233,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
           %stage_buffer = arith.remui %t, %stages : index
           %t_in_range = arith.cmpi ult, %t, %rows : index
           %t_safe = arith.select %t_in_range, %t, %c0 : index
-          %stage_m_i32 = memref.load %row_m[%t_safe] : !dkv_row_i32
+          %stage_m_i32 = memref.load %row_info[%t_safe, %c0] : !dkv_row_info
           %stage_used = arith.cmpi sge, %stage_m_i32, %c0_i32 : i32
           %stage = arith.andi %t_in_range, %stage_used : i1
           scf.if %stage {
@@ -305,13 +278,14 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
           %previous = arith.select %has_previous, %t, %lag : index
           %row = arith.subi %previous, %lag : index
           %buffer = arith.remui %row, %stages : index
-          %row_m_i32 = memref.load %row_m[%row] : !dkv_row_i32
+          %row_m_i32 = memref.load %row_info[%row, %c0] : !dkv_row_info
           %row_used = arith.cmpi sge, %row_m_i32, %c0_i32 : i32
           %compute = arith.andi %row_used, %has_previous : i1
           %dk_next, %dv_next = scf.if %compute -> (!dkv_dk_acc, !dkv_dv_acc) {
-            %last_i32 = memref.load %row_last[%row] : !dkv_row_i32
+            %last_i32 = memref.load %row_info[%row, %c1] : !dkv_row_info
             %last = arith.index_cast %last_i32 : i32 to index
-            %weight = memref.load %row_weight[%row] : !dkv_row_f32
+            %weight_bits = memref.load %row_info[%row, %c2] : !dkv_row_info
+            %weight = arith.bitcast %weight_bits : i32 to f32
 
             // s^T and dp^T, one 16-column step at a time (one ldmatrix of q or do rows gives the two rhs
             // fragments: matrix q is head tile q / 2, k' = q mod 2), so one step's fragments are live at once.

@@ -1,0 +1,625 @@
+// dk/dv pass as a portable matrix-unit kernel: one workgroup per piece of @invert_block_indices (up to
+// ROWS_PER_PIECE query rows that selected one kv block), dk and dv of the piece accumulated together; one text
+// for every intrinsic (nsa_iree/fragments.py: Unit; dq_portable.mlir explains the units and maps).
+//
+// Subgroup w owns keys [16 w, 16 w + 16) of the block; their K and V rows are lhs fragments in registers,
+// read from global memory once. The piece's rows go ${ROWS_PER_STEP} at a time (one step: the intrinsic's
+// reduction K = 16 x ${ROWS_PER_STEP} (row, head) pairs), their q and do staged in workgroup memory both ways
+// (heads x dims for s^T and dp^T, dims x heads for dk and dv) from registers loaded during the previous step:
+//   s^T  = k q^T        per row: [16 keys x 16 heads], reduction D
+//   dp^T = v do^T       per row: reduction Dv
+//   p^T  = w exp(scale s^T - lse), ds^T = scale p^T (dp^T - delta)   (w: how often the row lists the block;
+//          0 for keys past the row's last visible key, padding heads past HPG and padding rows), written to
+//          [16 keys x (row, head)] tiles of the subgroup's own keys
+//   dv  += p^T do       [16 keys x 16 columns] units, reduction over the step's (row, head) pairs
+//   dk  += ds^T q
+// Each subgroup writes its [16 keys, D] and [16 keys, Dv] f32 partials of the piece once; @dkdv_piece_sums adds
+// the pieces of a block in piece order, so dk and dv stay bitwise reproducible.
+
+// Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
+#dkdv_portable_layout = #hal.pipeline.layout<constants = 5, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // entries [pieces, ROWS_PER_PIECE, 2] i32
+  #hal.pipeline.binding<storage_buffer>,            // dk pieces [pieces, BS, D] f32
+  #hal.pipeline.binding<storage_buffer>             // dv pieces [pieces, BS, Dv] f32
+]>
+
+!dkv_q = memref<?x?x${H}x${D}x${E}>
+!dkv_k = memref<?x?x${G}x${D}x${E}>
+!dkv_v = memref<?x?x${G}x${DV}x${E}>
+!dkv_do = memref<?x?x${H}x${DV}x${E}>
+!dkv_entries = memref<?x${ROWS_PER_PIECE}x2xi32>
+!dkv_dk_pieces = memref<?x${BS}x${D}xf32>
+!dkv_dv_pieces = memref<?x${BS}x${DV}xf32>
+!dkv_smem = memref<${DKP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
+// Workgroup tiles (rows padded by ${PAD} elements): one step's q and do both ways, p^T and ds^T of every key,
+// the step's (lse, delta) pairs, and per piece row: [query row, last visible key, bits of the weight, 0].
+!dkv_q_step = memref<${ROW_HEADS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_qt_step = memref<${D}x${ROW_HEADS_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_do_step = memref<${ROW_HEADS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_dot_step = memref<${DV}x${ROW_HEADS_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_key_tile = memref<${BS}x${ROW_HEADS_PADDED}x${E}, #gpu.address_space<workgroup>>
+!dkv_stats = memref<${ROW_HEADS}x2xf32, #gpu.address_space<workgroup>>
+!dkv_row_info = memref<${ROWS_PER_PIECE}x4xi32, #gpu.address_space<workgroup>>
+// One unit's fragments and their reads (see dq_portable.mlir).
+!dkv_lhs = vector<${LHS_UNIT}x${E}>
+!dkv_rhs = vector<${RHS_UNIT}x${E}>
+!dkv_acc = vector<${ACC_UNIT}xf32>
+!dkv_runs = vector<${RUNS}x${RUN}x${E}>
+!dkv_acc_flat = vector<${ACC_N}xf32>
+!dkv_k_units = vector<${D_UNITS}x${RUNS}x${RUN}x${E}>
+!dkv_v_units = vector<${DV_UNITS}x${RUNS}x${RUN}x${E}>
+!dkv_dk_acc = vector<${D_TILES16}x${ACC_N}xf32>
+!dkv_dv_acc = vector<${DV_TILES16}x${ACC_N}xf32>
+!dkv_q_staged = vector<${Q_STEP_ITEMS_PER_LANE}x8x${E}>
+!dkv_do_staged = vector<${DO_STEP_ITEMS_PER_LANE}x8x${E}>
+
+#dkv_run_major = ${RUN_MAJOR_MAP}
+#dkv_run_k = ${RUN_K_MAP}
+#dkv_acc_row = ${ACC_ROW_MAP}
+#dkv_acc_col = ${ACC_COL_MAP}
+#dkv_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
+
+hal.executable.source private @selection_attention_dkdv_portable_exe {
+  hal.executable.export public @selection_attention_dkdv_piece ordinal(0) layout(#dkdv_portable_layout)
+      count(%device: !hal.device, %pieces: index) -> (index, index, index) {
+    %c1 = arith.constant 1 : index
+    hal.return %pieces, %c1, %c1 : index, index, index
+  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_dkdv_piece() attributes {translation_info = #iree_codegen.translation_info<
+        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
+        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c8 = arith.constant 8 : index
+      %c16 = arith.constant 16 : index
+      %c0_i32 = arith.constant 0 : i32
+      %minus_one = arith.constant -1 : i32
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
+      %zero_runs = arith.constant dense<0.0> : !dkv_runs
+      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
+      %heads_per_group = arith.constant ${HPG} : index
+      %block_size = arith.constant ${BS} : index
+      %kv_heads = arith.constant ${G} : index
+      %slots = arith.constant ${T} : index
+      %rows = arith.constant ${ROWS_PER_PIECE} : index
+      %rows_per_step = arith.constant ${ROWS_PER_STEP} : index
+      %row_steps = arith.constant ${ROW_STEPS} : index
+      %steps = arith.constant ${ROW_STEPS_PLUS_1} : index
+      %row_heads = arith.constant ${ROW_HEADS} : index
+      %lanes = arith.constant ${LANES} : index
+      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
+      %unit_k = arith.constant ${UNIT_K} : index
+      %runs = arith.constant ${RUNS} : index
+      %acc_n = arith.constant ${ACC_N} : index
+      %d_units = arith.constant ${D_UNITS} : index
+      %dv_units = arith.constant ${DV_UNITS} : index
+      %d_tiles = arith.constant ${D_TILES16} : index
+      %dv_tiles = arith.constant ${DV_TILES16} : index
+      %q_items = arith.constant ${Q_STEP_ITEMS} : index
+      %do_items = arith.constant ${DO_STEP_ITEMS} : index
+      %q_per_lane = arith.constant ${Q_STEP_ITEMS_PER_LANE} : index
+      %do_per_lane = arith.constant ${DO_STEP_ITEMS_PER_LANE} : index
+
+      %piece = hal.interface.workgroup.id[0] : index
+      %batch_i32 = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(2) : i32
+      %scale_bits = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(3) : i32
+      %pieces_i32 = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(4) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %scale = arith.bitcast %scale_bits : i32 to f32
+      %pieces = arith.index_castui %pieces_i32 : i32 to index
+
+      %q = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_q{%batch, %m_rows}
+      %k = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_k{%batch, %n}
+      %v = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_v{%batch, %n}
+      %block_indices = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+      %delta = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}xf32>{%batch, %m_rows}
+      %do = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_do{%batch, %m_rows}
+      %entries = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(7) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dkv_entries{%pieces}
+      %dk_pieces = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(8) alignment(64) offset(%c0)
+          : !dkv_dk_pieces{%pieces}
+      %dv_pieces = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(9) alignment(64) offset(%c0)
+          : !dkv_dv_pieces{%pieces}
+
+      // A padding piece (no rows) is never read by the piece sums: nothing to do. Uniform per workgroup.
+      %first_row_i32 = memref.load %entries[%piece, %c0, %c0] : !dkv_entries
+      %piece_used = arith.cmpi sge, %first_row_i32, %c0_i32 : i32
+      scf.if %piece_used {
+        %smem = memref.alloc() : !dkv_smem
+        %qt_offset = arith.constant ${DKP_QT_OFFSET} : index
+        %do_offset = arith.constant ${DKP_DO_OFFSET} : index
+        %dot_offset = arith.constant ${DKP_DOT_OFFSET} : index
+        %pt_offset = arith.constant ${DKP_PT_OFFSET} : index
+        %dst_offset = arith.constant ${DKP_DST_OFFSET} : index
+        %stats_offset = arith.constant ${DKP_STATS_OFFSET} : index
+        %row_info_offset = arith.constant ${DKP_ROW_INFO_OFFSET} : index
+        %q_step = memref.view %smem[%c0][] : !dkv_smem to !dkv_q_step
+        %qt_step = memref.view %smem[%qt_offset][] : !dkv_smem to !dkv_qt_step
+        %do_step = memref.view %smem[%do_offset][] : !dkv_smem to !dkv_do_step
+        %dot_step = memref.view %smem[%dot_offset][] : !dkv_smem to !dkv_dot_step
+        %pt_tile = memref.view %smem[%pt_offset][] : !dkv_smem to !dkv_key_tile
+        %dst_tile = memref.view %smem[%dst_offset][] : !dkv_smem to !dkv_key_tile
+        %stats_step = memref.view %smem[%stats_offset][] : !dkv_smem to !dkv_stats
+        %row_info = memref.view %smem[%row_info_offset][] : !dkv_smem to !dkv_row_info
+
+        %tid = gpu.thread_id x
+        %subgroup = arith.divui %tid, %subgroup_size : index
+        %lane = arith.remui %tid, %subgroup_size : index
+        %key_base = arith.muli %subgroup, %c16 : index
+
+        // The piece's flat block fb = (b * G + g) * NB + i.
+        %num_blocks = arith.ceildivui %n, %block_size : index
+        %fb_i32 = memref.load %entries[%piece, %c0, %c1] : !dkv_entries
+        %fb = arith.index_castui %fb_i32 : i32 to index
+        %block = arith.remui %fb, %num_blocks : index
+        %bg = arith.divui %fb, %num_blocks : index
+        %g = arith.remui %bg, %kv_heads : index
+        %b = arith.divui %bg, %kv_heads : index
+        %block_i32 = arith.index_castui %block : index to i32
+        %key0 = arith.muli %block, %block_size : index
+        %h0 = arith.muli %g, %heads_per_group : index
+        %offset = arith.subi %n, %m_rows : index
+
+        // part: piece_rows
+
+        // This subgroup's 16 keys of K and V as lhs fragments, read once from global memory: read j of unit u
+        // is key key_base + run_major(l, j), columns u K + run_k(l, j) ...; keys past N are zeros.
+        %k_init = arith.constant dense<0.0> : !dkv_k_units
+        %k_units = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %k_init) -> (!dkv_k_units) {
+          %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!dkv_k_units) {
+            %kj = affine.apply #dkv_run_major(%lane, %j)
+            %kk = affine.apply #dkv_run_k(%lane, %j)
+            %u0 = arith.muli %u, %unit_k : index
+            %col = arith.addi %u0, %kk : index
+            %key1 = arith.addi %key0, %key_base : index
+            %key = arith.addi %key1, %kj : index
+            %exists = arith.cmpi ult, %key, %n : index
+            %x = scf.if %exists -> (vector<${RUN}x${E}>) {
+              %y = vector.load %k[%b, %key, %g, %col] : !dkv_k, vector<${RUN}x${E}>
+              scf.yield %y : vector<${RUN}x${E}>
+            } else {
+              scf.yield %zero_run : vector<${RUN}x${E}>
+            }
+            %next = vector.insert %x, %acc2[%u, %j] : vector<${RUN}x${E}> into !dkv_k_units
+            scf.yield %next : !dkv_k_units
+          } {unroll_loop}
+          scf.yield %acc_u : !dkv_k_units
+        } {unroll_loop}
+        %v_init = arith.constant dense<0.0> : !dkv_v_units
+        %v_units = scf.for %u = %c0 to %dv_units step %c1 iter_args(%acc = %v_init) -> (!dkv_v_units) {
+          %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!dkv_v_units) {
+            %kj = affine.apply #dkv_run_major(%lane, %j)
+            %kk = affine.apply #dkv_run_k(%lane, %j)
+            %u0 = arith.muli %u, %unit_k : index
+            %col = arith.addi %u0, %kk : index
+            %key1 = arith.addi %key0, %key_base : index
+            %key = arith.addi %key1, %kj : index
+            %exists = arith.cmpi ult, %key, %n : index
+            %x = scf.if %exists -> (vector<${RUN}x${E}>) {
+              %y = vector.load %v[%b, %key, %g, %col] : !dkv_v, vector<${RUN}x${E}>
+              scf.yield %y : vector<${RUN}x${E}>
+            } else {
+              scf.yield %zero_run : vector<${RUN}x${E}>
+            }
+            %next = vector.insert %x, %acc2[%u, %j] : vector<${RUN}x${E}> into !dkv_v_units
+            scf.yield %next : !dkv_v_units
+          } {unroll_loop}
+          scf.yield %acc_u : !dkv_v_units
+        } {unroll_loop}
+        gpu.barrier
+
+        // Iteration t loads step t's rows into registers (chunk c: (row, head) pair c mod ROW_HEADS, elements
+        // 8 (c / ROW_HEADS) ..; padding rows and heads are zeros), computes step t - 1 from workgroup memory,
+        // then stores the registers there for iteration t + 1.
+        %dk_init = arith.constant dense<0.0> : !dkv_dk_acc
+        %dv_init = arith.constant dense<0.0> : !dkv_dv_acc
+        %q_none = arith.constant dense<0.0> : !dkv_q_staged
+        %do_none = arith.constant dense<0.0> : !dkv_do_staged
+        %dk_acc, %dv_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dk_iter = %dk_init, %dv_iter = %dv_init)
+            -> (!dkv_dk_acc, !dkv_dv_acc) {
+          %t_in_range = arith.cmpi ult, %t, %row_steps : index
+          %t_safe = arith.select %t_in_range, %t, %c0 : index
+          %row0 = arith.muli %t_safe, %rows_per_step : index
+          // The step's query rows (-1: padding), one word per row.
+          %ms_init = arith.constant dense<-1> : vector<${ROWS_PER_STEP}xi32>
+          %step_ms = scf.for %rho = %c0 to %rows_per_step step %c1 iter_args(%acc = %ms_init) -> (vector<${ROWS_PER_STEP}xi32>) {
+            %row = arith.addi %row0, %rho : index
+            %x = memref.load %row_info[%row, %c0] : !dkv_row_info
+            %next = vector.insert %x, %acc[%rho] : i32 into vector<${ROWS_PER_STEP}xi32>
+            scf.yield %next : vector<${ROWS_PER_STEP}xi32>
+          } {unroll_loop}
+          %first_m_i32 = vector.extract %step_ms[0] : i32 from vector<${ROWS_PER_STEP}xi32>
+          %first_used = arith.cmpi sge, %first_m_i32, %c0_i32 : i32
+          // Used rows come first in a piece: a step whose first row is padding is all padding.
+          %stage = arith.andi %t_in_range, %first_used : i1
+          %q_staged, %do_staged, %lse_staged, %delta_staged = scf.if %stage
+              -> (!dkv_q_staged, !dkv_do_staged, f32, f32) {
+            %qs = scf.for %i = %c0 to %q_per_lane step %c1 iter_args(%acc = %q_none) -> (!dkv_q_staged) {
+              %i_lanes = arith.muli %i, %lanes : index
+              %c = arith.addi %tid, %i_lanes : index
+              %rh = arith.remui %c, %row_heads : index
+              %chunk = arith.divui %c, %row_heads : index
+              %rho = arith.divui %rh, %c16 : index
+              %h = arith.remui %rh, %c16 : index
+              %m_i32 = vector.extract %step_ms[%rho] : i32 from vector<${ROWS_PER_STEP}xi32>
+              %used = arith.cmpi sge, %m_i32, %c0_i32 : i32
+              %real = arith.cmpi ult, %h, %heads_per_group : index
+              %in_tile = arith.cmpi ult, %c, %q_items : index
+              %live0 = arith.andi %used, %real : i1
+              %live = arith.andi %live0, %in_tile : i1
+              %x = scf.if %live -> (vector<8x${E}>) {
+                %m = arith.index_castui %m_i32 : i32 to index
+                %head = arith.addi %h0, %h : index
+                %d0 = arith.muli %chunk, %c8 : index
+                %y = vector.load %q[%b, %m, %head, %d0] : !dkv_q, vector<8x${E}>
+                scf.yield %y : vector<8x${E}>
+              } else {
+                scf.yield %zero_chunk : vector<8x${E}>
+              }
+              %next = vector.insert %x, %acc[%i] : vector<8x${E}> into !dkv_q_staged
+              scf.yield %next : !dkv_q_staged
+            } {unroll_loop}
+            %dos = scf.for %i = %c0 to %do_per_lane step %c1 iter_args(%acc = %do_none) -> (!dkv_do_staged) {
+              %i_lanes = arith.muli %i, %lanes : index
+              %c = arith.addi %tid, %i_lanes : index
+              %rh = arith.remui %c, %row_heads : index
+              %chunk = arith.divui %c, %row_heads : index
+              %rho = arith.divui %rh, %c16 : index
+              %h = arith.remui %rh, %c16 : index
+              %m_i32 = vector.extract %step_ms[%rho] : i32 from vector<${ROWS_PER_STEP}xi32>
+              %used = arith.cmpi sge, %m_i32, %c0_i32 : i32
+              %real = arith.cmpi ult, %h, %heads_per_group : index
+              %in_tile = arith.cmpi ult, %c, %do_items : index
+              %live0 = arith.andi %used, %real : i1
+              %live = arith.andi %live0, %in_tile : i1
+              %x = scf.if %live -> (vector<8x${E}>) {
+                %m = arith.index_castui %m_i32 : i32 to index
+                %head = arith.addi %h0, %h : index
+                %e0 = arith.muli %chunk, %c8 : index
+                %y = vector.load %do[%b, %m, %head, %e0] : !dkv_do, vector<8x${E}>
+                scf.yield %y : vector<8x${E}>
+              } else {
+                scf.yield %zero_chunk : vector<8x${E}>
+              }
+              %next = vector.insert %x, %acc[%i] : vector<8x${E}> into !dkv_do_staged
+              scf.yield %next : !dkv_do_staged
+            } {unroll_loop}
+            // Lane tid < ROW_HEADS: lse and delta of (row tid / 16, head tid mod 16).
+            %stats_lane = arith.cmpi ult, %tid, %row_heads : index
+            %tid_safe = arith.select %stats_lane, %tid, %c0 : index
+            %rho = arith.divui %tid_safe, %c16 : index
+            %h = arith.remui %tid_safe, %c16 : index
+            %m_i32 = vector.extract %step_ms[%rho] : i32 from vector<${ROWS_PER_STEP}xi32>
+            %used = arith.cmpi sge, %m_i32, %c0_i32 : i32
+            %real = arith.cmpi ult, %h, %heads_per_group : index
+            %live0 = arith.andi %used, %real : i1
+            %live = arith.andi %live0, %stats_lane : i1
+            %l, %dl = scf.if %live -> (f32, f32) {
+              %m = arith.index_castui %m_i32 : i32 to index
+              %head = arith.addi %h0, %h : index
+              %x = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
+              %y = memref.load %delta[%b, %m, %head] : memref<?x?x${H}xf32>
+              scf.yield %x, %y : f32, f32
+            } else {
+              scf.yield %zero, %zero : f32, f32
+            }
+            scf.yield %qs, %dos, %l, %dl : !dkv_q_staged, !dkv_do_staged, f32, f32
+          } else {
+            scf.yield %q_none, %do_none, %zero, %zero : !dkv_q_staged, !dkv_do_staged, f32, f32
+          }
+
+          // Step t - 1 (its rows are in workgroup memory).
+          %has_previous = arith.cmpi uge, %t, %c1 : index
+          %t_minus_1 = arith.subi %t, %c1 : index
+          %previous = arith.select %has_previous, %t_minus_1, %c0 : index
+          %prow0 = arith.muli %previous, %rows_per_step : index
+          %pfirst_i32 = memref.load %row_info[%prow0, %c0] : !dkv_row_info
+          %pfirst_used = arith.cmpi sge, %pfirst_i32, %c0_i32 : i32
+          %compute = arith.andi %has_previous, %pfirst_used : i1
+          %dk_next, %dv_next = scf.if %compute -> (!dkv_dk_acc, !dkv_dv_acc) {
+            %acc_zero = arith.constant dense<0.0> : !dkv_acc
+            scf.for %rho = %c0 to %rows_per_step step %c1 {
+              %row = arith.addi %prow0, %rho : index
+              %info = vector.load %row_info[%row, %c0] : !dkv_row_info, vector<4xi32>
+              %m_i32 = vector.extract %info[0] : i32 from vector<4xi32>
+              %last_i32 = vector.extract %info[1] : i32 from vector<4xi32>
+              %weight_bits = vector.extract %info[2] : i32 from vector<4xi32>
+              %row_used = arith.cmpi sge, %m_i32, %c0_i32 : i32
+              %last = arith.index_cast %last_i32 : i32 to index
+              %weight = arith.bitcast %weight_bits : i32 to f32
+              %head_row0 = arith.muli %rho, %c16 : index
+              // s^T and dp^T of this row: rhs read j is head run_major(l, j) of the row, columns
+              // u K + run_k(l, j) ...
+              %st = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %acc_zero) -> (!dkv_acc) {
+                %u0 = arith.muli %u, %unit_k : index
+                %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
+                  %hj = affine.apply #dkv_run_major(%lane, %j)
+                  %kk = affine.apply #dkv_run_k(%lane, %j)
+                  %rh = arith.addi %head_row0, %hj : index
+                  %col = arith.addi %u0, %kk : index
+                  %x = vector.load %q_step[%rh, %col] : !dkv_q_step, vector<${RUN}x${E}>
+                  %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
+                  scf.yield %next : !dkv_runs
+                } {unroll_loop}
+                %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
+                %lhs_runs = vector.extract %k_units[%u] : !dkv_runs from !dkv_k_units
+                %lhs = vector.shape_cast %lhs_runs : !dkv_runs to !dkv_lhs
+                %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+                  indexing_maps = #dkv_contraction,
+                  iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                  kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                  semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+                > : !dkv_lhs, !dkv_rhs into !dkv_acc
+                scf.yield %next : !dkv_acc
+              } {unroll_loop}
+              %dpt = scf.for %u = %c0 to %dv_units step %c1 iter_args(%acc = %acc_zero) -> (!dkv_acc) {
+                %u0 = arith.muli %u, %unit_k : index
+                %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
+                  %hj = affine.apply #dkv_run_major(%lane, %j)
+                  %kk = affine.apply #dkv_run_k(%lane, %j)
+                  %rh = arith.addi %head_row0, %hj : index
+                  %col = arith.addi %u0, %kk : index
+                  %x = vector.load %do_step[%rh, %col] : !dkv_do_step, vector<${RUN}x${E}>
+                  %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
+                  scf.yield %next : !dkv_runs
+                } {unroll_loop}
+                %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
+                %lhs_runs = vector.extract %v_units[%u] : !dkv_runs from !dkv_v_units
+                %lhs = vector.shape_cast %lhs_runs : !dkv_runs to !dkv_lhs
+                %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+                  indexing_maps = #dkv_contraction,
+                  iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                  kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                  semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+                > : !dkv_lhs, !dkv_rhs into !dkv_acc
+                scf.yield %next : !dkv_acc
+              } {unroll_loop}
+
+              // p^T and ds^T element by element: element i is key key_base + acc_row(l, i), head
+              // acc_col(l, i); all computed (reading lse and delta) before any is written at
+              // (key, 16 row + head) of the subgroup's own keys.
+              %st_flat = vector.shape_cast %st : !dkv_acc to !dkv_acc_flat
+              %dpt_flat = vector.shape_cast %dpt : !dkv_acc to !dkv_acc_flat
+              %e_init = arith.constant dense<0.0> : vector<${ACC_N}x${E}>
+              %p_vals, %ds_vals = scf.for %i = %c0 to %acc_n step %c1 iter_args(%pa = %e_init, %da = %e_init)
+                  -> (vector<${ACC_N}x${E}>, vector<${ACC_N}x${E}>) {
+                %kr = affine.apply #dkv_acc_row(%lane, %i)
+                %h = affine.apply #dkv_acc_col(%lane, %i)
+                %j = arith.addi %key_base, %kr : index
+                %rh = arith.addi %head_row0, %h : index
+                %key_visible = arith.cmpi sle, %j, %last : index
+                %head_real = arith.cmpi ult, %h, %heads_per_group : index
+                %live0 = arith.andi %key_visible, %head_real : i1
+                %live = arith.andi %live0, %row_used : i1
+                %stats = vector.load %stats_step[%rh, %c0] : !dkv_stats, vector<2xf32>
+                %l = vector.extract %stats[0] : f32 from vector<2xf32>
+                %dl = vector.extract %stats[1] : f32 from vector<2xf32>
+                %sv = vector.extract %st_flat[%i] : f32 from !dkv_acc_flat
+                %dpv = vector.extract %dpt_flat[%i] : f32 from !dkv_acc_flat
+                %scaled = arith.mulf %sv, %scale : f32
+                %shifted = arith.subf %scaled, %l : f32
+                %ex = math.exp %shifted : f32
+                %p_raw = arith.mulf %weight, %ex : f32
+                %dp_minus_delta = arith.subf %dpv, %dl : f32
+                %ds_raw = arith.mulf %p_raw, %dp_minus_delta : f32
+                %ds_scaled = arith.mulf %ds_raw, %scale : f32
+                %p_live = arith.select %live, %p_raw, %zero : f32
+                %ds_live = arith.select %live, %ds_scaled, %zero : f32
+                %p_e = ${TRUNCF} %p_live : f32 to ${E}
+                %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
+                %pa_next = vector.insert %p_e, %pa[%i] : ${E} into vector<${ACC_N}x${E}>
+                %da_next = vector.insert %ds_e, %da[%i] : ${E} into vector<${ACC_N}x${E}>
+                scf.yield %pa_next, %da_next : vector<${ACC_N}x${E}>, vector<${ACC_N}x${E}>
+              } {unroll_loop}
+              scf.for %i = %c0 to %acc_n step %c1 {
+                %kr = affine.apply #dkv_acc_row(%lane, %i)
+                %h = affine.apply #dkv_acc_col(%lane, %i)
+                %j = arith.addi %key_base, %kr : index
+                %rh = arith.addi %head_row0, %h : index
+                %p_e = vector.extract %p_vals[%i] : ${E} from vector<${ACC_N}x${E}>
+                %ds_e = vector.extract %ds_vals[%i] : ${E} from vector<${ACC_N}x${E}>
+                memref.store %p_e, %pt_tile[%j, %rh] : !dkv_key_tile
+                memref.store %ds_e, %dst_tile[%j, %rh] : !dkv_key_tile
+              } {unroll_loop}
+            } {unroll_loop}
+            gpu.barrier
+
+            // dv += p^T do and dk += ds^T q over the step's (row, head) pairs: lhs read j is key
+            // key_base + run_major(l, j), pairs run_k(l, j) ...; rhs read j is column 16 tile + run_major(l, j)
+            // of the transposed do (q).
+            %lhs_p_runs, %lhs_ds_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%rp = %zero_runs, %rd = %zero_runs)
+                -> (!dkv_runs, !dkv_runs) {
+              %kj = affine.apply #dkv_run_major(%lane, %j)
+              %kk = affine.apply #dkv_run_k(%lane, %j)
+              %key = arith.addi %key_base, %kj : index
+              %x = vector.load %pt_tile[%key, %kk] : !dkv_key_tile, vector<${RUN}x${E}>
+              %y = vector.load %dst_tile[%key, %kk] : !dkv_key_tile, vector<${RUN}x${E}>
+              %rp_next = vector.insert %x, %rp[%j] : vector<${RUN}x${E}> into !dkv_runs
+              %rd_next = vector.insert %y, %rd[%j] : vector<${RUN}x${E}> into !dkv_runs
+              scf.yield %rp_next, %rd_next : !dkv_runs, !dkv_runs
+            } {unroll_loop}
+            %lhs_p = vector.shape_cast %lhs_p_runs : !dkv_runs to !dkv_lhs
+            %lhs_ds = vector.shape_cast %lhs_ds_runs : !dkv_runs to !dkv_lhs
+            %dv_new = scf.for %tile = %c0 to %dv_tiles step %c1 iter_args(%acc = %dv_iter) -> (!dkv_dv_acc) {
+              %col0 = arith.muli %tile, %c16 : index
+              %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
+                %cj = affine.apply #dkv_run_major(%lane, %j)
+                %kk = affine.apply #dkv_run_k(%lane, %j)
+                %col = arith.addi %col0, %cj : index
+                %x = vector.load %dot_step[%col, %kk] : !dkv_dot_step, vector<${RUN}x${E}>
+                %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
+                scf.yield %next : !dkv_runs
+              } {unroll_loop}
+              %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
+              %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from !dkv_dv_acc
+              %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
+              %out = iree_codegen.inner_tiled ins(%lhs_p, %rhs) outs(%old) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs into !dkv_acc
+              %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
+              %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into !dkv_dv_acc
+              scf.yield %next : !dkv_dv_acc
+            } {unroll_loop}
+            %dk_new = scf.for %tile = %c0 to %d_tiles step %c1 iter_args(%acc = %dk_iter) -> (!dkv_dk_acc) {
+              %col0 = arith.muli %tile, %c16 : index
+              %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
+                %cj = affine.apply #dkv_run_major(%lane, %j)
+                %kk = affine.apply #dkv_run_k(%lane, %j)
+                %col = arith.addi %col0, %cj : index
+                %x = vector.load %qt_step[%col, %kk] : !dkv_qt_step, vector<${RUN}x${E}>
+                %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
+                scf.yield %next : !dkv_runs
+              } {unroll_loop}
+              %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
+              %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from !dkv_dk_acc
+              %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
+              %out = iree_codegen.inner_tiled ins(%lhs_ds, %rhs) outs(%old) <
+                indexing_maps = #dkv_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !dkv_lhs, !dkv_rhs into !dkv_acc
+              %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
+              %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into !dkv_dk_acc
+              scf.yield %next : !dkv_dk_acc
+            } {unroll_loop}
+            scf.yield %dk_new, %dv_new : !dkv_dk_acc, !dkv_dv_acc
+          } else {
+            scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc
+          }
+
+          // Step t's rows into workgroup memory, once every subgroup is done with step t - 1's.
+          gpu.barrier
+          scf.if %stage {
+            scf.for %i = %c0 to %q_per_lane step %c1 {
+              %i_lanes = arith.muli %i, %lanes : index
+              %c = arith.addi %tid, %i_lanes : index
+              %in_tile = arith.cmpi ult, %c, %q_items : index
+              scf.if %in_tile {
+                %rh = arith.remui %c, %row_heads : index
+                %chunk = arith.divui %c, %row_heads : index
+                %d0 = arith.muli %chunk, %c8 : index
+                %x = vector.extract %q_staged[%i] : vector<8x${E}> from !dkv_q_staged
+                vector.store %x, %q_step[%rh, %d0] : !dkv_q_step, vector<8x${E}>
+                scf.for %e = %c0 to %c8 step %c1 {
+                  %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
+                  %d = arith.addi %d0, %e : index
+                  memref.store %y, %qt_step[%d, %rh] : !dkv_qt_step
+                } {unroll_loop}
+              }
+            } {unroll_loop}
+            scf.for %i = %c0 to %do_per_lane step %c1 {
+              %i_lanes = arith.muli %i, %lanes : index
+              %c = arith.addi %tid, %i_lanes : index
+              %in_tile = arith.cmpi ult, %c, %do_items : index
+              scf.if %in_tile {
+                %rh = arith.remui %c, %row_heads : index
+                %chunk = arith.divui %c, %row_heads : index
+                %e0 = arith.muli %chunk, %c8 : index
+                %x = vector.extract %do_staged[%i] : vector<8x${E}> from !dkv_do_staged
+                vector.store %x, %do_step[%rh, %e0] : !dkv_do_step, vector<8x${E}>
+                scf.for %e = %c0 to %c8 step %c1 {
+                  %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
+                  %d = arith.addi %e0, %e : index
+                  memref.store %y, %dot_step[%d, %rh] : !dkv_dot_step
+                } {unroll_loop}
+              }
+            } {unroll_loop}
+            %stats_lane = arith.cmpi ult, %tid, %row_heads : index
+            scf.if %stats_lane {
+              %pair0 = vector.broadcast %lse_staged : f32 to vector<2xf32>
+              %pair = vector.insert %delta_staged, %pair0[1] : f32 into vector<2xf32>
+              vector.store %pair, %stats_step[%tid, %c0] : !dkv_stats, vector<2xf32>
+            }
+          }
+          gpu.barrier
+          scf.yield %dk_next, %dv_next : !dkv_dk_acc, !dkv_dv_acc
+        }
+
+        // The piece's partials: element i of unit tile is key key_base + acc_row(l, i), column
+        // 16 tile + acc_col(l, i).
+        scf.for %tile = %c0 to %d_tiles step %c1 {
+          scf.for %i = %c0 to %acc_n step %c1 {
+            %kr = affine.apply #dkv_acc_row(%lane, %i)
+            %cc = affine.apply #dkv_acc_col(%lane, %i)
+            %j = arith.addi %key_base, %kr : index
+            %col0 = arith.muli %tile, %c16 : index
+            %col = arith.addi %col0, %cc : index
+            %x = vector.extract %dk_acc[%tile, %i] : f32 from !dkv_dk_acc
+            memref.store %x, %dk_pieces[%piece, %j, %col] : !dkv_dk_pieces
+          } {unroll_loop}
+        } {unroll_loop}
+        scf.for %tile = %c0 to %dv_tiles step %c1 {
+          scf.for %i = %c0 to %acc_n step %c1 {
+            %kr = affine.apply #dkv_acc_row(%lane, %i)
+            %cc = affine.apply #dkv_acc_col(%lane, %i)
+            %j = arith.addi %key_base, %kr : index
+            %col0 = arith.muli %tile, %c16 : index
+            %col = arith.addi %col0, %cc : index
+            %x = vector.extract %dv_acc[%tile, %i] : f32 from !dkv_dv_acc
+            memref.store %x, %dv_pieces[%piece, %j, %col] : !dkv_dv_pieces
+          } {unroll_loop}
+        } {unroll_loop}
+      }
+      return
+    }
+  }
+}
+
+// Host side: the kernel writes every used piece's partials, @dkdv_piece_sums adds them per block.
+func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
+    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 0 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %pieces_i32 = arith.index_cast %pieces : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %dk_pieces, %dv_pieces = flow.dispatch @selection_attention_dkdv_portable_exe::@selection_attention_dkdv_piece[%pieces](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %pieces_i32, %q, %k, %v, %block_indices, %lse, %delta, %do, %entries)
+      : (i32, i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows},
+         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows},
+         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces})
+      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces})
+  %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
+      : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
+      -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>)
+  return %dk, %dv : tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+}

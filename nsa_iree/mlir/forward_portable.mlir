@@ -1,0 +1,505 @@
+// Forward as a portable matrix-unit kernel: one workgroup per (query row m, kv group g, batch b), one pass over
+// the selected blocks with an online softmax; one text for every intrinsic (nsa_iree/fragments.py: Unit;
+// dq_portable.mlir explains the units and maps).
+//
+// Subgroup w owns keys [K w, K w + K) of every block, K = ${UNIT_K} the intrinsic's reduction size, so that
+// its p v is whole units: per block
+//   s  = q k^T      [16 heads x K keys]; q fragments in registers, K's rhs fragments read from global memory
+//                   straight into registers one slot ahead (each K element once per workgroup)
+//   m' = max(m, rowmax(scale s)), p = exp(scale s - m'), l = l exp(m - m') + rowsum(p), o = o exp(m - m')
+//                   (row max and sum over the lanes of a row: gpu.shuffle xor)
+//   o += p v        lhs p [16 x K] through the subgroup's own tile in workgroup memory; rhs v from a
+//                   transposed V copy [Dv][key] staged from registers loaded one slot ahead
+// Invisible keys and padding heads take no part (p = 0). At the end the subgroups' (max, sum, o) are combined
+// in subgroup order (the forward_combine part, shared with forward_kernel.mlir): lse = M + log(L) (natural
+// log); a row that sees no key gets o = 0 and lse = -inf. p is rounded to the input type for the matrix units,
+// as in the linalg forward. Visibility as in dq_portable.mlir (semantics.md).
+
+// Push constants: B, M, N (i32), then the bits of scale (f32).
+#fwd_portable_layout = #hal.pipeline.layout<constants = 4, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer>,            // o [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer>             // lse [B, H, M] f32
+]>
+
+!fwp_q = memref<?x?x${H}x${D}x${E}>
+!fwp_k = memref<?x?x${G}x${D}x${E}>
+!fwp_v = memref<?x?x${G}x${DV}x${E}>
+!fwk_o = memref<?x?x${H}x${DV}x${E}>
+!fwp_smem = memref<${FWP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
+// Workgroup tiles: V transposed, each subgroup's p, and after the loop each subgroup's o, max and sum.
+!fwp_v_cols = memref<${DV}x${BS_PADDED}x${E}, #gpu.address_space<workgroup>>
+!fwp_p = memref<${FWD_SUBGROUPS}x16x${UNIT_K_PADDED}x${E}, #gpu.address_space<workgroup>>
+!fwk_o_parts = memref<${FWD_SUBGROUPS}x16x${DV}xf32, #gpu.address_space<workgroup>>
+!fwk_stats = memref<${FWD_SUBGROUPS}x16xf32, #gpu.address_space<workgroup>>
+// One unit's fragments and their reads (see dq_portable.mlir).
+!fwp_lhs = vector<${LHS_UNIT}x${E}>
+!fwp_rhs = vector<${RHS_UNIT}x${E}>
+!fwp_acc = vector<${ACC_UNIT}xf32>
+!fwp_runs = vector<${RUNS}x${RUN}x${E}>
+!fwp_acc_flat = vector<${ACC_N}xf32>
+!fwp_q_units = vector<${D_UNITS}x${RUNS}x${RUN}x${E}>
+!fwp_k_units = vector<${KEY_TILES}x${D_UNITS}x${RUNS}x${RUN}x${E}>
+!fwp_scores = vector<${KEY_TILES}x${ACC_N}xf32>
+!fwp_o_units = vector<${DV_TILES16}x${ACC_N}xf32>
+!fwp_v_staged = vector<${FWD_V_ITEMS_PER_LANE}x8x${E}>
+
+#fwp_run_major = ${RUN_MAJOR_MAP}
+#fwp_run_k = ${RUN_K_MAP}
+#fwp_acc_row = ${ACC_ROW_MAP}
+#fwp_acc_col = ${ACC_COL_MAP}
+#fwp_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
+
+hal.executable.source private @selection_attention_fwd_portable_exe {
+  hal.executable.export public @selection_attention_fwd_row ordinal(0) layout(#fwd_portable_layout)
+      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
+    hal.return %m_rows, %kv_heads, %batch : index, index, index
+  } <workgroup_size = [${FWD_LANES} : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_fwd_row() attributes {translation_info = #iree_codegen.translation_info<
+        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
+        workgroup_size = [${FWD_LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c8 = arith.constant 8 : index
+      %c16 = arith.constant 16 : index
+      %c0_i32 = arith.constant 0 : i32
+      %c1_i32 = arith.constant 1 : i32
+      %width = arith.constant ${SUBGROUP_SIZE} : i32
+      %row_stride = arith.constant ${ROW_SHUFFLE_STRIDE} : i32
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %minus_inf = arith.constant 0xFF800000 : f32
+      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
+      %zero_runs = arith.constant dense<0.0> : !fwp_runs
+      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
+      %heads_per_group = arith.constant ${HPG} : index
+      %block_size = arith.constant ${BS} : index
+      %slots = arith.constant ${T} : index
+      %steps = arith.constant ${T_PLUS_1} : index
+      %lanes = arith.constant ${FWD_LANES} : index
+      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
+      %subgroups = arith.constant ${FWD_SUBGROUPS} : index
+      %unit_k = arith.constant ${UNIT_K} : index
+      %runs = arith.constant ${RUNS} : index
+      %acc_n = arith.constant ${ACC_N} : index
+      %key_tiles = arith.constant ${KEY_TILES} : index
+      %row_shuffles = arith.constant ${ROW_SHUFFLES} : index
+      %d_units = arith.constant ${D_UNITS} : index
+      %dv_tiles = arith.constant ${DV_TILES16} : index
+      %value_dim = arith.constant ${DV} : index
+      %v_chunks = arith.constant ${V_ITEMS} : index
+      %v_per_lane = arith.constant ${FWD_V_ITEMS_PER_LANE} : index
+
+      %m = hal.interface.workgroup.id[0] : index
+      %g = hal.interface.workgroup.id[1] : index
+      %b = hal.interface.workgroup.id[2] : index
+      %batch_i32 = hal.interface.constant.load layout(#fwd_portable_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#fwd_portable_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#fwd_portable_layout) ordinal(2) : i32
+      %scale_bits = hal.interface.constant.load layout(#fwd_portable_layout) ordinal(3) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %scale = arith.bitcast %scale_bits : i32 to f32
+
+      %q = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : !fwp_q{%batch, %m_rows}
+      %k = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : !fwp_k{%batch, %n}
+      %v = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : !fwp_v{%batch, %n}
+      %block_indices = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %o = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(4) alignment(64) offset(%c0)
+          : !fwk_o{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(5) alignment(64) offset(%c0)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+
+      %smem = memref.alloc() : !fwp_smem
+      %p_offset = arith.constant ${FWP_P_OFFSET} : index
+      %o_parts_offset = arith.constant ${FWP_O_PARTS_OFFSET} : index
+      %max_offset = arith.constant ${FWP_MAX_OFFSET} : index
+      %sum_offset = arith.constant ${FWP_SUM_OFFSET} : index
+      %v_cols = memref.view %smem[%c0][] : !fwp_smem to !fwp_v_cols
+      %p_tiles = memref.view %smem[%p_offset][] : !fwp_smem to !fwp_p
+      %o_parts = memref.view %smem[%o_parts_offset][] : !fwp_smem to !fwk_o_parts
+      %max_parts = memref.view %smem[%max_offset][] : !fwp_smem to !fwk_stats
+      %sum_parts = memref.view %smem[%sum_offset][] : !fwp_smem to !fwk_stats
+
+      %tid = gpu.thread_id x
+      %subgroup = arith.divui %tid, %subgroup_size : index
+      %lane = arith.remui %tid, %subgroup_size : index
+      %key_base = arith.muli %subgroup, %unit_k : index
+      %h0 = arith.muli %g, %heads_per_group : index
+
+      // q as lhs fragments over all of D, loaded once: read j of unit u is head run_major(l, j), columns
+      // u K + run_k(l, j) ...; padding heads (>= HPG) are zeros.
+      %q_init = arith.constant dense<0.0> : !fwp_q_units
+      %q_units = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %q_init) -> (!fwp_q_units) {
+        %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!fwp_q_units) {
+          %h = affine.apply #fwp_run_major(%lane, %j)
+          %kk = affine.apply #fwp_run_k(%lane, %j)
+          %u0 = arith.muli %u, %unit_k : index
+          %col = arith.addi %u0, %kk : index
+          %real = arith.cmpi ult, %h, %heads_per_group : index
+          %x = scf.if %real -> (vector<${RUN}x${E}>) {
+            %head = arith.addi %h0, %h : index
+            %y = vector.load %q[%b, %m, %head, %col] : !fwp_q, vector<${RUN}x${E}>
+            scf.yield %y : vector<${RUN}x${E}>
+          } else {
+            scf.yield %zero_run : vector<${RUN}x${E}>
+          }
+          %next = vector.insert %x, %acc2[%u, %j] : vector<${RUN}x${E}> into !fwp_q_units
+          scf.yield %next : !fwp_q_units
+        } {unroll_loop}
+        scf.yield %acc_u : !fwp_q_units
+      } {unroll_loop}
+
+      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
+      %offset = arith.subi %n, %m_rows : index
+      %pos = arith.addi %m, %offset : index
+      %last_visible_block = arith.floordivsi %pos, %block_size : index
+
+      // Iteration t loads slot t's K fragments and V rows into registers (zeros past the last visible key),
+      // computes slot t - 1, then stores the V rows transposed for iteration t + 1. Carried per lane: o, and
+      // for each accumulator element (its head acc_row(l, i)) the running max and this lane's part of the sum.
+      %o_init = arith.constant dense<0.0> : !fwp_o_units
+      %stats_init = arith.constant dense<0xFF800000> : !fwp_acc_flat
+      %sums_init = arith.constant dense<0.0> : !fwp_acc_flat
+      %k_none = arith.constant dense<0.0> : !fwp_k_units
+      %v_none = arith.constant dense<0.0> : !fwp_v_staged
+      %block_none = arith.constant -1 : index
+      %o_acc, %max_acc, %sum_acc, %k_last, %last_block = scf.for %t = %c0 to %steps step %c1
+          iter_args(%o_iter = %o_init, %mx = %stats_init, %l_iter = %sums_init, %k_prev = %k_none, %previous = %block_none)
+          -> (!fwp_o_units, !fwp_acc_flat, !fwp_acc_flat, !fwp_k_units, index) {
+        %t_in_range = arith.cmpi ult, %t, %slots : index
+        %block = scf.if %t_in_range -> (index) {
+          %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+          %i = arith.index_cast %block_i32 : i32 to index
+          %not_negative = arith.cmpi sge, %i, %c0 : index
+          %not_future = arith.cmpi sle, %i, %last_visible_block : index
+          %selected = arith.andi %not_negative, %not_future : i1
+          %i_or_none = arith.select %selected, %i, %block_none : index
+          scf.yield %i_or_none : index
+        } else {
+          scf.yield %block_none : index
+        }
+        %stage = arith.cmpi sge, %block, %c0 : index
+        %key0 = arith.muli %block, %block_size : index
+        %to_pos = arith.subi %pos, %key0 : index
+        %visible = arith.addi %to_pos, %c1 : index
+        %k_next, %v_staged = scf.if %stage -> (!fwp_k_units, !fwp_v_staged) {
+          // This subgroup's K as rhs fragments: read j of key tile kt, unit u is key
+          // key_base + 16 kt + run_major(l, j), columns u K + run_k(l, j) ...
+          %ks = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%acc = %k_none) -> (!fwp_k_units) {
+            %acc_kt = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc2 = %acc) -> (!fwp_k_units) {
+              %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc3 = %acc2) -> (!fwp_k_units) {
+                %kj = affine.apply #fwp_run_major(%lane, %j)
+                %kk = affine.apply #fwp_run_k(%lane, %j)
+                %kt16 = arith.muli %kt, %c16 : index
+                %j0 = arith.addi %key_base, %kt16 : index
+                %jj = arith.addi %j0, %kj : index
+                %u0 = arith.muli %u, %unit_k : index
+                %col = arith.addi %u0, %kk : index
+                %is_visible = arith.cmpi slt, %jj, %visible : index
+                %x = scf.if %is_visible -> (vector<${RUN}x${E}>) {
+                  %key = arith.addi %key0, %jj : index
+                  %y = vector.load %k[%b, %key, %g, %col] : !fwp_k, vector<${RUN}x${E}>
+                  scf.yield %y : vector<${RUN}x${E}>
+                } else {
+                  scf.yield %zero_run : vector<${RUN}x${E}>
+                }
+                %next = vector.insert %x, %acc3[%kt, %u, %j] : vector<${RUN}x${E}> into !fwp_k_units
+                scf.yield %next : !fwp_k_units
+              } {unroll_loop}
+              scf.yield %acc_u : !fwp_k_units
+            } {unroll_loop}
+            scf.yield %acc_kt : !fwp_k_units
+          } {unroll_loop}
+          // V chunk c is (key c mod BS, elements 8 (c / BS) ..): consecutive lanes take consecutive keys, so
+          // the transposed copy's 16-bit stores are consecutive.
+          %vs = scf.for %i = %c0 to %v_per_lane step %c1 iter_args(%acc = %v_none) -> (!fwp_v_staged) {
+            %i_lanes = arith.muli %i, %lanes : index
+            %c = arith.addi %tid, %i_lanes : index
+            %jj = arith.remui %c, %block_size : index
+            %chunk = arith.divui %c, %block_size : index
+            %e0 = arith.muli %chunk, %c8 : index
+            %in_tile = arith.cmpi ult, %c, %v_chunks : index
+            %is_visible = arith.cmpi slt, %jj, %visible : index
+            %read = arith.andi %in_tile, %is_visible : i1
+            %x = scf.if %read -> (vector<8x${E}>) {
+              %key = arith.addi %key0, %jj : index
+              %y = vector.load %v[%b, %key, %g, %e0] : !fwp_v, vector<8x${E}>
+              scf.yield %y : vector<8x${E}>
+            } else {
+              scf.yield %zero_chunk : vector<8x${E}>
+            }
+            %next = vector.insert %x, %acc[%i] : vector<8x${E}> into !fwp_v_staged
+            scf.yield %next : !fwp_v_staged
+          } {unroll_loop}
+          scf.yield %ks, %vs : !fwp_k_units, !fwp_v_staged
+        } else {
+          scf.yield %k_none, %v_none : !fwp_k_units, !fwp_v_staged
+        }
+
+        // Slot t - 1: its K fragments are %k_prev, its V in workgroup memory.
+        %compute = arith.cmpi sge, %previous, %c0 : index
+        %o_next, %mx_next, %l_next = scf.if %compute -> (!fwp_o_units, !fwp_acc_flat, !fwp_acc_flat) {
+          %p_key0 = arith.muli %previous, %block_size : index
+          %p_to_pos = arith.subi %pos, %p_key0 : index
+          %p_visible = arith.addi %p_to_pos, %c1 : index
+          %acc_zero = arith.constant dense<0.0> : !fwp_acc
+          %x_init = arith.constant dense<0.0> : !fwp_scores
+          // Scaled scores, -inf where the key is invisible or the head is padding: element i of key tile kt is
+          // head acc_row(l, i), key key_base + 16 kt + acc_col(l, i).
+          %x = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%xs = %x_init) -> (!fwp_scores) {
+            %s = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %acc_zero) -> (!fwp_acc) {
+              %rhs_runs = vector.extract %k_prev[%kt, %u] : !fwp_runs from !fwp_k_units
+              %rhs = vector.shape_cast %rhs_runs : !fwp_runs to !fwp_rhs
+              %lhs_runs = vector.extract %q_units[%u] : !fwp_runs from !fwp_q_units
+              %lhs = vector.shape_cast %lhs_runs : !fwp_runs to !fwp_lhs
+              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
+                indexing_maps = #fwp_contraction,
+                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+              > : !fwp_lhs, !fwp_rhs into !fwp_acc
+              scf.yield %next : !fwp_acc
+            } {unroll_loop}
+            %s_flat = vector.shape_cast %s : !fwp_acc to !fwp_acc_flat
+            %masked = scf.for %i = %c0 to %acc_n step %c1 iter_args(%acc = %s_flat) -> (!fwp_acc_flat) {
+              %h = affine.apply #fwp_acc_row(%lane, %i)
+              %col = affine.apply #fwp_acc_col(%lane, %i)
+              %kt16 = arith.muli %kt, %c16 : index
+              %j0 = arith.addi %key_base, %kt16 : index
+              %jj = arith.addi %j0, %col : index
+              %key_visible = arith.cmpi slt, %jj, %p_visible : index
+              %head_real = arith.cmpi ult, %h, %heads_per_group : index
+              %live = arith.andi %key_visible, %head_real : i1
+              %sv = vector.extract %acc[%i] : f32 from !fwp_acc_flat
+              %scaled = arith.mulf %sv, %scale : f32
+              %xv = arith.select %live, %scaled, %minus_inf : f32
+              %next = vector.insert %xv, %acc[%i] : f32 into !fwp_acc_flat
+              scf.yield %next : !fwp_acc_flat
+            } {unroll_loop}
+            %next = vector.insert %masked, %xs[%kt] : !fwp_acc_flat into !fwp_scores
+            scf.yield %next : !fwp_scores
+          } {unroll_loop}
+
+          // Block max of element i's head: over this lane's elements of that head (element i' with the same
+          // row offset, every key tile), then over the lanes of the row (xor shuffles).
+          %bm_init = arith.constant dense<0xFF800000> : !fwp_acc_flat
+          %lane_max = scf.for %i = %c0 to %acc_n step %c1 iter_args(%acc = %bm_init) -> (!fwp_acc_flat) {
+            %row_i = affine.apply #fwp_acc_row(%c0, %i)
+            %mi = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%a = %minus_inf) -> (f32) {
+              %a_kt = scf.for %i2 = %c0 to %acc_n step %c1 iter_args(%a2 = %a) -> (f32) {
+                %row_i2 = affine.apply #fwp_acc_row(%c0, %i2)
+                %same = arith.cmpi eq, %row_i, %row_i2 : index
+                %xv = vector.extract %x[%kt, %i2] : f32 from !fwp_scores
+                %candidate = arith.maximumf %a2, %xv : f32
+                %next = arith.select %same, %candidate, %a2 : f32
+                scf.yield %next : f32
+              } {unroll_loop}
+              scf.yield %a_kt : f32
+            } {unroll_loop}
+            %next = vector.insert %mi, %acc[%i] : f32 into !fwp_acc_flat
+            scf.yield %next : !fwp_acc_flat
+          } {unroll_loop}
+          %block_max = scf.for %sh = %c0 to %row_shuffles step %c1 iter_args(%acc = %lane_max) -> (!fwp_acc_flat) {
+            %sh_i32 = arith.index_cast %sh : index to i32
+            %distance = arith.shli %row_stride, %sh_i32 : i32
+            %reduced = scf.for %i = %c0 to %acc_n step %c1 iter_args(%a = %acc) -> (!fwp_acc_flat) {
+              %mine = vector.extract %a[%i] : f32 from !fwp_acc_flat
+              %theirs, %valid = gpu.shuffle xor %mine, %distance, %width : f32
+              %both = arith.maximumf %mine, %theirs : f32
+              %next = vector.insert %both, %a[%i] : f32 into !fwp_acc_flat
+              scf.yield %next : !fwp_acc_flat
+            } {unroll_loop}
+            scf.yield %reduced : !fwp_acc_flat
+          } {unroll_loop}
+          // New max, rescale factors (a head that has seen no key keeps max -inf, o = 0 and sum 0), p and this
+          // lane's row sums (over the same elements as the max).
+          %new_max = arith.maximumf %mx, %block_max : !fwp_acc_flat
+          %minus_infs = arith.constant dense<0xFF800000> : !fwp_acc_flat
+          %zeros = arith.constant dense<0.0> : !fwp_acc_flat
+          %none = arith.cmpf oeq, %new_max, %minus_infs : !fwp_acc_flat
+          %safe_max = arith.select %none, %zeros, %new_max : vector<${ACC_N}xi1>, !fwp_acc_flat
+          %drop = arith.subf %mx, %safe_max : !fwp_acc_flat
+          %alpha = math.exp %drop : !fwp_acc_flat
+          %p_init = arith.constant dense<0.0> : !fwp_scores
+          %p_all = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%acc = %p_init) -> (!fwp_scores) {
+            %x_kt = vector.extract %x[%kt] : !fwp_acc_flat from !fwp_scores
+            %shifted = arith.subf %x_kt, %safe_max : !fwp_acc_flat
+            %p_kt = math.exp %shifted : !fwp_acc_flat
+            %next = vector.insert %p_kt, %acc[%kt] : !fwp_acc_flat into !fwp_scores
+            scf.yield %next : !fwp_scores
+          } {unroll_loop}
+          %psum = scf.for %i = %c0 to %acc_n step %c1 iter_args(%acc = %zeros) -> (!fwp_acc_flat) {
+            %row_i = affine.apply #fwp_acc_row(%c0, %i)
+            %si = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%a = %zero) -> (f32) {
+              %a_kt = scf.for %i2 = %c0 to %acc_n step %c1 iter_args(%a2 = %a) -> (f32) {
+                %row_i2 = affine.apply #fwp_acc_row(%c0, %i2)
+                %same = arith.cmpi eq, %row_i, %row_i2 : index
+                %pv = vector.extract %p_all[%kt, %i2] : f32 from !fwp_scores
+                %added = arith.addf %a2, %pv : f32
+                %next = arith.select %same, %added, %a2 : f32
+                scf.yield %next : f32
+              } {unroll_loop}
+              scf.yield %a_kt : f32
+            } {unroll_loop}
+            %next = vector.insert %si, %acc[%i] : f32 into !fwp_acc_flat
+            scf.yield %next : !fwp_acc_flat
+          } {unroll_loop}
+          %l_scaled = arith.mulf %l_iter, %alpha : !fwp_acc_flat
+          %l_new = arith.addf %l_scaled, %psum : !fwp_acc_flat
+
+          // p (rounded to the input type) into this subgroup's tile at (head, 16 kt + column).
+          scf.for %kt = %c0 to %key_tiles step %c1 {
+            scf.for %i = %c0 to %acc_n step %c1 {
+              %h = affine.apply #fwp_acc_row(%lane, %i)
+              %col = affine.apply #fwp_acc_col(%lane, %i)
+              %kt16 = arith.muli %kt, %c16 : index
+              %jj = arith.addi %kt16, %col : index
+              %pv = vector.extract %p_all[%kt, %i] : f32 from !fwp_scores
+              %p_e = ${TRUNCF} %pv : f32 to ${E}
+              memref.store %p_e, %p_tiles[%subgroup, %h, %jj] : !fwp_p
+            } {unroll_loop}
+          } {unroll_loop}
+          gpu.barrier
+
+          // o = o alpha (element i of every o unit is head acc_row(l, i)), then o += p v: lhs read j is head
+          // run_major(l, j), keys run_k(l, j) ... of this subgroup's tile; rhs read j is V's column (dv)
+          // 16 tile + run_major(l, j), keys key_base + run_k(l, j) ...
+          %lhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!fwp_runs) {
+            %h = affine.apply #fwp_run_major(%lane, %j)
+            %kk = affine.apply #fwp_run_k(%lane, %j)
+            %xv = vector.load %p_tiles[%subgroup, %h, %kk] : !fwp_p, vector<${RUN}x${E}>
+            %next = vector.insert %xv, %r[%j] : vector<${RUN}x${E}> into !fwp_runs
+            scf.yield %next : !fwp_runs
+          } {unroll_loop}
+          %lhs = vector.shape_cast %lhs_runs : !fwp_runs to !fwp_lhs
+          %o_new = scf.for %tile = %c0 to %dv_tiles step %c1 iter_args(%acc = %o_iter) -> (!fwp_o_units) {
+            %col0 = arith.muli %tile, %c16 : index
+            %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!fwp_runs) {
+              %cj = affine.apply #fwp_run_major(%lane, %j)
+              %kk = affine.apply #fwp_run_k(%lane, %j)
+              %e = arith.addi %col0, %cj : index
+              %jj = arith.addi %key_base, %kk : index
+              %xv = vector.load %v_cols[%e, %jj] : !fwp_v_cols, vector<${RUN}x${E}>
+              %next = vector.insert %xv, %r[%j] : vector<${RUN}x${E}> into !fwp_runs
+              scf.yield %next : !fwp_runs
+            } {unroll_loop}
+            %rhs = vector.shape_cast %rhs_runs : !fwp_runs to !fwp_rhs
+            %old_flat = vector.extract %acc[%tile] : !fwp_acc_flat from !fwp_o_units
+            %rescaled_flat = arith.mulf %old_flat, %alpha : !fwp_acc_flat
+            %rescaled = vector.shape_cast %rescaled_flat : !fwp_acc_flat to !fwp_acc
+            %out = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%rescaled) <
+              indexing_maps = #fwp_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !fwp_lhs, !fwp_rhs into !fwp_acc
+            %out_flat = vector.shape_cast %out : !fwp_acc to !fwp_acc_flat
+            %next = vector.insert %out_flat, %acc[%tile] : !fwp_acc_flat into !fwp_o_units
+            scf.yield %next : !fwp_o_units
+          } {unroll_loop}
+          scf.yield %o_new, %new_max, %l_new : !fwp_o_units, !fwp_acc_flat, !fwp_acc_flat
+        } else {
+          scf.yield %o_iter, %mx, %l_iter : !fwp_o_units, !fwp_acc_flat, !fwp_acc_flat
+        }
+
+        // Slot t's V rows into workgroup memory, once every subgroup is done with slot t - 1's.
+        gpu.barrier
+        scf.if %stage {
+          scf.for %i = %c0 to %v_per_lane step %c1 {
+            %i_lanes = arith.muli %i, %lanes : index
+            %c = arith.addi %tid, %i_lanes : index
+            %in_tile = arith.cmpi ult, %c, %v_chunks : index
+            scf.if %in_tile {
+              %jj = arith.remui %c, %block_size : index
+              %chunk = arith.divui %c, %block_size : index
+              %e0 = arith.muli %chunk, %c8 : index
+              %xv = vector.extract %v_staged[%i] : vector<8x${E}> from !fwp_v_staged
+              scf.for %e = %c0 to %c8 step %c1 {
+                %y = vector.extract %xv[%e] : ${E} from vector<8x${E}>
+                %d = arith.addi %e0, %e : index
+                memref.store %y, %v_cols[%d, %jj] : !fwp_v_cols
+              } {unroll_loop}
+            }
+          } {unroll_loop}
+        }
+        gpu.barrier
+        scf.yield %o_next, %mx_next, %l_next, %k_next, %block : !fwp_o_units, !fwp_acc_flat, !fwp_acc_flat, !fwp_k_units, index
+      }
+
+      // Each subgroup's o, max and sum (sum over the lanes of a row) into workgroup memory: the lane holding
+      // column 0 of a head writes that head's max and sum.
+      %row_sums = scf.for %sh = %c0 to %row_shuffles step %c1 iter_args(%acc = %sum_acc) -> (!fwp_acc_flat) {
+        %sh_i32 = arith.index_cast %sh : index to i32
+        %distance = arith.shli %row_stride, %sh_i32 : i32
+        %reduced = scf.for %i = %c0 to %acc_n step %c1 iter_args(%a = %acc) -> (!fwp_acc_flat) {
+          %mine = vector.extract %a[%i] : f32 from !fwp_acc_flat
+          %theirs, %valid = gpu.shuffle xor %mine, %distance, %width : f32
+          %both = arith.addf %mine, %theirs : f32
+          %next = vector.insert %both, %a[%i] : f32 into !fwp_acc_flat
+          scf.yield %next : !fwp_acc_flat
+        } {unroll_loop}
+        scf.yield %reduced : !fwp_acc_flat
+      } {unroll_loop}
+      scf.for %i = %c0 to %acc_n step %c1 {
+        %h = affine.apply #fwp_acc_row(%lane, %i)
+        %col = affine.apply #fwp_acc_col(%lane, %i)
+        %first = arith.cmpi eq, %col, %c0 : index
+        scf.if %first {
+          %mv = vector.extract %max_acc[%i] : f32 from !fwp_acc_flat
+          %sv = vector.extract %row_sums[%i] : f32 from !fwp_acc_flat
+          memref.store %mv, %max_parts[%subgroup, %h] : !fwk_stats
+          memref.store %sv, %sum_parts[%subgroup, %h] : !fwk_stats
+        }
+      } {unroll_loop}
+      scf.for %tile = %c0 to %dv_tiles step %c1 {
+        scf.for %i = %c0 to %acc_n step %c1 {
+          %h = affine.apply #fwp_acc_row(%lane, %i)
+          %col = affine.apply #fwp_acc_col(%lane, %i)
+          %col0 = arith.muli %tile, %c16 : index
+          %e = arith.addi %col0, %col : index
+          %ov = vector.extract %o_acc[%tile, %i] : f32 from !fwp_o_units
+          memref.store %ov, %o_parts[%subgroup, %h, %e] : !fwk_o_parts
+        } {unroll_loop}
+      } {unroll_loop}
+      gpu.barrier
+
+      // part: forward_combine
+      return
+    }
+  }
+}
+
+// Host side: one dispatch, o and lse written into the caller's tensors.
+func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
+    %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
+    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %kv_heads = arith.constant ${G} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %o, %lse = flow.dispatch @selection_attention_fwd_portable_exe::@selection_attention_fwd_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices)
+      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows})
+      -> (tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows})
+  return %o, %lse : tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>
+}
