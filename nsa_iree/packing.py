@@ -79,10 +79,11 @@ class PackedLayout:
 
         idx: [1, total, G, T] int32 (block_counts already folded in, as api.effective_block_indices gives).
         """
-        local = idx.to(torch.int64)
-        position = self.position.view(1, -1, 1, 1)
-        keep = (local >= 0) & (local * block_size <= position)
-        mapped = torch.where(keep, local + self.first_block.view(1, -1, 1, 1), -1).to(torch.int32)
+        # i * BS <= p  <=>  i <= p // BS for i >= 0: compared in int32, no int64 copy of the ids. (The sum
+        # is formed for every slot, kept or not: a wrapped int32 sum of a skipped one is never used.)
+        last_block = torch.div(self.position, block_size, rounding_mode="floor").to(torch.int32).view(1, -1, 1, 1)
+        keep = (idx >= 0) & (idx <= last_block)
+        mapped = torch.where(keep, idx + self.first_block.to(torch.int32).view(1, -1, 1, 1), -1)
         return self.to_padded(mapped, dim=1, fill=-1)
 
     def to_padded(self, x: Tensor, dim: int = 1, fill: float = 0) -> Tensor:
