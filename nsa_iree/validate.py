@@ -48,8 +48,8 @@ def check_cu_seqlens(q, k, cu_seqlens) -> None:
         raise TypeError(f"cu_seqlens must be None or a [S + 1] int32 tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] == 0:
         raise ValueError(f"cu_seqlens must have shape [S + 1] (S >= 0 packed sequences), got {_shape(cu_seqlens)}")
-    if cu_seqlens.dtype not in INDEX_DTYPES:
-        raise TypeError(f"cu_seqlens must be int32 (or int64), got {cu_seqlens.dtype}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
     if cu_seqlens.device != q.device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}: all tensors must share "
                          f"a device")

@@ -274,7 +274,7 @@ def test_autograd_with_cu_seqlens_matches_reference(variant):
     o2, lse2 = nsa_iree.selection_attention_fwd(q, k, v, idx, BS, cu_seqlens=cu)
     assert torch.equal(o2, o.detach())
     if variant == "two-pass":
-        grads = nsa_iree.selection_attention_bwd(q, k, v, o2, lse2, do, idx, BS, cu_seqlens=cu.to(torch.int64))
+        grads = nsa_iree.selection_attention_bwd(q, k, v, o2, lse2, do, idx, BS, cu_seqlens=cu)
         for ours, leaf in zip(grads, leaves):
             assert torch.equal(ours, leaf.grad)
 
@@ -340,8 +340,10 @@ BAD_CU_SEQLENS = {
     "last_not_total": (lambda q, k, v, i: (q, k, v, i, torch.tensor([0, 5, 13], dtype=torch.int32)),
                        ValueError, "cu_seqlens must end at the number of packed tokens M = q.shape[1] = 14"),
     "float_dtype": (lambda q, k, v, i: (q, k, v, i, torch.tensor([0.0, 5.0, 14.0])),
-                    TypeError, "cu_seqlens must be int32 (or int64), got torch.float32"),
-    "other_device": (lambda q, k, v, i: (q, k, v, i, torch.tensor([0, 5, 14], device="meta")),
+                    TypeError, "cu_seqlens must be int32, got torch.float32"),
+    "int64_dtype": (lambda q, k, v, i: (q, k, v, i, torch.tensor([0, 5, 14], dtype=torch.int64)),
+                    TypeError, "cu_seqlens must be int32, got torch.int64"),
+    "other_device": (lambda q, k, v, i: (q, k, v, i, torch.tensor([0, 5, 14], dtype=torch.int32, device="meta")),
                      ValueError, "cu_seqlens is on meta but q is on cpu"),
     "rank_2": (lambda q, k, v, i: (q, k, v, i, torch.tensor([[0, 5, 14]], dtype=torch.int32)),
                ValueError, "cu_seqlens must have shape [S + 1]"),
