@@ -319,7 +319,7 @@ def selection_attention_fwd(q: Tensor, k: Tensor, v: Tensor, block_indices: Tens
         block_size: BS, keys per block (block i covers keys i*BS .. i*BS + BS - 1, clipped to N).
         block_counts: None, an int, or a [B, M, G] integer tensor: slots t >= count are skipped.
         scale: softmax scale, default D ** -0.5.
-        cu_seqlens: None, or [S + 1] int32 (or int64) on q's device: S packed sequences, sequence s being the
+        cu_seqlens: None, or [S + 1] int32 on q's device: S packed sequences, sequence s being the
             tokens cu_seqlens[s] .. cu_seqlens[s + 1] - 1 (starting at 0, non-decreasing, ending at M; a
             sequence may be empty). Then B = 1 and N = M (q, k and v hold the same packed tokens), and each
             sequence attends within itself: block ids are relative to its first token, token p of it sits at
@@ -368,7 +368,7 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
         block_counts: None, an int, or a [B, M, G] integer tensor.
         scale: softmax scale, default D ** -0.5.
         variant: backward variant, "two-pass" (bitwise reproducible) or "one-pass" (f32 atomics).
-        cu_seqlens: None, or [S + 1] int32 (or int64) on q's device: S packed sequences, sequence s being the
+        cu_seqlens: None, or [S + 1] int32 on q's device: S packed sequences, sequence s being the
             tokens cu_seqlens[s] .. cu_seqlens[s + 1] - 1 (starting at 0, non-decreasing, ending at M; a
             sequence may be empty). Then B = 1 and N = M (q, k and v hold the same packed tokens), and each
             sequence attends within itself: block ids are relative to its first token, token p of it sits at

@@ -106,7 +106,7 @@ class PackedLayout:
 
 
 def packed_layout(cu_seqlens: Tensor, total: int, block_size: int) -> PackedLayout:
-    """The block-aligned layout of the packed sequences of cu_seqlens ([S + 1] int32 or int64, on the tensors'
+    """The block-aligned layout of the packed sequences of cu_seqlens ([S + 1] int32, on the tensors'
     device); its values are checked first (check_cu_seqlens_values)."""
     bounds = check_cu_seqlens_values(cu_seqlens, total)
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
