@@ -2,6 +2,13 @@
 
     python -m bench.bench --device cuda --seq 8192 16384 32768 65536      # the H200 run
     python -m bench.bench --device cpu --config cpu --seq 1024 --repeats 2 # small CPU run (CI smoke: --smoke)
+    python -m bench.bench --device cuda --seq 65536 --selection realistic packed  # packed documents (cu_seqlens)
+
+Selection "packed": each problem of `seq` tokens is documents of --doc-lengths MIN MAX tokens (uniform draws,
+the last one cut to fit) packed into one sequence with cu_seqlens, a realistic selection inside every
+document; nsa_iree and fla get the same cu_seqlens (dense SDPA would attend across documents: not run). The
+row "nsa_iree two-pass, padded given" times the same kernels on inputs already in nsa_iree's block-aligned
+layout: the difference to "nsa_iree two-pass" is what the packed call adds (its gathers and scatters).
 
 Every configuration is checked for correctness at a small size (against fla when importable, else the f64
 reference) before it is timed. Timings: warm-up, then the median of --repeats runs, each synchronised
@@ -48,6 +55,8 @@ CONFIGS = {
 }
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 SELECTIONS = {"realistic": realistic_block_indices, "uniform": uniform_block_indices, "local": local_block_indices}
+PACKED = "packed"                               # documents packed with cu_seqlens (make_packed_problem)
+DOC_LENGTHS = (1024, 16384)
 
 
 def selection_flops(cfg, seq):
@@ -121,6 +130,31 @@ def make_problem(cfg, seq, selection, device, seed=0, batch=1, generate_on_devic
     return q, k, v, do, idx
 
 
+def document_lengths(total, shortest, longest, generator):
+    """Lengths drawn uniformly in [shortest, longest] until they cover `total` tokens, the last one cut."""
+    lengths = []
+    while sum(lengths) < total:
+        n = int(torch.randint(shortest, longest + 1, (1,), generator=generator))
+        lengths.append(min(n, total - sum(lengths)))
+    return lengths
+
+
+def make_packed_problem(cfg, seq, device, doc_lengths=DOC_LENGTHS, seed=0):
+    """q, k, v, do [1, seq, ...], block indices [1, seq, G, T] (realistic inside each document, ids relative to
+    it) and cu_seqlens [S + 1] int32, for documents of doc_lengths (min, max) tokens packed into `seq` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = document_lengths(seq, *doc_lengths, gen)
+    dtype = DTYPES[cfg["dtype"]]
+    h, g, d, dv = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["value_dim"]
+    q, k, v, do = (torch.randn(1, seq, heads, dim, generator=gen).to(device=device, dtype=dtype)
+                   for heads, dim in ((h, d), (g, d), (g, dv), (h, dv)))
+    idx = torch.cat([realistic_block_indices(1, n, n, g, cfg["num_blocks"], cfg["block_size"], generator=gen)
+                     for n in lengths], dim=1).to(device)
+    cu_seqlens = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))], dtype=torch.int32,
+                              device=device)
+    return q, k, v, do, idx, cu_seqlens
+
+
 def fla_function():
     try:
         from fla.ops.nsa.parallel import ParallelNSAFunction
@@ -132,22 +166,40 @@ def fla_function():
 # --- implementations: each returns (forward callable, backward callable) --------------------------------
 
 def nsa_iree_impl(variant):
-    def build(cfg, q, k, v, do, idx):
+    def build(cfg, q, k, v, do, idx, cu_seqlens=None):
         bs = cfg["block_size"]
         state = {}
 
         def fwd():
-            state["o"], state["lse"] = nsa_iree.selection_attention_fwd(q, k, v, idx, bs)
+            state["o"], state["lse"] = nsa_iree.selection_attention_fwd(q, k, v, idx, bs, cu_seqlens=cu_seqlens)
 
         fwd()
 
         def bwd():
-            nsa_iree.selection_attention_bwd(q, k, v, state["o"], state["lse"], do, idx, bs, variant=variant)
+            nsa_iree.selection_attention_bwd(q, k, v, state["o"], state["lse"], do, idx, bs, variant=variant,
+                                             cu_seqlens=cu_seqlens)
         return fwd, bwd
     return build
 
 
-def sdpa_impl(cfg, q, k, v, do, idx):
+def nsa_iree_padded_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
+    """The two-pass kernels on inputs already laid out as a packed call lays them out (nsa_iree.packing), the
+    unpacked call: what a packed call costs without its gathers and scatters. Packed problems only."""
+    from nsa_iree.api import effective_block_indices
+    from nsa_iree.packing import packed_layout
+
+    if cu_seqlens is None:
+        raise ValueError("only for the packed selection")
+    bs = cfg["block_size"]
+    layout = packed_layout(cu_seqlens, q.shape[1], bs)
+    global_idx = layout.block_indices(effective_block_indices(idx, None), bs)
+    qp, kp, vp, dop = (layout.to_padded(t) for t in (q, k, v, do))
+    return nsa_iree_impl("two-pass")(cfg, qp, kp, vp, dop, global_idx)
+
+
+def sdpa_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
+    if cu_seqlens is not None:
+        raise ValueError("dense SDPA would attend across the packed documents")
     hpg = cfg["heads"] // cfg["kv_heads"]
     qt = q.transpose(1, 2).detach().requires_grad_(True)
     kt = k.transpose(1, 2).repeat_interleave(hpg, dim=1).detach().requires_grad_(True)
@@ -168,37 +220,40 @@ def sdpa_impl(cfg, q, k, v, do, idx):
     return fwd, bwd
 
 
-def fla_impl(cfg, q, k, v, do, idx):
+def fla_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
     fn = fla_function()
     idx_fla = idx.to(torch.int32)
     scale = cfg["head_dim"] ** -0.5
+    cu_fla = None if cu_seqlens is None else cu_seqlens.to(torch.int64)     # fla documents a LongTensor
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
     state = {}
 
     def fwd():
         with torch.no_grad():
-            fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], scale, None)
+            fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], scale, cu_fla)
 
     def bwd():
         if "o" not in state:
-            state["o"] = fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], scale, None)
+            state["o"] = fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], scale, cu_fla)
         state["o"].backward(do, retain_graph=True)
     bwd()
     return fwd, bwd
 
 
-def torch_reference_impl(cfg, q, k, v, do, idx):
+def torch_reference_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
     """The package's dense torch reference in f32 (CPU comparisons; it is O(M * N) in memory)."""
     leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     state = {}
 
     def fwd():
         with torch.no_grad():
-            selection_attention_reference(*leaves, idx, cfg["block_size"], compute_dtype=torch.float32)
+            selection_attention_reference(*leaves, idx, cfg["block_size"], compute_dtype=torch.float32,
+                                          cu_seqlens=cu_seqlens)
 
     def bwd():
         if "o" not in state:
-            state["o"], _ = selection_attention_reference(*leaves, idx, cfg["block_size"], compute_dtype=torch.float32)
+            state["o"], _ = selection_attention_reference(*leaves, idx, cfg["block_size"], compute_dtype=torch.float32,
+                                                          cu_seqlens=cu_seqlens)
         state["o"].backward(do.float(), retain_graph=True)
     return fwd, bwd
 
@@ -206,21 +261,30 @@ def torch_reference_impl(cfg, q, k, v, do, idx):
 IMPLS = {
     "nsa_iree two-pass": nsa_iree_impl("two-pass"),
     "nsa_iree one-pass": nsa_iree_impl("one-pass"),
+    "nsa_iree two-pass, padded given": nsa_iree_padded_impl,
     "dense sdpa": sdpa_impl,
     "fla parallel_nsa": fla_impl,
     "torch reference f32": torch_reference_impl,
 }
 
 
+def problem(cfg, seq, selection, device, seed=0, doc_lengths=DOC_LENGTHS):
+    """q, k, v, do, idx and cu_seqlens (None unless the selection is "packed")."""
+    if selection == PACKED:
+        return make_packed_problem(cfg, seq, device, doc_lengths, seed)
+    return (*make_problem(cfg, seq, selection, device, seed), None)
+
+
 def check(cfg, device, selection):
-    """Correctness at a small size before timing: nsa_iree's o and grads against fla or the f64 reference."""
+    """Correctness at a small size before timing: nsa_iree's o and grads against fla or the f64 reference.
+    Packed: documents of 1 to seq / 3 tokens (odd lengths and partial blocks included)."""
     seq = 512 if device.type == "cuda" else 128
-    q, k, v, do, idx = make_problem(cfg, seq, selection, device, seed=1)
+    q, k, v, do, idx, cu = problem(cfg, seq, selection, device, seed=1, doc_lengths=(1, seq // 3))
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    o = nsa_iree.selection_attention(*leaves, idx, block_size=cfg["block_size"])
+    o = nsa_iree.selection_attention(*leaves, idx, block_size=cfg["block_size"], cu_seqlens=cu)
     o.backward(do)
     ref_leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
-    o_ref, _ = selection_attention_reference(*ref_leaves, idx, cfg["block_size"])
+    o_ref, _ = selection_attention_reference(*ref_leaves, idx, cfg["block_size"], cu_seqlens=cu)
     o_ref.backward(do.double())
     errors = {"o": relative_rms_error(o.detach(), o_ref.detach())}
     for name, a, b in zip(("dq", "dk", "dv"), leaves, ref_leaves):
@@ -231,7 +295,7 @@ def check(cfg, device, selection):
         try:
             fl = [t.detach().requires_grad_(True) for t in (q, k, v)]
             o_fla = fn.apply(*fl, idx.to(torch.int32), cfg["num_blocks"], cfg["block_size"], cfg["head_dim"] ** -0.5,
-                             None)
+                             None if cu is None else cu.to(torch.int64))
             o_fla.backward(do)
             result["fla_errors"] = {"o": relative_rms_error(o_fla.detach(), o_ref.detach()),
                                     **{n: relative_rms_error(a.grad, b.grad)
@@ -240,7 +304,8 @@ def check(cfg, device, selection):
             result["fla_error"] = repr(err)[:300]
     for variant in ("one-pass",):
         vl = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        nsa_iree.selection_attention(*vl, idx, block_size=cfg["block_size"], variant=variant).backward(do)
+        nsa_iree.selection_attention(*vl, idx, block_size=cfg["block_size"], variant=variant,
+                                     cu_seqlens=cu).backward(do)
         result[f"{variant}_errors"] = {n: relative_rms_error(a.grad, b.grad)
                                        for n, a, b in zip(("dq", "dk", "dv"), vl, ref_leaves)}
     return result
@@ -283,26 +348,31 @@ def run(args, on_row=None):
         wrong = wrong_variants(record["checks"][selection])
         for seq in args.seq:
             for impl in impls:
-                if impl.startswith("nsa_iree") and impl.split()[-1] in wrong:
+                packed_only = impl == "nsa_iree two-pass, padded given"
+                if (selection == PACKED) != packed_only and (packed_only or impl == "dense sdpa"):
+                    continue                                     # not meaningful for this selection
+                if impl.startswith("nsa_iree") and impl.split(",")[0].split()[-1] in wrong:
                     row = dict(selection=selection, seq=seq, impl=impl, error="not timed: failed the correctness check")
                     record["rows"].append(row)
                     print(json.dumps(row), flush=True)
                     continue
                 fwd = bwd = None
                 try:
-                    q, k, v, do, idx = make_problem(cfg, seq, selection, device)
+                    q, k, v, do, idx, cu = problem(cfg, seq, selection, device, doc_lengths=args.doc_lengths)
                     with PeakMemory(device) as mem:
-                        fwd, bwd = IMPLS[impl](cfg, q, k, v, do, idx)
+                        fwd, bwd = IMPLS[impl](cfg, q, k, v, do, idx, cu)
                         t_fwd = timed(fwd, device, args.repeats)
                         t_bwd = timed(bwd, device, args.repeats)
                     row = dict(selection=selection, seq=seq, impl=impl, fwd_ms=t_fwd * 1e3, bwd_ms=t_bwd * 1e3,
                                peak_mem_gb=mem.peak / 1e9,
                                input_gb=sum(t.numel() * t.element_size() for t in (q, k, v, do, idx)) / 1e9)
+                    if cu is not None:
+                        row["documents"] = cu.numel() - 1
                 except Exception as err:  # noqa: BLE001 - record and go on (e.g. out of memory)
                     row = dict(selection=selection, seq=seq, impl=impl, error=f"{type(err).__name__}: {err}"[:300])
                 finally:
                     # The closures hold their outputs: drop them too, so that the next row's baseline is clean.
-                    q = k = v = do = idx = fwd = bwd = None
+                    q = k = v = do = idx = cu = fwd = bwd = None
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                 record["rows"].append(row)
@@ -383,7 +453,8 @@ def markdown(record) -> str:
         d = dense.get((r["selection"], r["seq"]))
         speed = f"{d['bwd_ms'] / r['bwd_ms']:.2f}x" if d else ""
         flops = 2.5 * (dense_flops if r["impl"] == "dense sdpa" else selection_flops)(cfg, r["seq"])
-        lines.append(f"| {r['selection']} | {r['seq']} | {r['impl']} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | {speed} "
+        seq = f"{r['seq']} ({r['documents']} documents)" if "documents" in r else r["seq"]
+        lines.append(f"| {r['selection']} | {seq} | {r['impl']} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | {speed} "
                      f"| {flops / (r['bwd_ms'] * 1e-3) / 1e12:.1f} | {r['peak_mem_gb']:.2f} ({r['input_gb']:.2f}) |")
     return "\n".join(lines) + "\n"
 
@@ -433,7 +504,9 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--config", choices=CONFIGS, default="anchors")
     parser.add_argument("--seq", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
-    parser.add_argument("--selection", nargs="+", choices=SELECTIONS, default=["realistic", "uniform"])
+    parser.add_argument("--selection", nargs="+", choices=[*SELECTIONS, PACKED], default=["realistic", "uniform"])
+    parser.add_argument("--doc-lengths", type=int, nargs=2, default=list(DOC_LENGTHS), metavar=("MIN", "MAX"),
+                        help="document lengths of the packed selection (default %(default)s)")
     parser.add_argument("--impl", nargs="+", default=list(IMPLS))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", default=DEFAULT_OUT,

@@ -7,6 +7,7 @@
     python3 -m bench.gpu_checks determinism   # two-pass bitwise identical over repeated runs on the GPU
     python3 -m bench.gpu_checks inversion     # the inversion stage's lists on the GPU against the oracle
     python3 -m bench.gpu_checks nonfinite     # NaN / Inf in an unselected block reaches no output
+    python3 -m bench.gpu_checks packed [SEQ]  # cu_seqlens at 64k: each document alone, fla, determinism
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import nsa_iree
 from nsa_iree.testing import relative_rms_error
 
-from .bench import CONFIGS, fla_function, make_problem
+from .bench import CONFIGS, DOC_LENGTHS, fla_function, make_packed_problem, make_problem
 
 
 def _inputs(cfg, batch, seq, seed=0):
@@ -137,9 +138,49 @@ def nonfinite(seq=2048):
     print(json.dumps({"seq": seq, "finite": out}))
 
 
+def packed(seq=65536, device="cuda", config="anchors", doc_lengths=DOC_LENGTHS):
+    """Documents of 1k to 16k tokens packed with cu_seqlens (realistic selections inside each): the packed
+    call against nsa_iree's unpacked call on every document alone (bit for bit expected from the two-pass
+    variant: the same rows and blocks summed in the same order), against fla with the same cu_seqlens, and
+    twice in a row (two-pass bitwise reproducible); the one-pass variant against the two-pass one.
+    (device, config and doc_lengths let a small CPU run try the script.)"""
+    cfg = CONFIGS[config]
+    bs = cfg["block_size"]
+    q, k, v, do, idx, cu = make_packed_problem(cfg, seq, torch.device(device), doc_lengths)
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, bs, cu_seqlens=cu)
+    grads = nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, bs, cu_seqlens=cu)
+    ours = {"o": o, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+    bounds = cu.tolist()
+    row = {"seq": seq, "documents": len(bounds) - 1, "finite": all(bool(torch.isfinite(t).all()) for t in ours.values())}
+    bits = lambda t: t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)  # noqa: E731
+    alone, worst = True, {}
+    for a, b in zip(bounds, bounds[1:]):
+        o1, lse1 = nsa_iree.selection_attention_fwd(q[:, a:b], k[:, a:b], v[:, a:b], idx[:, a:b], bs)
+        g1 = nsa_iree.selection_attention_bwd(q[:, a:b], k[:, a:b], v[:, a:b], o1, lse1, do[:, a:b], idx[:, a:b], bs)
+        for name, x, y in zip(ours, (o1, lse1, *g1), (o[:, a:b], lse[:, :, a:b], *(g[:, a:b] for g in grads))):
+            alone &= torch.equal(bits(x), bits(y))
+            worst[name] = max(worst.get(name, 0.0), relative_rms_error(y, x))
+    row["equal_to_documents_alone_bitwise"] = bool(alone)
+    row["worst_error_against_documents_alone"] = worst
+    again = nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, bs, cu_seqlens=cu)
+    row["two_pass_reproducible"] = all(torch.equal(bits(a), bits(b)) for a, b in zip(grads, again))
+    one = nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, bs, variant="one-pass", cu_seqlens=cu)
+    row["one_pass_vs_two_pass"] = {n: relative_rms_error(a, b) for n, a, b in zip(("dq", "dk", "dv"), one, grads)}
+    del again, one
+    fn = fla_function()
+    if fn is not None and q.is_cuda:
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        o_fla = fn.apply(*leaves, idx.to(torch.int32), cfg["num_blocks"], bs, cfg["head_dim"] ** -0.5,
+                         cu.to(torch.int64))
+        o_fla.backward(do)
+        theirs = {"o": o_fla.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
+        row["against_fla"] = {name: relative_rms_error(ours[name], theirs[name]) for name in theirs}
+    print(json.dumps(row), flush=True)
+
+
 if __name__ == "__main__":
     check = {"sanitize": sanitize, "large": large, "determinism": determinism, "inversion": inversion,
-             "nonfinite": nonfinite}[sys.argv[1]]
+             "nonfinite": nonfinite, "packed": packed}[sys.argv[1]]
     sizes = [int(s) for s in sys.argv[2:]]        # optional sequence lengths
     if sizes:
         check(*([sizes] if check in (large, inversion) else sizes))

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from . import runtime as _runtime
 from .compiler import compile_artifact
+from .packing import packed_layout
 from .runtime import device_for, importable
 from .spec import KernelSpec
 from .validate import check_backward_inputs, check_forward_inputs, check_variant
@@ -98,13 +99,24 @@ def _check_destinations(**outputs):
                              f"writes into its memory")
 
 
-def forward_into(o, lse, q, k, v, idx, block_size, scale):
+def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None):
     """Run the forward kernel writing into caller-owned o [B, M, H, Dv] and lse [B, H, M] (float32).
 
     idx is the output of effective_block_indices. Inputs are not validated here (the public functions do
-    that); tests use this entry point to poison o and lse before the run.
+    that), except the values of cu_seqlens (packing.check_cu_seqlens_values); tests use this entry point to
+    poison o and lse before the run. With cu_seqlens ([S + 1], B = 1, M = N packed tokens) the kernels run on
+    the block-aligned layout of nsa_iree.packing.
     """
     _check_destinations(o=o, lse=lse)
+    if cu_seqlens is not None:
+        layout = packed_layout(cu_seqlens, q.shape[1], block_size)
+        idx = layout.block_indices(idx, block_size)
+        if not layout.identity:
+            o_pad, lse_pad = _forward(layout.to_padded(q), layout.to_padded(k), layout.to_padded(v), idx,
+                                      block_size, scale)
+            layout.from_padded(o_pad, o, dim=1)
+            layout.from_padded(lse_pad, lse, dim=2)
+            return o, lse
     batch, m_rows, _, _ = q.shape
     if batch == 0 or m_rows == 0:
         return o, lse
@@ -117,19 +129,32 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale):
     return o, lse
 
 
-def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant):
+def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None):
     """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype).
 
     two-pass: dq query-major, the block lists inverted, dk/dv block-major (no atomics). dq=None skips the dq
     pass; dk=dv=None skips the inversion and the dk/dv pass (the gradients autograd does not need).
     one-pass: a single dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics; it
-    needs all three buffers.
+    needs all three buffers. cu_seqlens: as for forward_into.
     """
     check_variant(variant)
     if (dk is None) != (dv is None) or (variant == "one-pass" and None in (dq, dk, dv)):
         raise ValueError("backward_into: dk and dv are computed together (both or neither), and the one-pass "
                          "variant writes dq, dk and dv")
     _check_destinations(dq=dq, dk=dk, dv=dv)
+    if cu_seqlens is not None:
+        layout = packed_layout(cu_seqlens, q.shape[1], block_size)
+        idx = layout.block_indices(idx, block_size)
+        if not layout.identity:
+            pad = layout.to_padded
+            dq_pad, dk_pad, dv_pad = (None if t is None else _empty((1, layout.padded, *t.shape[2:]), t)
+                                      for t in (dq, dk, dv))
+            backward_into(dq_pad, dk_pad, dv_pad, pad(q), pad(k), pad(v), pad(o), pad(lse, dim=2, fill=float("-inf")),
+                          pad(do), idx, block_size, scale, variant)
+            for grad, grad_pad in ((dq, dq_pad), (dk, dk_pad), (dv, dv_pad)):
+                if grad is not None:
+                    layout.from_padded(grad_pad, grad, dim=1)
+            return dq, dk, dv
     batch, m_rows, _, _ = q.shape
     n = k.shape[1]
     if batch == 0 or n == 0 or m_rows == 0:
@@ -159,35 +184,38 @@ def _empty(shape, like: Tensor, dtype=None) -> Tensor:
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
 
 
-def _forward(q, k, v, idx, block_size, scale):
+def _forward(q, k, v, idx, block_size, scale, cu_seqlens=None):
     o = _empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q)
     lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
-    return forward_into(o, lse, q, k, v, idx, block_size, scale)
+    return forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens)
 
 
-def _backward(q, k, v, o, lse, do, idx, block_size, scale, variant, need_dq=True, need_dkdv=True):
+def _backward(q, k, v, o, lse, do, idx, block_size, scale, variant, need_dq=True, need_dkdv=True,
+              cu_seqlens=None):
     if variant == "one-pass":
         need_dq = need_dkdv = True                      # one dispatch writes all three
     dq = _empty(q.shape, q) if need_dq else None
     dk, dv = (_empty(k.shape, q), _empty(v.shape, q)) if need_dkdv else (None, None)
-    return backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant)
+    return backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens)
 
 
 # --- the operators -------------------------------------------------------------------------------------
 #
 # Their arguments are plain tensors, ints, floats and strings: block_counts is already folded into the int32
 # block indices (effective_block_indices) and the scale resolved. Gradients the caller does not need come back
-# as empty tensors of shape [0] (a custom op returns tensors, never None).
+# as empty tensors of shape [0] (a custom op returns tensors, never None). cu_seqlens (None or [S + 1]) is
+# runtime data: the outputs' shapes do not depend on it (the fake implementations ignore it), its values are
+# checked and the packed layout built inside the bodies (nsa_iree.packing).
 
 @torch.library.custom_op("nsa_iree::selection_attention_fwd", mutates_args=())
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int, scale: float,
-            variant: str = "two-pass") -> tuple[Tensor, Tensor]:
+            variant: str = "two-pass", cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """o [B, M, H, Dv] (q's dtype) and lse [B, H, M] (float32). `variant` is the backward autograd will run."""
-    return _forward(q, k, v, block_indices, block_size, scale)
+    return _forward(q, k, v, block_indices, block_size, scale, cu_seqlens)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, block_indices, block_size, scale, variant="two-pass"):
+def _fwd_fake(q, k, v, block_indices, block_size, scale, variant="two-pass", cu_seqlens=None):
     batch, m_rows, heads, _ = q.shape
     return (q.new_empty(batch, m_rows, heads, v.shape[3]),
             q.new_empty(batch, heads, m_rows, dtype=torch.float32))
@@ -196,35 +224,37 @@ def _fwd_fake(q, k, v, block_indices, block_size, scale, variant="two-pass"):
 @torch.library.custom_op("nsa_iree::selection_attention_bwd", mutates_args=())
 def _bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, block_indices: Tensor,
             block_size: int, scale: float, variant: str = "two-pass", need_dq: bool = True,
-            need_dkdv: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+            need_dkdv: bool = True, cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (q's dtype); a gradient not asked for (need_dq / need_dkdv False) is an empty [0] tensor."""
-    dq, dk, dv = _backward(q, k, v, o, lse, do, block_indices, block_size, scale, variant, need_dq, need_dkdv)
+    dq, dk, dv = _backward(q, k, v, o, lse, do, block_indices, block_size, scale, variant, need_dq, need_dkdv,
+                           cu_seqlens)
     return (dq if need_dq else q.new_empty(0), dk if need_dkdv else q.new_empty(0),
             dv if need_dkdv else q.new_empty(0))
 
 
 @_bwd_op.register_fake
 def _bwd_fake(do, q, k, v, o, lse, block_indices, block_size, scale, variant="two-pass", need_dq=True,
-              need_dkdv=True):
+              need_dkdv=True, cu_seqlens=None):
     def grad(t, needed):
         return q.new_empty(t.shape) if needed else q.new_empty(0)
     return grad(q, need_dq), grad(k, need_dkdv), grad(v, need_dkdv)
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, block_indices, block_size, scale, variant = inputs
+    q, k, v, block_indices, block_size, scale, variant, cu_seqlens = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, block_indices)
+    ctx.save_for_backward(q, k, v, o, lse, block_indices, cu_seqlens)
     ctx.block_size, ctx.scale, ctx.variant = block_size, scale, variant
     ctx.mark_non_differentiable(lse)
 
 
 def _fwd_backward(ctx, do, _dlse):
-    q, k, v, o, lse, block_indices = ctx.saved_tensors
+    q, k, v, o, lse, block_indices, cu_seqlens = ctx.saved_tensors
     need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
     dq, dk, dv = torch.ops.nsa_iree.selection_attention_bwd(
-        do, q, k, v, o, lse, block_indices, ctx.block_size, ctx.scale, ctx.variant, need_dq, need_dk or need_dv)
-    return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None, None, None, None, None)
+        do, q, k, v, o, lse, block_indices, ctx.block_size, ctx.scale, ctx.variant, need_dq, need_dk or need_dv,
+        cu_seqlens)
+    return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None) + (None,) * 5
 
 
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -276,7 +306,8 @@ atexit.register(getattr(_runtime, "release_devices", None) or device_for.cache_c
 # --- public functions ----------------------------------------------------------------------------------
 
 def selection_attention_fwd(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int = 64,
-                            block_counts: BlockCounts = None, scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
+                            block_counts: BlockCounts = None, scale: Optional[float] = None, *,
+                            cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Selection attention forward (not differentiable: see selection_attention). docs/semantics.md.
 
     Args:
@@ -288,23 +319,29 @@ def selection_attention_fwd(q: Tensor, k: Tensor, v: Tensor, block_indices: Tens
         block_size: BS, keys per block (block i covers keys i*BS .. i*BS + BS - 1, clipped to N).
         block_counts: None, an int, or a [B, M, G] integer tensor: slots t >= count are skipped.
         scale: softmax scale, default D ** -0.5.
+        cu_seqlens: None, or [S + 1] int32 on q's device: S packed sequences, sequence s being the
+            tokens cu_seqlens[s] .. cu_seqlens[s + 1] - 1 (starting at 0, non-decreasing, ending at M; a
+            sequence may be empty). Then B = 1 and N = M (q, k and v hold the same packed tokens), and each
+            sequence attends within itself: block ids are relative to its first token, token p of it sits at
+            position p. New lengths never recompile.
     Returns:
         o: [B, M, H, Dv] in q's dtype (0 for rows that see no key);
         lse: [B, H, M] float32, natural-log logsumexp of the scaled scores (-inf for rows that see no key).
     Query row m sits at key position m + N - M (bottom-right alignment when M < N).
     """
-    check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+    check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens)
     idx = effective_block_indices(block_indices, block_counts)
-    return _fwd_op(q.detach(), k.detach(), v.detach(), idx, block_size, _scale_of(q, scale))
+    return _fwd_op(q.detach(), k.detach(), v.detach(), idx, block_size, _scale_of(q, scale), "two-pass", cu_seqlens)
 
 
 def selection_attention_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
                             block_indices: Tensor, block_size: int = 64, block_counts: BlockCounts = None,
-                            scale: Optional[float] = None, variant: str = "two-pass") -> tuple[Tensor, Tensor, Tensor]:
+                            scale: Optional[float] = None, variant: str = "two-pass", *,
+                            cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """Selection attention backward: the gradients of sum(o * do). docs/semantics.md.
 
     Args:
-        q, k, v, block_indices, block_size, block_counts, scale: as for selection_attention_fwd.
+        q, k, v, block_indices, block_size, block_counts, scale, cu_seqlens: as for selection_attention_fwd.
         o: [B, M, H, Dv] and lse: [B, H, M] float32, as returned by the forward.
         do: [B, M, H, Dv], q's dtype: the gradient flowing into o.
         variant: "two-pass" (deterministic: bitwise identical results run to run) or "one-pass" (one
@@ -312,15 +349,15 @@ def selection_attention_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
     Returns:
         dq [B, M, H, D], dk [B, N, G, D], dv [B, N, G, Dv] in q's dtype (accumulated in float32).
     """
-    check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant)
+    check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant, cu_seqlens)
     idx = effective_block_indices(block_indices, block_counts)
     return _bwd_op(do.detach(), q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), idx, block_size,
-                   _scale_of(q, scale), variant)
+                   _scale_of(q, scale), variant, True, True, cu_seqlens)
 
 
 def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int = 64,
                         block_counts: BlockCounts = None, scale: Optional[float] = None,
-                        variant: str = "two-pass") -> Tensor:
+                        variant: str = "two-pass", *, cu_seqlens: Optional[Tensor] = None) -> Tensor:
     """Differentiable selection attention (the selection branch of NSA). docs/semantics.md.
 
     Args:
@@ -331,13 +368,18 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
         block_counts: None, an int, or a [B, M, G] integer tensor.
         scale: softmax scale, default D ** -0.5.
         variant: backward variant, "two-pass" (bitwise reproducible) or "one-pass" (f32 atomics).
+        cu_seqlens: None, or [S + 1] int32 on q's device: S packed sequences, sequence s being the
+            tokens cu_seqlens[s] .. cu_seqlens[s + 1] - 1 (starting at 0, non-decreasing, ending at M; a
+            sequence may be empty). Then B = 1 and N = M (q, k and v hold the same packed tokens), and each
+            sequence attends within itself: block ids are relative to its first token, token p of it sits at
+            position p. New lengths never recompile.
     Returns:
         o: [B, M, H, Dv] in q's dtype. Backpropagating through it gives dq, dk, dv (only those whose inputs
         require grad are computed); it is differentiable once (a second backward raises a RuntimeError).
     Works under torch.compile (fullgraph), torch.export and torch.autocast (inputs cast like SDPA's).
     """
-    check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+    check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens)
     check_variant(variant)
     idx = effective_block_indices(block_indices, block_counts)
-    o, _ = _fwd_op(q, k, v, idx, block_size, _scale_of(q, scale), variant)
+    o, _ = _fwd_op(q, k, v, idx, block_size, _scale_of(q, scale), variant, cu_seqlens)
     return o

@@ -45,8 +45,29 @@ def key_weights(block_indices: torch.Tensor, block_size: int, n: int,
     return covers.to(torch.float64).sum(dim=3)
 
 
+def sequences(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of every packed sequence of cu_seqlens [S + 1], in order (empty ones included)."""
+    bounds = [int(b) for b in cu_seqlens.tolist()]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _one_by_one(fn, cu_seqlens, q, k, v, block_indices, block_counts, rest):
+    """fn run on every packed sequence alone (rows and keys a:b, block ids relative to a), outputs joined:
+    the tensors of shape [1, L, ...] along dim 1, the [1, H, L] ones (lse, delta) along dim 2."""
+    results = []
+    for a, b in sequences(cu_seqlens):
+        if a == b:
+            continue
+        counts = block_counts[:, a:b] if isinstance(block_counts, torch.Tensor) else block_counts
+        results.append(fn(q[:, a:b], k[:, a:b], v[:, a:b], *(t[:, a:b] if t.dim() == 4 else t[:, :, a:b]
+                                                            for t in rest), block_indices[:, a:b], counts))
+    if not results:                                            # no token at all: the unpacked call is empty too
+        return fn(q, k, v, *rest, block_indices, block_counts)
+    return tuple(torch.cat(parts, dim=1 if parts[0].dim() == 4 else 2) for parts in zip(*results))
+
+
 def selection_attention_reference(q, k, v, block_indices, block_size, block_counts=None, scale=None,
-                                  compute_dtype=torch.float64):
+                                  compute_dtype=torch.float64, cu_seqlens=None):
     """Selection attention forward, differentiable (autograd gives dq, dk, dv).
 
     Args:
@@ -56,9 +77,16 @@ def selection_attention_reference(q, k, v, block_indices, block_size, block_coun
         block_counts: None, an int, or a [B, M, G] integer tensor; slots t >= count are skipped.
         scale: softmax scale, default D ** -0.5.
         compute_dtype: float64 for the oracle; float32 to time a plain torch implementation.
+        cu_seqlens: None, or [S + 1] integer: B = 1 and M = N packed tokens, sequence s being tokens
+            cu_seqlens[s] .. cu_seqlens[s + 1] - 1; every sequence is then computed alone (its block ids
+            relative to its first token) and the results joined.
     Returns:
         o: [B, M, H, Dv] in compute_dtype; lse: [B, H, M] in compute_dtype (natural log, -inf for empty rows).
     """
+    if cu_seqlens is not None:
+        return _one_by_one(lambda q, k, v, idx, counts: selection_attention_reference(
+            q, k, v, idx, block_size, counts, scale, compute_dtype), cu_seqlens, q, k, v, block_indices,
+            block_counts, ())
     batch, m_rows, heads, head_dim = q.shape
     n, groups = k.shape[1], k.shape[2]
     hpg = heads // groups
@@ -83,15 +111,19 @@ def selection_attention_reference(q, k, v, block_indices, block_size, block_coun
 
 
 def selection_attention_backward_reference(q, k, v, o, lse, do, block_indices, block_size,
-                                           block_counts=None, scale=None):
+                                           block_counts=None, scale=None, cu_seqlens=None):
     """The two-stage backward written out (delta, then the formulas of semantics.md), in f64.
 
     Args:
-        q, k, v, block_indices, block_size, block_counts, scale: as for the forward.
+        q, k, v, block_indices, block_size, block_counts, scale, cu_seqlens: as for the forward.
         o: [B, M, H, Dv]; lse: [B, H, M]; do: [B, M, H, Dv].
     Returns:
         delta [B, H, M], dq [B, M, H, D], dk [B, N, G, D], dv [B, N, G, Dv], all float64.
     """
+    if cu_seqlens is not None:
+        return _one_by_one(lambda q, k, v, o, lse, do, idx, counts: selection_attention_backward_reference(
+            q, k, v, o, lse, do, idx, block_size, counts, scale), cu_seqlens, q, k, v, block_indices,
+            block_counts, (o, lse, do))
     batch, m_rows, heads, head_dim = q.shape
     n, groups = k.shape[1], k.shape[2]
     hpg = heads // groups

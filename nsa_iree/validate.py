@@ -42,7 +42,26 @@ def _same_dtype(q, *named) -> None:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
 
 
-def check_forward_inputs(q, k, v, block_indices, block_size, block_counts) -> None:
+def check_cu_seqlens(q, k, cu_seqlens) -> None:
+    """The checks of cu_seqlens that need no look at its values (those are packing.check_cu_seqlens_values)."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be None or a [S + 1] int32 tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] == 0:
+        raise ValueError(f"cu_seqlens must have shape [S + 1] (S >= 0 packed sequences), got {_shape(cu_seqlens)}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}: all tensors must share "
+                         f"a device")
+    if q.shape[0] != 1:
+        raise ValueError(f"with cu_seqlens the sequences are packed along M: q must have B = 1, got q of shape "
+                         f"{_shape(q)}")
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(f"with cu_seqlens q, k and v hold the same packed tokens: N = k.shape[1] = {k.shape[1]} "
+                         f"must equal M = q.shape[1] = {q.shape[1]}")
+
+
+def check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens=None) -> None:
     _tensor("q", q, 4, "[B, M, H, D]")
     _tensor("k", k, 4, "[B, N, G, D]")
     _tensor("v", v, 4, "[B, N, G, Dv]")
@@ -69,6 +88,8 @@ def check_forward_inputs(q, k, v, block_indices, block_size, block_counts) -> No
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     if min(head_dim, v.shape[3]) == 0:
         raise ValueError(f"head dims must be positive, got D={head_dim}, Dv={v.shape[3]}")
+    if cu_seqlens is not None:
+        check_cu_seqlens(q, k, cu_seqlens)
     if block_counts is None or (isinstance(block_counts, int) and not isinstance(block_counts, bool)):
         return
     if not isinstance(block_counts, torch.Tensor):
@@ -85,8 +106,9 @@ def check_variant(variant) -> None:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
 
 
-def check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant) -> None:
-    check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+def check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant,
+                          cu_seqlens=None) -> None:
+    check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens)
     check_variant(variant)
     batch, m_rows, heads, _ = q.shape
     value_dim = v.shape[3]

@@ -65,3 +65,16 @@ def test_compile_check_passes_on_cpu(capsys):
 
     assert compile_check.main(["--device", "cpu", "--config", "tiny", "--seq", "128", "--repeats", "1"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("PASS")
+
+
+def test_bench_packed_selection_runs_and_checks_against_the_reference(tmp_path):
+    """The packed row (documents with cu_seqlens): checked against the f64 reference run document by
+    document, timed for nsa_iree and for the same kernels on inputs given in the padded layout."""
+    record = main(["--device", "cpu", "--config", "tiny", "--seq", "300", "--repeats", "1", "--selection", "packed",
+                   "--doc-lengths", "20", "120", "--impl", "nsa_iree two-pass", "nsa_iree two-pass, padded given",
+                   "dense sdpa", "--out", str(tmp_path)])
+    assert all(err < 1e-5 for err in record["checks"]["packed"]["errors"].values()), record["checks"]
+    rows = record["rows"]
+    assert [r["impl"] for r in rows] == ["nsa_iree two-pass", "nsa_iree two-pass, padded given"], rows
+    assert all("error" not in r and r["documents"] >= 3 for r in rows), rows
+    assert "| packed | 300 (" in next(tmp_path.glob("*.md")).read_text()
