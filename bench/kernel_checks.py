@@ -3,6 +3,8 @@
     python3 -m bench.kernel_checks check        # every case: custom dq, dk, dv vs linalg vs the f64 reference
     python3 -m bench.kernel_checks determinism  # custom backward bitwise identical over 20 runs (16k tokens)
     python3 -m bench.kernel_checks time [SEQ]   # dq stage and whole two-pass backward, custom vs linalg
+    python3 -m bench.kernel_checks onepass_check          # the recipe's one-pass vs linalg two-pass vs f64
+    python3 -m bench.kernel_checks onepass_time [SEQ...]  # one-pass vs its atomic floor and the two-pass
 
 The linalg stages are the oracle: both modules come from the same checkout, the linalg one rendered with
 NSA_IREE_KERNELS=linalg (nsa_iree/recipes.py). Artifacts are compiled where the compiler is and carried
@@ -73,7 +75,8 @@ def precompile():
         for kernels in ("custom", "linalg"):
             for variant in ("two-pass", "forward"):
                 print(_artifact(spec, variant, kernels).path.name, flush=True)
-    print(_artifact(_spec(CONFIGS["anchors"]), "one-pass", "custom").path.name, flush=True)
+    for spec in sorted(specs, key=lambda s: s.name):
+        print(_artifact(spec, "one-pass", "custom").path.name, flush=True)
     from pathlib import Path
 
     root = Path(".dev/variants")
@@ -166,6 +169,89 @@ def check(seed=0):
         row["all_written"] = all(bool(torch.isfinite(t).all()) for t in (*mine, o_mine)) and bool(
             (torch.isfinite(lse_mine) | (lse_mine == float("-inf"))).all())
         print(json.dumps(row), flush=True)
+
+
+def _onepass(spec, kernels):
+    module = device_for(torch.device("cuda")).module(_artifact(spec, "one-pass", kernels).path)
+
+    def run(q, k, v, idx, lse, do, o, scale, poison=False):
+        dq, dk, dv = (torch.full_like(x, float("nan")) if poison else torch.empty_like(x) for x in (q, k, v))
+        delta = module.call("selection_attention_delta", o, do)[0]
+        module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv,
+                    wait_for_torch=False)
+        return dq, dk, dv
+    return run
+
+
+def onepass_check(seed=0):
+    """Every case: the recipe's one-pass backward (outputs poisoned) against the linalg two-pass stages and the
+    f64 reference (the one-pass adds dk/dv with atomics: equal up to the order of f32 additions)."""
+    recipe = load_recipe("cuda")
+    for name, cfg, batch, m_rows, n, selection, bad in CASES:
+        spec = _spec(cfg)
+        linalg, mine = Backward(spec, "linalg"), _onepass(spec, "custom")
+        q, k, v, do, idx = _problem(cfg, batch, m_rows, n, selection, bad, seed)
+        scale = cfg["head_dim"] ** -0.5
+        o, lse = linalg.fwd(q, k, v, idx, scale)
+        ours = mine(q, k, v, idx, lse, do, o, scale, poison=True)
+        theirs = linalg.bwd(q, k, v, o, lse, do, idx, scale)
+        torch.cuda.synchronize()
+        _, *ref = selection_attention_backward_reference(q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(),
+                                                         idx.cpu(), cfg["block_size"])
+        row = {"case": name, "onepass": template_for("onepass", spec, recipe)}
+        for grad, a, b, r in zip(("dq", "dk", "dv"), ours, theirs, ref):
+            row[f"{grad}_onepass_vs_linalg"] = relative_rms_error(a.float(), b.float())
+            row[f"{grad}_onepass_vs_f64"] = relative_rms_error(a.cpu(), r, rms_floor=1e-3)
+        row["all_written"] = all(bool(torch.isfinite(t).all()) for t in ours)
+        print(json.dumps(row), flush=True)
+
+
+def atomic_rate(adds=1 << 30, width=256, rows=1 << 18):
+    """The GPU's f32 atomic-add rate: torch index_add_ of [n, width] f32 rows (one atomic add per element, rows
+    coalesced, row ids in whole 64-row blocks like a selection's) into a [rows, width] accumulator."""
+    n = adds // width
+    acc = torch.zeros(rows, width, device="cuda")
+    blocks = torch.randint(0, rows // 64, (n // 64,), device="cuda")
+    index = (blocks[:, None] * 64 + torch.arange(64, device="cuda")).reshape(-1)
+    src = torch.randn(index.numel(), width, device="cuda")
+    ms = _median_ms(lambda: acc.index_add_(0, index, src), repeats=5, warmup=1)
+    return index.numel() * width / (ms / 1e3)
+
+
+def atomics_issued(idx, m_rows, n, block_size, dims):
+    """f32 atomic adds of one one-pass call: every visible key of every selected slot adds D + Dv values (the
+    heads of a group are summed on chip first; a slot listed twice adds twice)."""
+    pos = torch.arange(m_rows, device=idx.device) + (n - m_rows)
+    blocks = idx.to(torch.int64)
+    pos = pos.view(1, -1, 1, 1)
+    visible = (pos - blocks * block_size + 1).clamp(min=0, max=block_size)
+    visible = torch.where((blocks >= 0) & (blocks * block_size <= pos), visible, torch.zeros_like(visible))
+    return int(visible.sum()) * dims
+
+
+def onepass_time(seqs=(8192, 32768, 65536), selections=("realistic",)):
+    """The recipe's one-pass backward against its floor (atomics issued / the measured atomic-add rate) and the
+    two-pass backward, anchors layout, in one process."""
+    cfg = CONFIGS["anchors"]
+    spec = _spec(cfg)
+    rate = atomic_rate()
+    print(json.dumps({"atomic_adds_per_s": rate}), flush=True)
+    two, one = Backward(spec, "custom"), _onepass(spec, "custom")
+    for seq in seqs:
+        for selection in selections:
+            q, k, v, do, idx = _problem(cfg, 1, seq, seq, selection, False, 2)
+            scale = cfg["head_dim"] ** -0.5
+            o, lse = two.fwd(q, k, v, idx, scale)
+            issued = atomics_issued(idx, seq, seq, cfg["block_size"], cfg["head_dim"] + cfg["value_dim"])
+            one_ms = _median_ms(lambda: one(q, k, v, idx, lse, do, o, scale), repeats=5, warmup=1)
+            two_ms = _median_ms(lambda: two.bwd(q, k, v, o, lse, do, idx, scale), repeats=5, warmup=1)
+            floor_ms = issued / rate * 1e3
+            print(json.dumps({"seq": seq, "selection": selection, "onepass_ms": round(one_ms, 2),
+                              "twopass_ms": round(two_ms, 2), "atomics_issued": issued,
+                              "floor_ms": round(floor_ms, 2), "onepass_over_floor": round(one_ms / floor_ms, 3)}),
+                  flush=True)
+            del q, k, v, do, idx, o, lse
+            torch.cuda.empty_cache()
 
 
 def determinism(repeats=20):
@@ -268,4 +354,5 @@ if __name__ == "__main__":
     what = sys.argv[1]
     args = [int(a) for a in sys.argv[2:]]
     {"precompile": precompile, "check": check, "determinism": determinism,
-     "time": lambda: time(tuple(args) or (65536,)), "variants": variants}[what]()
+     "time": lambda: time(tuple(args) or (65536,)), "variants": variants,
+     "onepass_check": onepass_check, "onepass_time": lambda: onepass_time(tuple(args) or (8192, 32768, 65536))}[what]()

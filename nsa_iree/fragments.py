@@ -295,7 +295,7 @@ def evaluate_map(text: str, *dims: int) -> int:
 
 def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the portable kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
-    if stage not in ("forward", "dq", "dkdv"):
+    if stage not in ("forward", "dq", "dkdv", "onepass"):
         return [f"no portable kernel for stage {stage!r}"]
     why = []
     if spec.dtype not in ("bf16", "f16"):
@@ -309,7 +309,7 @@ def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     if spec.head_dim % k or spec.value_dim % k:
         why.append(f"D or Dv not a multiple of the intrinsic's K ({k})")
     # dq and the forward reduce over a block's keys K at a time; dk/dv over K // 16 piece rows at a time.
-    keys = max(KEYS_PER_SUBGROUP, k) if stage in ("dq", "forward") else KEYS_PER_SUBGROUP
+    keys = max(KEYS_PER_SUBGROUP, k) if stage in ("dq", "forward", "onepass") else KEYS_PER_SUBGROUP
     if spec.block_size % keys or spec.block_size > 8 * KEYS_PER_SUBGROUP:
         why.append(f"BS not a multiple of {keys} up to {8 * KEYS_PER_SUBGROUP}")
     if stage == "dkdv" and recipe.rows_per_piece % (k // UNIT):
@@ -317,7 +317,8 @@ def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
     need = {"dq": lambda: _portable_dq_memory(spec)["DQP_SMEM_BYTES"],
             "dkdv": lambda: _portable_dkdv_memory(spec, k, recipe.rows_per_piece)["DKP_SMEM_BYTES"],
-            "forward": lambda: _portable_forward_memory(spec, k)["FWP_SMEM_BYTES"]}[stage]()
+            "forward": lambda: _portable_forward_memory(spec, k)["FWP_SMEM_BYTES"],
+            "onepass": lambda: _portable_onepass_memory(spec, k)["OPP_SMEM_BYTES"]}[stage]()
     if limit and need > limit:
         why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
     return why
@@ -365,6 +366,17 @@ def _portable_forward_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
     return out
 
 
+def _portable_onepass_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
+    """Byte offsets of the portable one-pass kernel's tiles: the dq kernel's, then p^T and ds^T ([BS][K heads]);
+    q and do transposed ([D][K heads], [Dv][K heads]) live at the start until their fragments are loaded."""
+    dq = _portable_dq_memory(spec)
+    key_heads = spec.block_size * (unit_k + PAD) * 2
+    q_cols, do_cols = spec.head_dim * (unit_k + PAD) * 2, spec.value_dim * (unit_k + PAD) * 2
+    assert q_cols + do_cols <= dq["DQP_DS_OFFSET"], "q and do transposed must fit in the K and V tiles"
+    return {"OPP_PT_OFFSET": dq["DQP_SMEM_BYTES"], "OPP_DST_OFFSET": dq["DQP_SMEM_BYTES"] + key_heads,
+            "OPP_QT_OFFSET": 0, "OPP_DOT_OFFSET": q_cols, "OPP_SMEM_BYTES": dq["DQP_SMEM_BYTES"] + 2 * key_heads}
+
+
 def portable_values(spec: KernelSpec, recipe) -> dict[str, str]:
     """Substitutions of the portable kernels (nsa_iree/mlir/*_portable.mlir)."""
     kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
@@ -405,5 +417,10 @@ def portable_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "ROW_SHUFFLES": kind.acc.thread[1].bit_length() - 1, "ROW_SHUFFLE_STRIDE": kind.acc.tstrides[1],
         "FWD_V_ITEMS_PER_LANE": -(-(bs * dv // 8) // (bs // unit.k * kind.subgroup_size)),
         **_portable_forward_memory(spec, unit.k),
+        # The one-pass: the dq kernel's values, and the [key][head] and [d][head] tiles of K heads.
+        "UNIT_K_PADDED_CHUNKS": (unit.k + PAD) // 8, "OPP_KEY_HEADS_CHUNKS": bs * (unit.k + PAD) // 8,
+        "OPP_Q_COLS_CHUNKS": d * (unit.k + PAD) // 8, "OPP_DO_COLS_CHUNKS": dv * (unit.k + PAD) // 8,
+        "OPP_Q_ITEMS": HEAD_ROWS * d // 8, "OPP_DO_ITEMS": HEAD_ROWS * dv // 8,
+        **_portable_onepass_memory(spec, unit.k),
     }
     return {key: str(value) for key, value in values.items()}

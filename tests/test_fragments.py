@@ -171,3 +171,16 @@ def test_unit_fragment_shapes(name, lhs, rhs, acc):
     probed: vector<1x1x8> operands and vector<1x1x4> accumulators compile for gfx950)."""
     unit = Unit(LAYOUTS[name])
     assert (unit.shape("lhs"), unit.shape("rhs"), unit.shape("acc")) == (lhs, rhs, acc)
+
+
+ONEPASS_CHOICE = [
+    ("gfx950_anchors", ANCHORS_CUDA.replace(target="gfx950"), "onepass_portable"),
+    # D = 192: the dq tiles, p^T and ds^T need 83 KB, over the 80 KB that keep 2 waves per SIMD.
+    ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), "onepass"),
+    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "onepass"),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", ONEPASS_CHOICE, ids=[c[0] for c in ONEPASS_CHOICE])
+def test_onepass_kernel_choice(case, spec, expected):
+    assert template_for("onepass", spec, load_recipe(spec.target)) == expected

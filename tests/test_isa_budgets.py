@@ -97,3 +97,15 @@ def test_gfx950_kernels_feed_mfma_with_wide_lds_reads(config, variant):
         assert r.stats["scratch"] == 0, r
         assert r.stats["lds"] <= LDS_BYTES["gfx950"], r
         assert r.stats["atomic_add"] == 0 and r.stats["cmpswap"] == 0, r
+
+
+def test_gfx950_onepass_kernel_on_mfma_with_native_atomics():
+    """The portable one-pass (nsa_iree/mlir/onepass_portable.mlir), anchors layout: its five products on the
+    MFMA units, dk/dv added with global_atomic_add_f32 (never a compare-and-swap loop), no scratch, 2 or more
+    waves per SIMD, wide LDS reads only."""
+    rows = {r.name: r for r in inspect_spec(ANCHORS, "one-pass")}
+    r = rows["selection_attention_onepass_row"]
+    assert r.pipeline == "hand-written", r
+    assert r.stats["mfma"] > 0 and r.stats["atomic_add"] > 0 and r.stats["cmpswap"] == 0, r
+    assert r.stats["scratch"] == 0 and r.stats["waves/simd"] >= 2, r
+    assert r.stats["narrow_lds"] == 0 and r.stats["lds/mma"] <= 1.5, r

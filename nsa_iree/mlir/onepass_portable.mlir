@@ -1,0 +1,450 @@
+// One-pass backward as a portable matrix-unit kernel: one workgroup per (query row m, kv group g, batch b),
+// the portable dq kernel (dq_portable.mlir, whose body it includes as the dq_portable_* parts) plus, per
+// selected block, the row's dk and dv contributions on the matrix units, added to f32 accumulators with
+// native atomic adds (not bitwise reproducible: the order of the adds varies run to run):
+//   dv[key, :] += sum_h p[h, key] do[h, :]     lhs p^T [16 keys x (heads)]  rhs do [(heads) x 16 columns]
+//   dk[key, :] += sum_h ds[h, key] q[h, :]     lhs ds^T                     rhs q
+// The reduction is over the group's heads, so one atomic per (key, column) instead of HPG; heads past HPG
+// (and up to the intrinsic's K = ${UNIT_K}) are zeros. The rhs fragments of q and do are the same for every
+// block: read once into registers. p^T and ds^T are written to [BS keys, K heads] tiles next to ds.
+// The atomic is llvm.atomicrmw fadd through a raw pointer, as in onepass.mlir (the recipe's [onepass]
+// pieces: global_atomic_add_f32 on gfx9 with rocdl.no_fine_grained_memory, red.global.add.f32 on NVIDIA).
+// Visibility as in dq_portable.mlir: keys past the row's position contribute nothing and are never written.
+
+// Push constants: B, M, N (i32), then the bits of scale (f32).
+#onepass_portable_layout = #hal.pipeline.layout<constants = 4, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer>,            // dk/dv f32 accumulator (tied, zero on entry)
+  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
+]>
+
+// part: dq_portable_types
+!opp_smem = memref<${OPP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
+// p^T and ds^T of the block ([key][head], K heads per row), q and do transposed ([d][head]).
+!opp_key_heads = memref<${BS}x${UNIT_K_PADDED}x${E}, #gpu.address_space<workgroup>>
+!opp_q_cols = memref<${D}x${UNIT_K_PADDED}x${E}, #gpu.address_space<workgroup>>
+!opp_do_cols = memref<${DV}x${UNIT_K_PADDED}x${E}, #gpu.address_space<workgroup>>
+!opp_q_rhs = vector<${D_TILES16}x${RUNS}x${RUN}x${E}>
+!opp_do_rhs = vector<${DV_TILES16}x${RUNS}x${RUN}x${E}>
+!opp_zero_chunk = vector<8x${E}>
+
+hal.executable.source private @selection_attention_onepass_portable_exe {
+  hal.executable.export public @selection_attention_onepass_row ordinal(0) layout(#onepass_portable_layout)
+      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
+    hal.return %m_rows, %kv_heads, %batch : index, index, index
+  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_onepass_row() attributes {translation_info = #iree_codegen.translation_info<
+        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
+        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c8 = arith.constant 8 : index
+      %c16 = arith.constant 16 : index
+      %zero = arith.constant 0.0 : f32
+      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
+      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
+      %zero_runs = arith.constant dense<0.0> : !dqp_runs
+      %zero_runs2 = arith.constant dense<0.0> : !dqp_runs_pair
+      %heads_per_group = arith.constant ${HPG} : index
+      %block_size = arith.constant ${BS} : index
+      %slots = arith.constant ${T} : index
+      %steps = arith.constant ${T_PLUS_1} : index
+      %lanes = arith.constant ${LANES} : index
+      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
+      %subgroups = arith.constant ${SUBGROUPS} : index
+      %unit_k = arith.constant ${UNIT_K} : index
+      %runs = arith.constant ${RUNS} : index
+      %acc_n = arith.constant ${ACC_N} : index
+      %d_units = arith.constant ${D_UNITS} : index
+      %dv_units = arith.constant ${DV_UNITS} : index
+      %key_units = arith.constant ${KEY_UNITS} : index
+      %d_tiles = arith.constant ${D_TILES16} : index
+      %dq_units = arith.constant ${DQ_UNITS_PER_SUBGROUP} : index
+      %k_chunks = arith.constant ${K_ITEMS} : index
+      %v_chunks = arith.constant ${V_ITEMS} : index
+      %k_per_lane = arith.constant ${K_ITEMS_PER_LANE} : index
+      %v_per_lane = arith.constant ${V_ITEMS_PER_LANE} : index
+      %kv_heads = arith.constant ${G} : index
+      %head_dim = arith.constant ${D} : index
+      %value_dim = arith.constant ${DV} : index
+      %dv_tiles = arith.constant ${DV_TILES16} : index
+      %head_rows = arith.constant 16 : index
+      %q_chunks = arith.constant ${OPP_Q_ITEMS} : index
+      %do_chunks = arith.constant ${OPP_DO_ITEMS} : index
+      %zero_e = arith.constant 0.0 : ${E}
+
+      %m = hal.interface.workgroup.id[0] : index
+      %g = hal.interface.workgroup.id[1] : index
+      %b = hal.interface.workgroup.id[2] : index
+      %batch_i32 = hal.interface.constant.load layout(#onepass_portable_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#onepass_portable_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#onepass_portable_layout) ordinal(2) : i32
+      %scale_bits = hal.interface.constant.load layout(#onepass_portable_layout) ordinal(3) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %scale = arith.bitcast %scale_bits : i32 to f32
+
+      %q = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqp_q{%batch, %m_rows}
+      %k = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqp_k{%batch, %n}
+      %v = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqp_v{%batch, %n}
+      %block_indices = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+      %delta = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}xf32>{%batch, %m_rows}
+      %do = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
+          : !dqp_do{%batch, %m_rows}
+      // The dk/dv accumulator is flat: dk [B, N, G, D] then dv [B, N, G, Dv]; the atomics address it by offset.
+      %kv_rows = arith.muli %batch, %n : index
+      %kv_group_rows = arith.muli %kv_rows, %kv_heads : index
+      %dk_size = arith.muli %kv_group_rows, %head_dim : index
+      %dv_size = arith.muli %kv_group_rows, %value_dim : index
+      %dkv_size = arith.addi %dk_size, %dv_size : index
+      %dkv = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(7) alignment(64) offset(%c0)
+          : memref<?xf32>{%dkv_size}
+      %dq = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(8) alignment(64) offset(%c0)
+          : !dqp_q{%batch, %m_rows}
+      %dkv_address = memref.extract_aligned_pointer_as_index %dkv : memref<?xf32> -> index
+      %dkv_address_i64 = arith.index_cast %dkv_address : index to i64
+      %dkv_ptr = llvm.inttoptr %dkv_address_i64 : i64 to ${ONEPASS_GLOBAL_PTR}
+      %dv_base = arith.index_cast %dk_size : index to i64
+
+      %smem = memref.alloc() : !opp_smem
+      %v_offset = arith.constant ${DQP_V_OFFSET} : index
+      %kt_offset = arith.constant ${DQP_KT_OFFSET} : index
+      %ds_offset = arith.constant ${DQP_DS_OFFSET} : index
+      %k_rows = memref.view %smem[%c0][] : !opp_smem to !dqp_k_rows
+      %v_rows = memref.view %smem[%v_offset][] : !opp_smem to !dqp_v_rows
+      %k_cols = memref.view %smem[%kt_offset][] : !opp_smem to !dqp_k_cols
+      %ds_tile = memref.view %smem[%ds_offset][] : !opp_smem to !dqp_ds
+      %pt_offset = arith.constant ${OPP_PT_OFFSET} : index
+      %dst_offset = arith.constant ${OPP_DST_OFFSET} : index
+      %qt_offset = arith.constant ${OPP_QT_OFFSET} : index
+      %dot_offset = arith.constant ${OPP_DOT_OFFSET} : index
+      %pt_tile = memref.view %smem[%pt_offset][] : !opp_smem to !opp_key_heads
+      %dst_tile = memref.view %smem[%dst_offset][] : !opp_smem to !opp_key_heads
+      // q and do transposed ([d][head], heads past HPG zero) live only until their fragments are in
+      // registers, in the bytes the K and V rows use later.
+      %qt_tile = memref.view %smem[%qt_offset][] : !opp_smem to !opp_q_cols
+      %dot_tile = memref.view %smem[%dot_offset][] : !opp_smem to !opp_do_cols
+
+      %tid = gpu.thread_id x
+      %subgroup = arith.divui %tid, %subgroup_size : index
+      %lane = arith.remui %tid, %subgroup_size : index
+      %key_base = arith.muli %subgroup, %c16 : index
+      %h0 = arith.muli %g, %heads_per_group : index
+
+      // part: dq_portable_prologue
+
+      // q and do transposed into workgroup memory (heads past HPG, up to K, zero), then their rhs fragments
+      // into registers: read j of column tile x is row (d) 16 x + run_major(l, j), heads run_k(l, j) ...
+      // The p^T and ds^T tiles start zero: their heads past 16 are never written.
+      %pt_chunks = arith.constant ${OPP_KEY_HEADS_CHUNKS} : index
+      %q_cols_chunks = arith.constant ${OPP_Q_COLS_CHUNKS} : index
+      %do_cols_chunks = arith.constant ${OPP_DO_COLS_CHUNKS} : index
+      %zero8 = arith.constant dense<0.0> : !opp_zero_chunk
+      %row_chunks = arith.constant ${UNIT_K_PADDED_CHUNKS} : index
+      scf.for %c = %tid to %pt_chunks step %lanes {
+        %row = arith.divui %c, %row_chunks : index
+        %chunk = arith.remui %c, %row_chunks : index
+        %e0 = arith.muli %chunk, %c8 : index
+        vector.store %zero8, %pt_tile[%row, %e0] : !opp_key_heads, !opp_zero_chunk
+        vector.store %zero8, %dst_tile[%row, %e0] : !opp_key_heads, !opp_zero_chunk
+      }
+      scf.for %c = %tid to %q_cols_chunks step %lanes {
+        %row = arith.divui %c, %row_chunks : index
+        %chunk = arith.remui %c, %row_chunks : index
+        %e0 = arith.muli %chunk, %c8 : index
+        vector.store %zero8, %qt_tile[%row, %e0] : !opp_q_cols, !opp_zero_chunk
+      }
+      scf.for %c = %tid to %do_cols_chunks step %lanes {
+        %row = arith.divui %c, %row_chunks : index
+        %chunk = arith.remui %c, %row_chunks : index
+        %e0 = arith.muli %chunk, %c8 : index
+        vector.store %zero8, %dot_tile[%row, %e0] : !opp_do_cols, !opp_zero_chunk
+      }
+      gpu.barrier
+      // Chunk c: head c mod 16, elements 8 (c / 16) ..
+      scf.for %c = %tid to %q_chunks step %lanes {
+        %h = arith.remui %c, %head_rows : index
+        %chunk = arith.divui %c, %head_rows : index
+        %d0 = arith.muli %chunk, %c8 : index
+        %real = arith.cmpi ult, %h, %heads_per_group : index
+        scf.if %real {
+          %head = arith.addi %h0, %h : index
+          %x = vector.load %q[%b, %m, %head, %d0] : !dqp_q, vector<8x${E}>
+          scf.for %e = %c0 to %c8 step %c1 {
+            %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
+            %d = arith.addi %d0, %e : index
+            memref.store %y, %qt_tile[%d, %h] : !opp_q_cols
+          } {unroll_loop}
+        }
+      }
+      scf.for %c = %tid to %do_chunks step %lanes {
+        %h = arith.remui %c, %head_rows : index
+        %chunk = arith.divui %c, %head_rows : index
+        %e0 = arith.muli %chunk, %c8 : index
+        %real = arith.cmpi ult, %h, %heads_per_group : index
+        scf.if %real {
+          %head = arith.addi %h0, %h : index
+          %x = vector.load %do[%b, %m, %head, %e0] : !dqp_do, vector<8x${E}>
+          scf.for %e = %c0 to %c8 step %c1 {
+            %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
+            %d = arith.addi %e0, %e : index
+            memref.store %y, %dot_tile[%d, %h] : !opp_do_cols
+          } {unroll_loop}
+        }
+      }
+      gpu.barrier
+      %q_rhs_init = arith.constant dense<0.0> : !opp_q_rhs
+      %q_rhs = scf.for %x = %c0 to %d_tiles step %c1 iter_args(%acc = %q_rhs_init) -> (!opp_q_rhs) {
+        %acc_x = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!opp_q_rhs) {
+          %cj = affine.apply #dqp_run_major(%lane, %j)
+          %kk = affine.apply #dqp_run_k(%lane, %j)
+          %x16 = arith.muli %x, %c16 : index
+          %d = arith.addi %x16, %cj : index
+          %y = vector.load %qt_tile[%d, %kk] : !opp_q_cols, vector<${RUN}x${E}>
+          %next = vector.insert %y, %acc2[%x, %j] : vector<${RUN}x${E}> into !opp_q_rhs
+          scf.yield %next : !opp_q_rhs
+        } {unroll_loop}
+        scf.yield %acc_x : !opp_q_rhs
+      } {unroll_loop}
+      %do_rhs_init = arith.constant dense<0.0> : !opp_do_rhs
+      %do_rhs = scf.for %x = %c0 to %dv_tiles step %c1 iter_args(%acc = %do_rhs_init) -> (!opp_do_rhs) {
+        %acc_x = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!opp_do_rhs) {
+          %cj = affine.apply #dqp_run_major(%lane, %j)
+          %kk = affine.apply #dqp_run_k(%lane, %j)
+          %x16 = arith.muli %x, %c16 : index
+          %e = arith.addi %x16, %cj : index
+          %y = vector.load %dot_tile[%e, %kk] : !opp_do_cols, vector<${RUN}x${E}>
+          %next = vector.insert %y, %acc2[%x, %j] : vector<${RUN}x${E}> into !opp_do_rhs
+          scf.yield %next : !opp_do_rhs
+        } {unroll_loop}
+        scf.yield %acc_x : !opp_do_rhs
+      } {unroll_loop}
+      gpu.barrier
+
+      // Iteration t loads slot t's K and V rows into registers, computes slot t - 1 from workgroup memory
+      // (dq on chip, dk and dv added to the accumulator), then stores the registers for iteration t + 1.
+      %dq_init = arith.constant dense<0.0> : !dqp_dq_units
+      %k_none = arith.constant dense<0.0> : !dqp_k_staged
+      %v_none = arith.constant dense<0.0> : !dqp_v_staged
+      %block_none = arith.constant -1 : index
+      %dq_acc, %last_block = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init, %previous = %block_none)
+          -> (!dqp_dq_units, index) {
+        // part: dq_portable_stage_load
+        // Slot t - 1 (its rows are in workgroup memory).
+        %compute = arith.cmpi sge, %previous, %c0 : index
+        %dq_next = scf.if %compute -> (!dqp_dq_units) {
+          // part: dq_portable_scores
+          // p and ds, element by element: element i is head acc_row(l, i), key key_base + acc_col(l, i);
+          // ds into the [head][key] tile (for dq), p and ds into the [key][head] tiles (for dv and dk).
+          %s_flat = vector.shape_cast %s_acc : !dqp_acc to !dqp_acc_flat
+          %dp_flat = vector.shape_cast %dp_acc : !dqp_acc to !dqp_acc_flat
+          scf.for %i = %c0 to %acc_n step %c1 {
+            %h = affine.apply #dqp_acc_row(%lane, %i)
+            %col = affine.apply #dqp_acc_col(%lane, %i)
+            %j = arith.addi %key_base, %col : index
+            %key_visible = arith.cmpi slt, %j, %p_visible : index
+            %head_real = arith.cmpi ult, %h, %heads_per_group : index
+            %live = arith.andi %key_visible, %head_real : i1
+            %sv = vector.extract %s_flat[%i] : f32 from !dqp_acc_flat
+            %dpv = vector.extract %dp_flat[%i] : f32 from !dqp_acc_flat
+            %l = vector.extract %lse_e[%i] : f32 from !dqp_acc_flat
+            %dl = vector.extract %delta_e[%i] : f32 from !dqp_acc_flat
+            %scaled = arith.mulf %sv, %scale : f32
+            %shifted = arith.subf %scaled, %l : f32
+            %p = math.exp %shifted : f32
+            %dp_minus_delta = arith.subf %dpv, %dl : f32
+            %ds_raw = arith.mulf %p, %dp_minus_delta : f32
+            %ds_scaled = arith.mulf %ds_raw, %scale : f32
+            %p_live = arith.select %live, %p, %zero : f32
+            %ds_live = arith.select %live, %ds_scaled, %zero : f32
+            %p_e = ${TRUNCF} %p_live : f32 to ${E}
+            %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
+            memref.store %ds_e, %ds_tile[%h, %j] : !dqp_ds
+            memref.store %p_e, %pt_tile[%j, %h] : !opp_key_heads
+            memref.store %ds_e, %dst_tile[%j, %h] : !opp_key_heads
+          } {unroll_loop}
+          gpu.barrier
+
+          // part: dq_portable_update
+
+          // dv and dk of this subgroup's 16 keys, one [16 keys x 16 columns] unit per column tile: lhs read j
+          // is key key_base + run_major(l, j), heads run_k(l, j) ...; element i of the result is key
+          // key_base + acc_row(l, i), column 16 x + acc_col(l, i), added to the accumulator when the key is
+          // visible.
+          %lhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs2) -> (!dqp_runs_pair) {
+            %kj = affine.apply #dqp_run_major(%lane, %j)
+            %kk = affine.apply #dqp_run_k(%lane, %j)
+            %key = arith.addi %key_base, %kj : index
+            %x = vector.load %pt_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
+            %y = vector.load %dst_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
+            %r1 = vector.insert %x, %r[0, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
+            %r2 = vector.insert %y, %r1[1, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
+            scf.yield %r2 : !dqp_runs_pair
+          } {unroll_loop}
+          %p_runs = vector.extract %lhs_runs[0] : !dqp_runs from !dqp_runs_pair
+          %ds_runs = vector.extract %lhs_runs[1] : !dqp_runs from !dqp_runs_pair
+          %lhs_p = vector.shape_cast %p_runs : !dqp_runs to !dqp_lhs
+          %lhs_ds = vector.shape_cast %ds_runs : !dqp_runs to !dqp_lhs
+          %acc_zero2 = arith.constant dense<0.0> : !dqp_acc
+          %row_base = arith.addi %p_key0, %key_base : index
+          scf.for %x = %c0 to %dv_tiles step %c1 {
+            %rhs_runs = vector.extract %do_rhs[%x] : !dqp_runs from !opp_do_rhs
+            %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
+            %out = iree_codegen.inner_tiled ins(%lhs_p, %rhs) outs(%acc_zero2) <
+              indexing_maps = #dqp_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !dqp_lhs, !dqp_rhs into !dqp_acc
+            %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
+            scf.for %i = %c0 to %acc_n step %c1 {
+              %kr = affine.apply #dqp_acc_row(%lane, %i)
+              %cc = affine.apply #dqp_acc_col(%lane, %i)
+              %j = arith.addi %key_base, %kr : index
+              %key_visible = arith.cmpi slt, %j, %p_visible : index
+              scf.if %key_visible {
+                %key = arith.addi %p_key0, %j : index
+                %kv_row0 = arith.muli %b, %n : index
+                %kv_row = arith.addi %kv_row0, %key : index
+                %row_group0 = arith.muli %kv_row, %kv_heads : index
+                %row_group = arith.addi %row_group0, %g : index
+                %at0 = arith.muli %row_group, %value_dim : index
+                %x16 = arith.muli %x, %c16 : index
+                %col = arith.addi %x16, %cc : index
+                %at = arith.addi %at0, %col : index
+                %at_i64 = arith.index_cast %at : index to i64
+                %at_dv = arith.addi %dv_base, %at_i64 : i64
+                %contribution = vector.extract %out_flat[%i] : f32 from !dqp_acc_flat
+                %ptr = llvm.getelementptr %dkv_ptr[%at_dv] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
+                %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
+              }
+            } {unroll_loop}
+          } {unroll_loop}
+          scf.for %x = %c0 to %d_tiles step %c1 {
+            %rhs_runs = vector.extract %q_rhs[%x] : !dqp_runs from !opp_q_rhs
+            %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
+            %out = iree_codegen.inner_tiled ins(%lhs_ds, %rhs) outs(%acc_zero2) <
+              indexing_maps = #dqp_contraction,
+              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
+              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+            > : !dqp_lhs, !dqp_rhs into !dqp_acc
+            %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
+            scf.for %i = %c0 to %acc_n step %c1 {
+              %kr = affine.apply #dqp_acc_row(%lane, %i)
+              %cc = affine.apply #dqp_acc_col(%lane, %i)
+              %j = arith.addi %key_base, %kr : index
+              %key_visible = arith.cmpi slt, %j, %p_visible : index
+              scf.if %key_visible {
+                %key = arith.addi %p_key0, %j : index
+                %kv_row0 = arith.muli %b, %n : index
+                %kv_row = arith.addi %kv_row0, %key : index
+                %row_group0 = arith.muli %kv_row, %kv_heads : index
+                %row_group = arith.addi %row_group0, %g : index
+                %at0 = arith.muli %row_group, %head_dim : index
+                %x16 = arith.muli %x, %c16 : index
+                %col = arith.addi %x16, %cc : index
+                %at = arith.addi %at0, %col : index
+                %at_i64 = arith.index_cast %at : index to i64
+                %contribution = vector.extract %out_flat[%i] : f32 from !dqp_acc_flat
+                %ptr = llvm.getelementptr %dkv_ptr[%at_i64] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
+                %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
+              }
+            } {unroll_loop}
+          } {unroll_loop}
+          scf.yield %dq_new : !dqp_dq_units
+        } else {
+          scf.yield %dq_iter : !dqp_dq_units
+        }
+
+        // part: dq_portable_stage_store
+        scf.yield %dq_next, %block : !dqp_dq_units, index
+      }
+
+      // part: dq_portable_write
+      return
+    }
+  }
+}
+
+// Host side: zero the accumulator, run the dispatch, cast dk and dv to the input type.
+// dk and dv share ONE zero-filled accumulator: two separately zero-filled tied operands are CSE'd into one
+// value, and both results would then alias one buffer.
+func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
+    %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 1 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 2 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %zero = arith.constant 0.0 : f32
+  %kv_heads = arith.constant ${G} : index
+  %head_dim = arith.constant ${D} : index
+  %value_dim = arith.constant ${DV} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %kv_rows = arith.muli %batch, %n : index
+  %kv_group_rows = arith.muli %kv_rows, %kv_heads : index
+  %dk_size = arith.muli %kv_group_rows, %head_dim : index
+  %dv_size = arith.muli %kv_group_rows, %value_dim : index
+  %dkv_size = arith.addi %dk_size, %dv_size : index
+
+  %acc_init = tensor.empty(%dkv_size) : tensor<?xf32>
+  %acc_zero = linalg.fill ins(%zero : f32) outs(%acc_init : tensor<?xf32>) -> tensor<?xf32>
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %acc, %dq = flow.dispatch @selection_attention_onepass_portable_exe::@selection_attention_onepass_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do, %acc_zero)
+      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows},
+         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows},
+         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?xf32>{%dkv_size})
+      -> (%acc_zero{%dkv_size}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
+
+  %dk_flat = tensor.extract_slice %acc[0] [%dk_size] [1] : tensor<?xf32> to tensor<?xf32>
+  %dv_flat = tensor.extract_slice %acc[%dk_size] [%dv_size] [1] : tensor<?xf32> to tensor<?xf32>
+  %dk_f32 = tensor.expand_shape %dk_flat [[0, 1, 2, 3]] output_shape [%batch, %n, ${G}, ${D}]
+      : tensor<?xf32> into tensor<?x?x${G}x${D}xf32>
+  %dv_f32 = tensor.expand_shape %dv_flat [[0, 1, 2, 3]] output_shape [%batch, %n, ${G}, ${DV}]
+      : tensor<?xf32> into tensor<?x?x${G}x${DV}xf32>
+  %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${E}>
+  %dk = linalg.generic {
+      indexing_maps = [affine_map<(b, n, g, d) -> (b, n, g, d)>, affine_map<(b, n, g, d) -> (b, n, g, d)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%dk_f32 : tensor<?x?x${G}x${D}xf32>) outs(%dk_init : tensor<?x?x${G}x${D}x${E}>) {
+  ^bb0(%x: f32, %out: ${E}):
+    %x_e = ${TRUNCF} %x : f32 to ${E}
+    linalg.yield %x_e : ${E}
+  } -> tensor<?x?x${G}x${D}x${E}>
+  %dv_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${E}>
+  %dv = linalg.generic {
+      indexing_maps = [affine_map<(b, n, g, e) -> (b, n, g, e)>, affine_map<(b, n, g, e) -> (b, n, g, e)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%dv_f32 : tensor<?x?x${G}x${DV}xf32>) outs(%dv_init : tensor<?x?x${G}x${DV}x${E}>) {
+  ^bb0(%x: f32, %out: ${E}):
+    %x_e = ${TRUNCF} %x : f32 to ${E}
+    linalg.yield %x_e : ${E}
+  } -> tensor<?x?x${G}x${DV}x${E}>
+  return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+}
