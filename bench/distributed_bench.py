@@ -10,9 +10,9 @@
    loadable (compiled elsewhere and carried: `precompile`), all before any timing.
 2. Check at 8192 tokens: the sharded o, dq, dk, dv against the one-GPU call on the whole sequence (relative RMS
    error < 1e-2, bf16); the run stops on every rank when a rank fails it.
-3. Per sequence length (anchors layout, B = 1, realistic selection, bf16): every rank draws the same whole
-   problem on its GPU and times the one-GPU call on it (the ranks do this side by side, each on its own GPU);
-   then each keeps its chunk and times the sharded call. A step's time is the slowest rank's (synchronised,
+3. Per sequence length (anchors layout, B = 1, realistic selection, bf16): every rank holds the same whole
+   problem (each draws it, then rank 0 broadcasts its copy) and times the one-GPU call on it (side by side,
+   each on its own GPU); then each keeps its chunk and times the sharded call. A step's time is the slowest rank's (synchronised,
    barrier before each step), the median over --repeats steps. Also timed alone: the forward's all-gather
    of K and V and the backward's reduce-scatter of the padded dk/dv (the communication), and the backward
    with the reduce-scatter started after dq instead of before (no overlap). Peak memory per GPU: torch's
@@ -158,8 +158,13 @@ def problem(seq, device, seed=0):
     return q, k, v, do, idx
 
 
-def checksum(*tensors) -> list[float]:
-    return [float(t.double().sum()) for t in tensors]
+def same_problem(r: Rank, seq, seed=0):
+    """problem() on every rank, then rank 0's copy broadcast over it: the ranks hold one sequence even if
+    their generators were to differ."""
+    tensors = problem(seq, r.device, seed)
+    for t in tensors:
+        dist.broadcast(t, src=0)
+    return tensors
 
 
 def one_gpu(q, k, v, do, idx):
@@ -185,7 +190,7 @@ def compare(mine, whole) -> dict:
 
 
 def check(r: Rank):
-    q, k, v, do, idx = problem(S.check_seq, r.device, seed=1)
+    q, k, v, do, idx = same_problem(r, S.check_seq, seed=1)
     leaves, o = one_gpu(q, k, v, do, idx)
     whole = [o.detach(), *torch.autograd.grad(o, leaves, do)]
     leaves, o = sharded(*(chunk(t) for t in (q, k, v, do, idx)))
@@ -236,10 +241,7 @@ def peak(r: Rank, fn):
 
 def measure(r: Rank, seq: int, repeats: int) -> dict:
     row = {"seq": seq, "ranks": r.size}
-    q, k, v, do, idx = problem(seq, r.device)
-    sums = r.gather(checksum(q, k, v, do, idx))
-    if any(s != sums[0] for s in sums):
-        raise RuntimeError(f"the ranks drew different problems at {seq} tokens: checksums {sums}")
+    q, k, v, do, idx = same_problem(r, seq)
     r.log(f"{seq}: problem drawn; one GPU (each rank on its own GPU, side by side)")
 
     # One GPU, the whole sequence.
