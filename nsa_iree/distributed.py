@@ -175,7 +175,7 @@ def _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale,
 
 def _prefix(chunks: Tensor, rank: int) -> Tensor:
     """[B, (rank + 1) * C, G, X] from chunk-major [P, B, C, G, X] (a view when B == 1, else a copy)."""
-    parts, batch, chunk = chunks.shape[:3]
+    _, batch, chunk = chunks.shape[:3]
     first = chunks[: rank + 1]
     if batch == 1:
         return first.view(1, (rank + 1) * chunk, *chunks.shape[3:])
