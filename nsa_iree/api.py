@@ -129,13 +129,18 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None):
     return o, lse
 
 
-def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None):
+def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None,
+                  after_dkdv=None):
     """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype).
 
-    two-pass: dq query-major, the block lists inverted, dk/dv block-major (no atomics). dq=None skips the dq
-    pass; dk=dv=None skips the inversion and the dk/dv pass (the gradients autograd does not need).
+    two-pass: the block lists inverted and dk/dv block-major (no atomics), then dq query-major. dq=None skips
+    the dq pass; dk=dv=None skips the inversion and the dk/dv pass (the gradients autograd does not need).
     one-pass: a single dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics; it
     needs all three buffers. cu_seqlens: as for forward_into.
+    after_dkdv: called (no arguments) as soon as dk and dv are written, before the dq pass of two-pass runs,
+    so that a caller can start sending them while dq is computed (nsa_iree.distributed). Not called when
+    dk/dv are not computed; with packed sequences that need padding, called at the end (dk and dv are copied
+    out of the padded layout last).
     """
     check_variant(variant)
     if (dk is None) != (dv is None) or (variant == "one-pass" and None in (dq, dk, dv)):
@@ -154,6 +159,8 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
             for grad, grad_pad in ((dq, dq_pad), (dk, dk_pad), (dv, dv_pad)):
                 if grad is not None:
                     layout.from_padded(grad_pad, grad, dim=1)
+            if dk is not None and after_dkdv is not None:
+                after_dkdv()
             return dq, dk, dv
     batch, m_rows, _, _ = q.shape
     n = k.shape[1]
@@ -161,21 +168,28 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         for t in (dq, dk, dv):
             if t is not None:
                 t.zero_()
+        if dk is not None and after_dkdv is not None:
+            after_dkdv()
         return dq, dk, dv
     if dq is None and dk is None:
         return dq, dk, dv
     module = kernels(describe(q, k, v, idx, block_size), variant, q.device)
     (delta,) = module.call("selection_attention_delta", o, do)
     if variant == "two-pass":
-        if dq is not None:
-            module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
         if dk is not None:
             entries, piece_start, piece_count = module.call("invert_block_indices", idx, n, wait_for_torch=False)
             module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start,
                         piece_count, scale, dk, dv, wait_for_torch=False)
+            del entries, piece_start, piece_count
+            if after_dkdv is not None:
+                after_dkdv()
+        if dq is not None:
+            module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
         return dq, dk, dv
     module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv,
                 wait_for_torch=False)
+    if after_dkdv is not None:
+        after_dkdv()
     return dq, dk, dv
 
 

@@ -78,3 +78,25 @@ def test_bench_packed_selection_runs_and_checks_against_the_reference(tmp_path):
     assert [r["impl"] for r in rows] == ["nsa_iree two-pass", "nsa_iree two-pass, padded given"], rows
     assert all("error" not in r and r["documents"] >= 3 for r in rows), rows
     assert "| packed | 300 (" in next(tmp_path.glob("*.md")).read_text()
+
+
+def test_distributed_bench_smoke_run_on_two_gloo_ranks(tmp_path):
+    """bench/distributed_bench.py (the 2 x H200 script) end to end under torchrun, on CPU with gloo: the check
+    passes, every length has a row and no error, the table is written. Nothing about its timings is asserted."""
+    import os
+    import subprocess
+
+    from bench import distributed_bench
+
+    distributed_bench.main(["precompile", "--smoke"])          # here, so the two ranks only load the artifacts
+    env = dict(os.environ, NSA_IREE_CPU_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "bench.distributed_bench", "run", "--smoke", "--out", str(tmp_path)],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads((tmp_path / "distributed_2xcpu.json").read_text())
+    assert [row["seq"] for row in record["rows"]] == [256, 512]
+    assert all("error" not in row for row in record["rows"]), record["rows"]
+    assert all(err < 1e-5 for rank in record["check"] for err in rank.values()), record["check"]
+    assert "| 512 |" in (tmp_path / "distributed_2xcpu.md").read_text()

@@ -1,0 +1,303 @@
+"""Context parallelism: one sequence sharded over the ranks of a torch.distributed process group.
+
+``selection_attention(q, k, v, block_indices, ..., group=None)`` is :func:`nsa_iree.selection_attention` for
+a sequence whose tokens are split into P contiguous, equal chunks, held by the P ranks of ``group`` in rank
+order: rank r holds tokens ``r*C .. r*C + C - 1`` (C = M / P) of q, k, v, block_indices and block_counts, and
+block_indices hold block numbers of the whole sequence. Each rank gets its chunk of o, and autograd its chunks
+of dq, dk and dv: the numbers one process computes for the whole sequence, up to the order in which the
+dk/dv contributions of different ranks are summed.
+
+How it runs (docs/design.md, "Context parallelism"):
+
+- Forward: K and V are all-gathered (two asynchronous all-gathers into chunk-major ``[P, B, C, G, *]``
+  buffers). Rank r keeps the prefix of chunks 0..r, L = (r + 1) * C keys, and runs the forward kernel with its
+  C query rows against it. They are the prefix's last C rows, and the kernels' bottom-right alignment (row m
+  stands at key position m + L - C) puts each at its absolute position; a row sees only blocks at or before
+  its own position, all inside the prefix, so every skipping rule (-1, future, past the end, block_counts)
+  gives the same result as on the whole sequence.
+- Backward: the backward on the prefix writes the dk/dv contributions of this rank's rows to all L keys into
+  a zero-padded ``[P, B, C, G, *]`` buffer, and a reduce-scatter (sum) hands every rank the total for its own
+  chunk. It is started asynchronously as soon as dk and dv are written; dq, which needs only the rank's own
+  rows, is computed while it runs (two-pass variant; one-pass writes all three in one dispatch).
+- Why a padded reduce-scatter, not a sequence of reduces: one collective, on every backend (gloo in torch 2.13
+  has reduce_scatter_tensor), whose ring moves (P - 1) / P of the buffer per rank; P reduces of one chunk each
+  (ranks before the chunk's owner sending zeros) move as much per rank in P collectives, and the unequal
+  prefixes save only on the ranks that are not the bottleneck (the last rank holds the full length).
+- Checks: before any K or V is sent, one small all-gather of every rank's shapes, dtype and settings. When
+  they disagree (chunk lengths differ, say) every rank raises the same error; when a rank's inputs are invalid
+  it raises its own error and the others say which rank it was: a bad input never leaves ranks waiting.
+
+Eager only (no torch.compile tracing of the collectives); every rank of the group must call it, and run the
+backward, in the same order, as with any collective.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import api
+from .api import BlockCounts
+from .validate import FLOAT_DTYPES, check_forward_inputs, check_variant
+
+__all__ = ["selection_attention", "sequence_chunk"]
+
+_DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_VARIANT_CODE = {"two-pass": 0, "one-pass": 1}
+# What every rank sends in the exchange before the call (one int64 each), and what must agree across ranks.
+_FIELDS = ("valid", "B", "q chunk", "H", "D", "k chunk", "G", "Dv", "T", "dtype", "block_size", "variant",
+           "scale", "k/v need grad")
+_MUST_AGREE = ("B", "q chunk", "H", "D", "G", "Dv", "T", "dtype", "block_size", "variant", "scale",
+               "k/v need grad")
+# Backends and the tensors they communicate (a "cpu:gloo,cuda:nccl" group names its own).
+_BACKEND_DEVICES = {"gloo": ("cpu",), "nccl": ("cuda",)}
+
+# The backward starts the reduce-scatter of dk/dv before dq is computed (False: after; bench/distributed_bench.py
+# measures both).
+OVERLAP_BACKWARD = True
+
+
+def _all_gather(stacked: Tensor, mine: Tensor, group, async_op=False):
+    """stacked[j] = rank j's `mine` ([P, *mine.shape]; sent as the concatenation along dim 0, the one layout
+    gloo takes). torch 2.13 renamed all_gather_into_tensor to all_gather_single."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(stacked.view(-1, *mine.shape[1:]), mine, group=group, async_op=async_op)
+
+
+def _reduce_scatter(mine: Tensor, stacked: Tensor, group, async_op=False):
+    """mine = the sum over ranks of their stacked[r], r this rank ([P, *mine.shape], as in _all_gather).
+    torch 2.13 renamed reduce_scatter_tensor to reduce_scatter_single."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(mine, stacked.view(-1, *mine.shape[1:]), group=group, async_op=async_op)
+
+
+def _group_layout(group):
+    """(rank in group, group size, {device type: backend}); RuntimeError naming `group` if there is none."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("nsa_iree.distributed.selection_attention needs torch.distributed initialised "
+                           "(torch.distributed.init_process_group, e.g. under torchrun) on every rank; for one "
+                           "process use nsa_iree.selection_attention")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise RuntimeError("nsa_iree.distributed.selection_attention: this process is not a member of `group`")
+    name = str(dist.get_backend(group))
+    if ":" in name:
+        backends = dict(part.split(":", 1) for part in name.split(","))
+    else:
+        backends = {device: name for device in _BACKEND_DEVICES.get(name, ("cpu", "cuda"))}
+    return rank, dist.get_world_size(group), backends
+
+
+def _check_device(q, backends) -> None:
+    if isinstance(q, Tensor) and q.device.type not in backends:
+        raise ValueError(f"q is on {q.device}, but the process group's backend ("
+                         + ", ".join(f"{b} for {d}" for d, b in backends.items())
+                         + ") does not communicate tensors of that device: use nccl for CUDA tensors and gloo for "
+                           "CPU tensors")
+
+
+def _exchange_device(q, backends) -> torch.device:
+    """Where the small exchange tensor lives: q's device when the backend takes it, else one it takes."""
+    if isinstance(q, Tensor) and q.device.type in backends:
+        return q.device
+    if "cuda" in backends and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _scale_bits(scale: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", scale))[0]
+
+
+def _describe_mismatch(table: list[dict]) -> Optional[str]:
+    """Why the ranks cannot run together (their fields differ), or None."""
+    for field in _MUST_AGREE:
+        values = [row[field] for row in table]
+        if len(set(values)) > 1:
+            if field == "scale":
+                values = [struct.unpack("<d", struct.pack("<q", v))[0] for v in values]
+            if field == "dtype":
+                names = {code: str(dtype) for dtype, code in _DTYPE_CODE.items()}
+                values = [names[v] for v in values]
+            if field == "variant":
+                names = {code: name for name, code in _VARIANT_CODE.items()}
+                values = [names[v] for v in values]
+            what = {"q chunk": "chunk lengths (q.shape[1])", "k/v need grad": "k/v requires_grad (under grad mode)",
+                    "B": "batch sizes (q.shape[0])"}.get(field, field)
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+            return (f"the ranks of the group hold different {what} ({per_rank}): every rank must hold an "
+                    f"equal-length chunk of one sequence, with the same layout and settings")
+    return None
+
+
+def _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale, variant, rank, size,
+                        backends, group) -> float:
+    """Validate this rank's inputs, exchange shapes with the other ranks, raise on every rank if any rank
+    cannot run. Returns the resolved scale."""
+    error, fields = None, {name: -1 for name in _FIELDS}
+    try:
+        check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+        check_variant(variant)
+        if k.shape[1] != q.shape[1]:
+            raise ValueError(f"k has {k.shape[1]} tokens (k.shape[1]) but q has {q.shape[1]} (q.shape[1]): the "
+                             f"distributed call is self-attention over one sequence (M == N), every rank holding "
+                             f"the same tokens of q, k and v")
+        resolved = api._scale_of(q, scale)
+        batch, m_chunk, heads, head_dim = q.shape
+        fields.update({"valid": 1, "B": batch, "q chunk": m_chunk, "H": heads, "D": head_dim, "k chunk": k.shape[1],
+                       "G": k.shape[2], "Dv": v.shape[3], "T": block_indices.shape[3],
+                       "dtype": _DTYPE_CODE[q.dtype], "block_size": block_size, "variant": _VARIANT_CODE[variant],
+                       "scale": _scale_bits(resolved),
+                       "k/v need grad": int(torch.is_grad_enabled() and (k.requires_grad or v.requires_grad))})
+    except (TypeError, ValueError) as err:
+        error = err
+    device = _exchange_device(q, backends)
+    mine = torch.tensor([fields[name] for name in _FIELDS], dtype=torch.int64, device=device)
+    everyone = torch.empty(size, len(_FIELDS), dtype=torch.int64, device=device)
+    _all_gather(everyone, mine, group)
+    table = [dict(zip(_FIELDS, row)) for row in everyone.tolist()]
+    if error is not None:
+        raise error
+    bad = [r for r, row in enumerate(table) if row["valid"] != 1]
+    if bad:
+        raise ValueError(f"nsa_iree.distributed.selection_attention: rank{'s' if len(bad) > 1 else ''} "
+                         f"{', '.join(map(str, bad))} of the group rejected its inputs (its own error says why); "
+                         f"no rank ran the kernels")
+    mismatch = _describe_mismatch(table)
+    if mismatch is not None:
+        raise ValueError(f"nsa_iree.distributed.selection_attention: {mismatch}")
+    return resolved
+
+
+def _prefix(chunks: Tensor, rank: int) -> Tensor:
+    """[B, (rank + 1) * C, G, X] from chunk-major [P, B, C, G, X] (a view when B == 1, else a copy)."""
+    _, batch, chunk = chunks.shape[:3]
+    first = chunks[: rank + 1]
+    if batch == 1:
+        return first.view(1, (rank + 1) * chunk, *chunks.shape[3:])
+    return first.transpose(0, 1).reshape(batch, (rank + 1) * chunk, *chunks.shape[3:])
+
+
+class _ShardedSelectionAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, idx, block_size, scale, variant, group, rank, size):
+        k_all = k.new_empty(size, *k.shape)
+        v_all = v.new_empty(size, *v.shape)
+        works = [_all_gather(k_all, k.contiguous(), group, async_op=True),
+                 _all_gather(v_all, v.contiguous(), group, async_op=True)]
+        for work in works:
+            work.wait()
+        k_prefix, v_prefix = _prefix(k_all, rank), _prefix(v_all, rank)
+        o, lse = api._forward(q, k_prefix, v_prefix, idx, block_size, scale)
+        ctx.save_for_backward(q, k_prefix, v_prefix, o, lse, idx)
+        ctx.settings = (block_size, scale, variant, group, rank, size, k.shape, v.shape)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k_prefix, v_prefix, o, lse, idx = ctx.saved_tensors
+        block_size, scale, variant, group, rank, size, k_shape, v_shape = ctx.settings
+        # The exchange made sure every rank agrees on `reduce` (k/v requires_grad): all or none reduce.
+        reduce = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        need_dq = ctx.needs_input_grad[0] or variant == "one-pass"       # one-pass writes all three
+        need_dkdv = reduce or variant == "one-pass"
+        dq = api._empty(q.shape, q) if need_dq else None
+        dk = dv = dk_all = dv_all = dk_mine = dv_mine = None
+        pending = []
+        if need_dkdv:
+            batch, prefix_len = q.shape[0], k_prefix.shape[1]
+            dk_all, dv_all = q.new_empty(size, *k_shape), q.new_empty(size, *v_shape)
+            dk_all[rank + 1:].zero_()
+            dv_all[rank + 1:].zero_()
+            if batch == 1:      # chunk-major is sequence-major: the kernel writes into the buffer itself
+                dk, dv = _prefix(dk_all, rank), _prefix(dv_all, rank)
+            else:
+                dk = api._empty((batch, prefix_len, *k_shape[2:]), q)
+                dv = api._empty((batch, prefix_len, *v_shape[2:]), q)
+            dk_mine, dv_mine = q.new_empty(k_shape), q.new_empty(v_shape)
+
+            def reduce_scatter():
+                if batch != 1:
+                    dk_all[: rank + 1].copy_(dk.view(batch, rank + 1, -1, *k_shape[2:]).transpose(0, 1))
+                    dv_all[: rank + 1].copy_(dv.view(batch, rank + 1, -1, *v_shape[2:]).transpose(0, 1))
+                pending.extend(_reduce_scatter(mine, stacked, group, async_op=True)
+                               for mine, stacked in ((dk_mine, dk_all), (dv_mine, dv_all)))
+
+        overlap = reduce and OVERLAP_BACKWARD
+        api.backward_into(dq, dk, dv, q, k_prefix, v_prefix, o, lse, do, idx, block_size, scale, variant,
+                          after_dkdv=reduce_scatter if overlap else None)
+        if reduce and not overlap:
+            reduce_scatter()
+        for work in pending:
+            work.wait()
+        return (dq if ctx.needs_input_grad[0] else None, dk_mine if ctx.needs_input_grad[1] else None,
+                dv_mine if ctx.needs_input_grad[2] else None, None, None, None, None, None, None, None)
+
+
+def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int = 64,
+                        block_counts: BlockCounts = None, scale: Optional[float] = None,
+                        variant: str = "two-pass", group=None) -> Tensor:
+    """Differentiable selection attention over a sequence sharded across the ranks of `group`.
+
+    Every rank of `group` (default: the whole world) calls it with its own chunk; the P ranks' chunks,
+    concatenated in group-rank order, are one sequence of M = N = P * C tokens (self-attention).
+
+    Args:
+        q: [B, C, H, D] float32, float16 or bfloat16: the query rows r*C .. r*C + C - 1 of rank r.
+        k: [B, C, G, D] and v: [B, C, G, Dv], q's dtype and device: the same tokens' keys and values.
+        block_indices: [B, C, G, T] int32 or int64: the blocks each of this rank's rows attends to, numbered
+            in the whole sequence (block i = keys i*BS .. i*BS + BS - 1 of all P * C); skipped slots as in
+            nsa_iree.selection_attention (-1, future, past the end).
+        block_size: BS, keys per block (C need not be a multiple of it).
+        block_counts: None, an int, or a [B, C, G] integer tensor (this rank's rows).
+        scale: softmax scale, default D ** -0.5.
+        variant: backward variant, "two-pass" or "one-pass" (see nsa_iree.selection_attention).
+        group: a torch.distributed process group; nccl for CUDA tensors, gloo for CPU tensors (or a
+            "cpu:gloo,cuda:nccl" group). Default: the default group.
+    Returns:
+        o: [B, C, H, Dv] in q's dtype, this rank's rows. Backpropagating gives this rank's dq [B, C, H, D],
+        dk [B, C, G, D] and dv [B, C, G, Dv]: dk and dv summed over the rows of every rank.
+    Raises (on every rank, before any key or value is sent): ValueError when the ranks' chunk lengths,
+    layouts, dtypes or settings differ, when k's chunk is not q's, when a tensor is on a device the
+    group's backend does not communicate; a rank's own invalid input raises its usual error there and a
+    ValueError naming that rank on the others. RuntimeError when torch.distributed is not initialised.
+    A group of one process is the plain nsa_iree.selection_attention. Under torch.autocast the floating
+    inputs are first cast to the autocast dtype, as the plain call does.
+    """
+    rank, size, backends = _group_layout(group)
+    _check_device(q, backends)
+    if size == 1:
+        return api.selection_attention(q, k, v, block_indices, block_size, block_counts, scale, variant)
+    if isinstance(q, Tensor) and api._DTYPE_NAME.get(q.dtype) and q.device.type in ("cpu", "cuda") \
+            and torch.is_autocast_enabled(q.device.type):
+        dtype = torch.get_autocast_dtype(q.device.type)
+        q, k, v = (t.to(dtype) if isinstance(t, Tensor) and t.dtype in FLOAT_DTYPES else t for t in (q, k, v))
+    resolved = _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale, variant, rank, size,
+                                   backends, group)
+    if q.shape[0] == 0 or q.shape[1] == 0:      # nothing to send: every rank holds an empty chunk
+        return api.selection_attention(q, k, v, block_indices, block_size, block_counts, scale, variant)
+    idx = api.effective_block_indices(block_indices, block_counts)
+    return _ShardedSelectionAttention.apply(q, k, v, idx, block_size, resolved, variant, group, rank, size)
+
+
+def sequence_chunk(x: Tensor, group=None, dim: int = 1) -> Tensor:
+    """This rank's contiguous chunk of a whole-sequence tensor (a view): the input layout of selection_attention.
+
+    Args:
+        x: any tensor whose dimension `dim` is the sequence (q, k, v, block_indices, block_counts: dim 1).
+        group: the process group the sequence is sharded over (default: the world).
+    Returns:
+        x narrowed to positions r*C .. r*C + C - 1 of `dim`, C = x.shape[dim] / P, r this process's rank.
+    Raises ValueError when x.shape[dim] is not divisible by the group's size P.
+    """
+    rank, size, _ = _group_layout(group)
+    length = x.shape[dim]
+    if length % size:
+        raise ValueError(f"x has {length} positions along dim {dim}, not divisible by the {size} ranks of the "
+                         f"group: context parallelism needs equal chunks (pad the sequence to a multiple of {size})")
+    chunk = length // size
+    return x.narrow(dim, rank * chunk, chunk)
