@@ -56,9 +56,11 @@ _MUST_AGREE = ("B", "q chunk", "H", "D", "G", "Dv", "T", "dtype", "block_size", 
 # Backends and the tensors they communicate (a "cpu:gloo,cuda:nccl" group names its own).
 _BACKEND_DEVICES = {"gloo": ("cpu",), "nccl": ("cuda",)}
 
-# The backward starts the reduce-scatter of dk/dv before dq is computed (False: after; bench/distributed_bench.py
-# measures both).
-OVERLAP_BACKWARD = True
+# Whether the backward starts the reduce-scatter of dk/dv before dq is computed (True) or after (False). On 2 x H200
+# (anchors layout, bench/results/distributed_2xH200.md) the overlapped collective slowed the dq pass more than it
+# hid: backward 61.7 against 60.9 ms at 128k tokens, 30.4 / 29.4 at 64k, 126.5 / 125.0 at 256k (two runs at
+# 128k: 62.1 / 60.2). bench/distributed_bench.py measures both.
+OVERLAP_BACKWARD = False
 
 
 def _all_gather(stacked: Tensor, mine: Tensor, group, async_op=False):

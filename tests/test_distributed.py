@@ -47,7 +47,7 @@ class Case:
     variant: str = "two-pass"
     grads: str = "qkv"              # the inputs that require grad
     members: tuple | None = None    # a subgroup of the world's ranks
-    overlap: bool = True            # distributed.OVERLAP_BACKWARD
+    overlap: bool = False           # distributed.OVERLAP_BACKWARD (the default: reduce-scatter after dq)
     autocast: bool = False          # f32 inputs under torch.autocast("cpu", bfloat16)
     seed: int = 0
 
@@ -62,7 +62,7 @@ CASES = {
     "2ranks-B2-chunk20-counts_tensor": Case(2, 2, 20, counts="tensor"),
     "2ranks-B1-chunk24-counts_int": Case(2, 1, 24, counts=2),
     "2ranks-one_pass": Case(2, 2, 12, variant="one-pass"),
-    "2ranks-reduce_after_dq": Case(2, 2, 20, counts="tensor", overlap=False),
+    "2ranks-reduce_during_dq": Case(2, 2, 20, counts="tensor", overlap=True),
     "2ranks-only_q_requires_grad": Case(2, 2, 20, grads="q"),
     "2ranks-only_v_requires_grad": Case(2, 1, 20, grads="v"),
     "2ranks-autocast_bf16": Case(2, 1, 16, autocast=True),
@@ -159,6 +159,7 @@ def _rank_main(rank, world, directory):
         singletons = [torch.distributed.new_group([r]) for r in range(world)]
         record(("singleton",), lambda: forward_backward(
             lambda *a: distributed.selection_attention(*a, group=singletons[rank]), SINGLETON, *problem(SINGLETON)))
+    default_overlap = distributed.OVERLAP_BACKWARD
     for name, case in CASES.items():
         if case.world != world:
             continue
@@ -174,7 +175,7 @@ def _rank_main(rank, world, directory):
             return forward_backward(lambda *a: distributed.selection_attention(*a, group=group), case,
                                     q, k, v, do, idx, counts)
         record(("case", name), run)
-        distributed.OVERLAP_BACKWARD = True
+        distributed.OVERLAP_BACKWARD = default_overlap
     torch.save(results, Path(directory) / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
