@@ -101,9 +101,10 @@ def test_repeated_runs_agree_within_tolerance():
 
 # --- one template, every target -------------------------------------------------------------------------
 
-def test_every_target_renders_one_template():
+def test_every_target_renders_one_template(monkeypatch):
     # With the [onepass] pieces replaced by markers, every target renders the same text: the CPU body is
-    # the GPU body, not a copy of it.
+    # the GPU body, not a copy of it. (The GPUs' default one-pass is the portable matrix-unit kernel,
+    # onepass_portable.mlir; this scalar template is their fallback, rendered with NSA_IREE_KERNELS=linalg.)
     texts = set()
     for target in ("cpu", "gfx950", "gfx942", "cuda"):
         recipe = load_recipe(target)
@@ -111,6 +112,9 @@ def test_every_target_renders_one_template():
         texts.add(render.render_template("onepass", DEMO_SPEC.replace(target=target), marked))
     assert len(texts) == 1
     assert "%lane = gpu.thread_id" not in render.render_module(DEMO_SPEC, "one-pass")
+    assert "@selection_attention_onepass_portable_exe" in render.render_module(DEMO_SPEC.replace(target="cuda"),
+                                                                              "one-pass")
+    monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
     assert "%lane = gpu.thread_id x" in render.render_module(DEMO_SPEC.replace(target="cuda"), "one-pass")
 
 
