@@ -184,6 +184,12 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,
         "Q_STAGE_ITEMS": HEAD_ROWS * (d // 8), "DO_STAGE_ITEMS": HEAD_ROWS * (dv // 8),
     }
+    if "ex2" in recipe.kernel_settings:
+        # 2^x on the hardware's approximation unit, the recipe's instruction (IREE 3.13 lowers math.exp to a
+        # polynomial of about 14 FMAs: most of the NVIDIA kernels' per-block instructions were exps).
+        values["EX2"] = f'llvm.inline_asm "{recipe.kernel_settings["ex2"]} $0, $1;", "=f,f"'
+    values["K_STAGE_PER_LANE"] = -(-values["K_STAGE_ITEMS"] // values["LANES"])
+    values["V_STAGE_PER_LANE"] = -(-values["V_STAGE_ITEMS"] // values["LANES"])
     return {key: str(value) for key, value in values.items()}
 
 

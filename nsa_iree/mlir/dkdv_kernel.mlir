@@ -78,6 +78,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
       %c0_i32 = arith.constant 0 : i32
       %minus_one = arith.constant -1 : i32
       %zero = arith.constant 0.0 : f32
+      %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
       %one = arith.constant 1.0 : f32
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
@@ -348,7 +349,8 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
                   %dpv = vector.extract %dpt[0, %tile, %o, %e] : f32 from !dkv_scores
                   %scaled = arith.mulf %sv, %scale : f32
                   %shifted = arith.subf %scaled, %l : f32
-                  %ex = math.exp %shifted : f32
+                  %shifted_l2 = arith.mulf %shifted, %log2e : f32
+                  %ex = ${EX2} %shifted_l2 : (f32) -> f32
                   %p_raw = arith.mulf %weight, %ex : f32
                   %dp_minus_delta = arith.subf %dpv, %dl : f32
                   %ds_raw = arith.mulf %p_raw, %dp_minus_delta : f32

@@ -78,6 +78,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %c8 = arith.constant 8 : index
       %c16 = arith.constant 16 : index
       %zero = arith.constant 0.0 : f32
+      %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
       %zero_e = arith.constant 0.0 : ${E}
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
       %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
@@ -93,6 +94,8 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %v_chunks = arith.constant ${DV_CHUNKS} : index
       %k_items = arith.constant ${K_STAGE_ITEMS} : index
       %v_items = arith.constant ${V_STAGE_ITEMS} : index
+      %k_per_lane = arith.constant ${K_STAGE_PER_LANE} : index
+      %v_per_lane = arith.constant ${V_STAGE_PER_LANE} : index
       %do_items = arith.constant ${DO_STAGE_ITEMS} : index
       %d_steps = arith.constant ${D_STEPS} : index
       %dv_steps = arith.constant ${DV_STEPS} : index
@@ -283,7 +286,8 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
                 %dpv = vector.extract %dp_acc[0, %tile, %i, %e] : f32 from !dqk_scores
                 %scaled = arith.mulf %sv, %scale : f32
                 %shifted = arith.subf %scaled, %l : f32
-                %p = math.exp %shifted : f32
+                %shifted_l2 = arith.mulf %shifted, %log2e : f32
+                %p = ${EX2} %shifted_l2 : (f32) -> f32
                 %dp_minus_delta = arith.subf %dpv, %dl : f32
                 %ds_raw = arith.mulf %p, %dp_minus_delta : f32
                 %ds_scaled = arith.mulf %ds_raw, %scale : f32

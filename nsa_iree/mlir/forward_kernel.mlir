@@ -66,6 +66,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
       %minus_inf = arith.constant 0xFF800000 : f32
+      %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
@@ -76,6 +77,8 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       %v_chunks = arith.constant ${DV_CHUNKS} : index
       %k_items = arith.constant ${K_STAGE_ITEMS} : index
       %v_items = arith.constant ${V_STAGE_ITEMS} : index
+      %k_per_lane = arith.constant ${K_STAGE_PER_LANE} : index
+      %v_per_lane = arith.constant ${V_STAGE_PER_LANE} : index
       %d_steps = arith.constant ${D_STEPS} : index
       %dv_steps = arith.constant ${DV_STEPS} : index
       %subgroups = arith.constant ${SUBGROUPS} : index
@@ -232,8 +235,10 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
           %safe_max_1 = arith.select %none_1, %zero, %new_max_1 : f32
           %drop_0 = arith.subf %mx0, %safe_max_0 : f32
           %drop_1 = arith.subf %mx1, %safe_max_1 : f32
-          %alpha_0 = math.exp %drop_0 : f32
-          %alpha_1 = math.exp %drop_1 : f32
+          %drop_0_l2 = arith.mulf %drop_0, %log2e : f32
+          %drop_1_l2 = arith.mulf %drop_1, %log2e : f32
+          %alpha_0 = ${EX2} %drop_0_l2 : (f32) -> f32
+          %alpha_1 = ${EX2} %drop_1_l2 : (f32) -> f32
 
           // p = exp(x - max) (0 for x = -inf), its row sums per lane, and p as the lhs fragment of p v:
           // element [2 i + tile][e].
@@ -248,7 +253,8 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
                   -> (vector<2x${E}>, f32) {
                 %xv = vector.extract %x[0, %tile, %i, %e] : f32 from !dqk_scores
                 %shifted = arith.subf %xv, %row_max : f32
-                %p = math.exp %shifted : f32
+                %shifted_l2 = arith.mulf %shifted, %log2e : f32
+                %p = ${EX2} %shifted_l2 : (f32) -> f32
                 %p_e = ${TRUNCF} %p : f32 to ${E}
                 %next = vector.insert %p_e, %pair_acc[%e] : ${E} into vector<2x${E}>
                 %psum_next = arith.addf %psum, %p : f32
