@@ -145,7 +145,7 @@ def cpu_stack_bytes(stage: str, spec: KernelSpec) -> int:
         return (d + dv + bs) * hpg * 4
     if stage == "dq":                            # qT, doT, dqT, sT (p), dpT (ds)
         return (2 * d + dv + 2 * bs) * hpg * 4
-    return (d + dv) * bs * 4 + (d + dv) * bs * 4 + 2 * hpg * bs * 4   # dkdv: kT, vT, dk, dv, p, ds
+    return 2 * hpg * bs * 4                      # dkdv: S (then P) and dP (then DS)
 
 
 def cpu_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
@@ -166,8 +166,14 @@ def cpu_values(spec: KernelSpec) -> dict[str, str]:
     within CPU_VECTOR_REGISTERS. CPU_COLS and CPU_DCOLS divide Dv and D (the o, dq column steps)."""
     per_row = -(-spec.heads_per_group // 16)
     rows = max(1, CPU_VECTOR_REGISTERS // per_row)
+    # The dk/dv kernel: CPU_SROWS heads of S (each a vector of BS keys), and CPU_KROWS keys times CPU_VCOLS
+    # (CPU_KCOLS) elements of dv (dk), up to 64 floats (4 registers) a row.
+    per_keys = -(-spec.block_size // 16)
     return {"CPU_ROWS": str(rows), "CPU_COLS": str(_largest_divisor(spec.value_dim, rows)),
-            "CPU_DCOLS": str(_largest_divisor(spec.head_dim, rows))}
+            "CPU_DCOLS": str(_largest_divisor(spec.head_dim, rows)),
+            "CPU_SROWS": str(_largest_divisor(spec.heads_per_group, max(1, CPU_VECTOR_REGISTERS // per_keys))),
+            "CPU_VCOLS": str(_largest_divisor(spec.value_dim, 64)), "CPU_KCOLS": str(_largest_divisor(spec.head_dim, 64)),
+            "CPU_KROWS": str(_largest_divisor(spec.block_size, 4)), "CPU_DKV": str(spec.head_dim + spec.value_dim)}
 
 
 def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
