@@ -240,6 +240,52 @@ def fla_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
     return fwd, bwd
 
 
+def torch_eager_selection_attention(q, k, v, block_indices, block_size, scale=None):
+    """Selection attention the way a torch user would write it (the "what a user would write" baseline):
+    gather the selected K/V blocks of every (row, group), mask future keys and skipped slots, softmax, and
+    let autograd do the backward.
+
+    q [B, M, H, D], k [B, N, G, D], v [B, N, G, Dv] (any float dtype, computed in it), block_indices
+    [B, M, G, T] (negative and future blocks skipped; a block listed twice counts twice). Returns o
+    [B, M, H, Dv] (0 for a row that sees no key). Memory: the gathered K and V, [B, M, G, T * BS, D + Dv].
+    """
+    batch, m_rows, heads, dim = q.shape
+    n, groups = k.shape[1], k.shape[2]
+    scale = dim ** -0.5 if scale is None else scale
+    dev = q.device
+    keys = block_indices.long().unsqueeze(-1) * block_size + torch.arange(block_size, device=dev)  # [B, M, G, T, BS]
+    position = torch.arange(m_rows, device=dev) + (n - m_rows)                                      # bottom-right
+    visible = (block_indices >= 0).unsqueeze(-1) & (keys <= position.view(1, -1, 1, 1, 1))
+    keys, visible = keys.clamp(0, n - 1).flatten(-2), visible.flatten(-2)                          # [B, M, G, T*BS]
+    b = torch.arange(batch, device=dev).view(-1, 1, 1, 1)
+    g = torch.arange(groups, device=dev).view(1, 1, -1, 1)
+    k_sel, v_sel = k[b, keys, g], v[b, keys, g]                                                    # [B, M, G, T*BS, D]
+    qg = q.view(batch, m_rows, groups, heads // groups, dim)
+    s = (qg @ k_sel.transpose(-1, -2)) * scale                                                     # [B, M, G, HPG, T*BS]
+    s = s.masked_fill(~visible.unsqueeze(-2), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                                                   # empty rows: 0
+    return (p @ v_sel).reshape(batch, m_rows, heads, v.shape[-1])
+
+
+def torch_eager_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
+    """torch_eager_selection_attention, forward without autograd, backward through autograd."""
+    if cu_seqlens is not None:
+        raise ValueError("the torch-eager baseline takes no packed documents (cu_seqlens)")
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            torch_eager_selection_attention(*leaves, idx, cfg["block_size"])
+
+    def bwd():
+        if "o" not in state:
+            state["o"] = torch_eager_selection_attention(*leaves, idx, cfg["block_size"])
+        state["o"].backward(do, retain_graph=True)
+    bwd()
+    return fwd, bwd
+
+
 def torch_reference_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
     """The package's dense torch reference in f32 (CPU comparisons; it is O(M * N) in memory)."""
     leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
@@ -263,6 +309,7 @@ IMPLS = {
     "nsa_iree one-pass": nsa_iree_impl("one-pass"),
     "nsa_iree two-pass, padded given": nsa_iree_padded_impl,
     "dense sdpa": sdpa_impl,
+    "torch eager": torch_eager_impl,
     "fla parallel_nsa": fla_impl,
     "torch reference f32": torch_reference_impl,
 }

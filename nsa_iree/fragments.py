@@ -145,12 +145,14 @@ def cpu_stack_bytes(stage: str, spec: KernelSpec) -> int:
         return (d + dv + bs) * hpg * 4
     if stage == "dq":                            # qT, doT, dqT, sT (p), dpT (ds)
         return (2 * d + dv + 2 * bs) * hpg * 4
+    if stage == "onepass":                       # qT, doT, S (P), dP (DS), DS transposed, dq
+        return ((d + dv) * hpg + 3 * hpg * bs + hpg * d) * 4
     return 2 * hpg * bs * 4                      # dkdv: S (then P) and dP (then DS)
 
 
 def cpu_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the CPU kernel of `stage` cannot serve spec (empty: it can)."""
-    if stage not in ("forward", "dq", "dkdv"):
+    if stage not in ("forward", "dq", "dkdv", "onepass"):
         return [f"no CPU kernel for stage {stage!r}"]
     need = cpu_stack_bytes(stage, spec)
     return [f"needs {need} bytes of stack tiles, more than {CPU_STACK_BYTES}"] if need > CPU_STACK_BYTES else []
