@@ -69,7 +69,10 @@ def test_other_sequence_lengths_and_batches_hit_the_cache(fresh_cache, monkeypat
 
 @pytest.fixture
 def edit_forward_template(tmp_path_factory, monkeypatch):
-    """edit(change) renders from a copy of mlir/ whose forward.mlir is change(original text)."""
+    """edit(change) renders from a copy of mlir/ whose forward.mlir is change(original text). The linalg
+    forward is selected (NSA_IREE_KERNELS=linalg: on cpu the recipe would render forward_cpu.mlir)."""
+    monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
+
     def edit(change):
         copy = tmp_path_factory.mktemp("mlir")
         for f in render.MLIR_DIR.glob("*.mlir"):
