@@ -136,6 +136,10 @@ def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
 # (--iree-llvmcpu-stack-allocation-limit) and these tiles stay within 48 KiB of it.
 CPU_STACK_BYTES = 48 * 1024
 CPU_VECTOR_REGISTERS = 16   # accumulator registers of one register block (of the 32 AVX-512 registers)
+# Compare-and-swap attempts on a kv block's lock before the one-pass CPU kernel adds with atomics instead:
+# a lock is held for one row's dk/dv products of one block (microseconds), so this many failed attempts mean
+# a descheduled holder.
+CPU_LOCK_TRIES = 20000
 
 
 def cpu_stack_bytes(stage: str, spec: KernelSpec) -> int:
@@ -175,7 +179,8 @@ def cpu_values(spec: KernelSpec) -> dict[str, str]:
             "CPU_DCOLS": str(_largest_divisor(spec.head_dim, rows)),
             "CPU_SROWS": str(_largest_divisor(spec.heads_per_group, max(1, CPU_VECTOR_REGISTERS // per_keys))),
             "CPU_VCOLS": str(_largest_divisor(spec.value_dim, 64)), "CPU_KCOLS": str(_largest_divisor(spec.head_dim, 64)),
-            "CPU_KROWS": str(_largest_divisor(spec.block_size, 4)), "CPU_DKV": str(spec.head_dim + spec.value_dim)}
+            "CPU_KROWS": str(_largest_divisor(spec.block_size, 4)), "CPU_DKV": str(spec.head_dim + spec.value_dim),
+            "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES)}
 
 
 def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:

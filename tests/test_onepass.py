@@ -99,6 +99,33 @@ def test_repeated_runs_agree_within_tolerance():
         assert relative_rms_error(a, b) < 1e-6
 
 
+def test_cpu_kernel_adds_with_atomics_when_a_lock_stays_taken(tmp_path, monkeypatch):
+    # The cpu one-pass kernel adds a row's dk/dv under its block's lock; after CPU_LOCK_TRIES failed attempts
+    # (a descheduled holder) it adds them with f32 atomics. Here no attempt can succeed (the compare-and-swap
+    # expects 1 where the lock holds 0), so every contribution takes the atomic path.
+    from nsa_iree import api, fragments
+
+    copy = tmp_path / "mlir"
+    (copy / "parts").mkdir(parents=True)
+    for f in [*render.MLIR_DIR.glob("*.mlir"), *(render.MLIR_DIR / "parts").glob("*.mlir")]:
+        (copy / f.relative_to(render.MLIR_DIR)).write_text(f.read_text())
+    kernel = copy / "onepass_cpu.mlir"
+    text = kernel.read_text()
+    assert text.count("llvm.cmpxchg %lock, %c0_i32, %c1_i32") == 1
+    kernel.write_text(text.replace("llvm.cmpxchg %lock, %c0_i32, %c1_i32", "llvm.cmpxchg %lock, %c1_i32, %c1_i32"))
+    monkeypatch.setattr(render, "MLIR_DIR", copy)
+    monkeypatch.setattr(fragments, "CPU_LOCK_TRIES", 2)
+    monkeypatch.setenv("NSA_IREE_CACHE_DIR", str(tmp_path / "cache"))
+    api._artifact_path.cache_clear()
+    try:
+        p = dataclasses.replace(HOSTILE, batch=2, heads=8, kv_heads=2, m_rows=150, n=170)
+        assert_close_to_reference(p, torch.float32, variant="one-pass")
+        (module,) = (tmp_path / "cache").glob("one-pass_*.mlir")
+        assert "llvm.cmpxchg %lock, %c1_i32, %c1_i32" in module.read_text()
+    finally:
+        api._artifact_path.cache_clear()
+
+
 # --- one template, every target -------------------------------------------------------------------------
 
 def test_every_target_renders_one_template(monkeypatch):

@@ -93,6 +93,13 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
       %dq = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(10) alignment(64) offset(%c0)
           : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
       %locks_address = memref.extract_aligned_pointer_as_index %locks : memref<?xi32> -> index
+      %acc_address = memref.extract_aligned_pointer_as_index %acc : memref<?x${BS}x${CPU_DKV}xf32> -> index
+      %acc_address_i64 = arith.index_cast %acc_address : index to i64
+      %acc_base = llvm.inttoptr %acc_address_i64 : i64 to !llvm.ptr
+      %zero_v = arith.constant dense<0.0> : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
+      %zero_k = arith.constant dense<0.0> : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
+      %part_v = memref.alloca() : memref<${CPU_KROWS}x${CPU_VCOLS}xf32>
+      %part_k = memref.alloca() : memref<${CPU_KROWS}x${CPU_KCOLS}xf32>
       %locks_address_i64 = arith.index_cast %locks_address : index to i64
 
       %qT = memref.alloca() : memref<${D}x${HPG}xf32>
@@ -129,7 +136,15 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
       %offset = arith.subi %n, %m_rows : index
       %pos = arith.addi %m, %offset : index
       %last_visible = arith.floordivsi %pos, %block_size : index
-      scf.for %t = %c0 to %slots step %c1 {
+      // Row m starts at slot (m * CPU_SLOT_STRIDE) mod T (T / 2 slots further than row m - 1): neighbouring
+      // rows run at the same time on the task system's workers and select mostly the same blocks (block 0 and
+      // the local ones, in the same slots of their sorted lists), so in step they would wait for each other's
+      // locks; half a row apart they seldom do.
+      %slot_stride = arith.constant ${CPU_SLOT_STRIDE} : index
+      %first_slot = arith.muli %m, %slot_stride : index
+      scf.for %step = %c0 to %slots step %c1 {
+        %shifted_slot = arith.addi %step, %first_slot : index
+        %t = arith.remui %shifted_slot, %slots : index
         %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
         %block = arith.index_cast %block_i32 : i32 to index
         %not_negative = arith.cmpi sge, %block, %c0 : index
@@ -206,51 +221,107 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
             }
           }
 
-          // The block's lock: spin on a compare-and-swap 0 -> 1 (acquire), release with an exchange to 0.
+          // The block's lock: a compare-and-swap 0 -> 1 (acquire), released by an exchange to 0, tried up to
+          // CPU_LOCK_TRIES times. A holder the OS has descheduled (more runnable threads than cores) would keep
+          // a spinning worker waiting for its whole time slice, so after that many tries the row adds its
+          // dk/dv contribution with per-element f32 atomic adds instead (slower, never waiting).
           %f_i64 = arith.index_cast %f : index to i64
           %lock_offset = arith.muli %f_i64, %c4_i64 : i64
           %lock_address = arith.addi %locks_address_i64, %lock_offset : i64
           %lock = llvm.inttoptr %lock_address : i64 to !llvm.ptr
-          scf.while : () -> () {
+          %tries_limit = arith.constant ${CPU_LOCK_TRIES} : index
+          %tries, %taken = scf.while (%tried = %c0) : (index) -> (index, i1) {
             %swap = llvm.cmpxchg %lock, %c0_i32, %c1_i32 acquire monotonic : !llvm.ptr, i32
-            %taken = llvm.extractvalue %swap[1] : !llvm.struct<(i32, i1)>
-            %busy = arith.xori %taken, %true : i1
-            scf.condition(%busy)
+            %got = llvm.extractvalue %swap[1] : !llvm.struct<(i32, i1)>
+            %busy = arith.xori %got, %true : i1
+            %again = arith.cmpi ult, %tried, %tries_limit : index
+            %retry = arith.andi %busy, %again : i1
+            scf.condition(%retry) %tried, %got : index, i1
           } do {
-            scf.yield
+          ^bb0(%tried: index, %got: i1):
+            %next = arith.addi %tried, %c1 : index
+            scf.yield %next : index
           }
-          scf.for %j0 = %c0 to %visible step %keys_step {
-            scf.for %e0 = %c0 to %value_dim step %vcols_step {
-              %col = arith.addi %head_dim, %e0 : index
-              %old = vector.transfer_read %acc[%f, %j0, %col], %zero {in_bounds = [true, true]}
-                  : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-              %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_VCOLS}xf32>) {
-                %head = arith.addi %h_first, %h : index
-                %pj = vector.load %s_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                %dor = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${CPU_VCOLS}x${E}>
-                %dor32 = ${EXTF} %dor : vector<${CPU_VCOLS}x${E}> to vector<${CPU_VCOLS}xf32>
-                %a_new = vector.outerproduct %pj, %dor32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_VCOLS}xf32>
-                scf.yield %a_new : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
+          scf.if %taken {
+            scf.for %j0 = %c0 to %visible step %keys_step {
+              scf.for %e0 = %c0 to %value_dim step %vcols_step {
+                %col = arith.addi %head_dim, %e0 : index
+                %old = vector.transfer_read %acc[%f, %j0, %col], %zero {in_bounds = [true, true]}
+                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
+                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_VCOLS}xf32>) {
+                  %head = arith.addi %h_first, %h : index
+                  %pj = vector.load %s_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
+                  %dor = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${CPU_VCOLS}x${E}>
+                  %dor32 = ${EXTF} %dor : vector<${CPU_VCOLS}x${E}> to vector<${CPU_VCOLS}xf32>
+                  %a_new = vector.outerproduct %pj, %dor32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_VCOLS}xf32>
+                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
+                }
+                vector.transfer_write %new, %acc[%f, %j0, %col] {in_bounds = [true, true]}
+                    : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
               }
-              vector.transfer_write %new, %acc[%f, %j0, %col] {in_bounds = [true, true]}
-                  : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
+              scf.for %d0 = %c0 to %head_dim step %kcols_step {
+                %old = vector.transfer_read %acc[%f, %j0, %d0], %zero {in_bounds = [true, true]}
+                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
+                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_KCOLS}xf32>) {
+                  %head = arith.addi %h_first, %h : index
+                  %dsj = vector.load %dp_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
+                  %qr = vector.load %q[%b, %m, %head, %d0] : memref<?x?x${H}x${D}x${E}>, vector<${CPU_KCOLS}x${E}>
+                  %qr32 = ${EXTF} %qr : vector<${CPU_KCOLS}x${E}> to vector<${CPU_KCOLS}xf32>
+                  %a_new = vector.outerproduct %dsj, %qr32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_KCOLS}xf32>
+                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
+                }
+                vector.transfer_write %new, %acc[%f, %j0, %d0] {in_bounds = [true, true]}
+                    : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
+              }
             }
-            scf.for %d0 = %c0 to %head_dim step %kcols_step {
-              %old = vector.transfer_read %acc[%f, %j0, %d0], %zero {in_bounds = [true, true]}
-                  : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-              %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_KCOLS}xf32>) {
-                %head = arith.addi %h_first, %h : index
-                %dsj = vector.load %dp_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                %qr = vector.load %q[%b, %m, %head, %d0] : memref<?x?x${H}x${D}x${E}>, vector<${CPU_KCOLS}x${E}>
-                %qr32 = ${EXTF} %qr : vector<${CPU_KCOLS}x${E}> to vector<${CPU_KCOLS}xf32>
-                %a_new = vector.outerproduct %dsj, %qr32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_KCOLS}xf32>
-                scf.yield %a_new : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
+            %released = llvm.atomicrmw xchg %lock, %c0_i32 release : !llvm.ptr, i32
+          } else {
+            scf.for %j0 = %c0 to %visible step %keys_step {
+              scf.for %e0 = %c0 to %value_dim step %vcols_step {
+                %col = arith.addi %head_dim, %e0 : index
+                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %zero_v) -> (vector<${CPU_KROWS}x${CPU_VCOLS}xf32>) {
+                  %head = arith.addi %h_first, %h : index
+                  %pj = vector.load %s_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
+                  %dor = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${CPU_VCOLS}x${E}>
+                  %dor32 = ${EXTF} %dor : vector<${CPU_VCOLS}x${E}> to vector<${CPU_VCOLS}xf32>
+                  %a_new = vector.outerproduct %pj, %dor32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_VCOLS}xf32>
+                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
+                }
+                vector.transfer_write %new, %part_v[%c0, %c0] {in_bounds = [true, true]}
+                    : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<${CPU_KROWS}x${CPU_VCOLS}xf32>
+                scf.for %r = %c0 to %keys_step step %c1 {
+                  scf.for %x = %c0 to %vcols_step step %c1 {
+                    %part = memref.load %part_v[%r, %x] : memref<${CPU_KROWS}x${CPU_VCOLS}xf32>
+                    %row = arith.addi %j0, %r : index
+                    %column = arith.addi %col, %x : index
+                    %ptr = func.call @acc_element(%acc_base, %f, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
+                    %before = llvm.atomicrmw fadd %ptr, %part monotonic : !llvm.ptr, f32
+                  }
+                }
               }
-              vector.transfer_write %new, %acc[%f, %j0, %d0] {in_bounds = [true, true]}
-                  : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
+              scf.for %d0 = %c0 to %head_dim step %kcols_step {
+                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %zero_k) -> (vector<${CPU_KROWS}x${CPU_KCOLS}xf32>) {
+                  %head = arith.addi %h_first, %h : index
+                  %dsj = vector.load %dp_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
+                  %qr = vector.load %q[%b, %m, %head, %d0] : memref<?x?x${H}x${D}x${E}>, vector<${CPU_KCOLS}x${E}>
+                  %qr32 = ${EXTF} %qr : vector<${CPU_KCOLS}x${E}> to vector<${CPU_KCOLS}xf32>
+                  %a_new = vector.outerproduct %dsj, %qr32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_KCOLS}xf32>
+                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
+                }
+                vector.transfer_write %new, %part_k[%c0, %c0] {in_bounds = [true, true]}
+                    : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<${CPU_KROWS}x${CPU_KCOLS}xf32>
+                scf.for %r = %c0 to %keys_step step %c1 {
+                  scf.for %x = %c0 to %kcols_step step %c1 {
+                    %part = memref.load %part_k[%r, %x] : memref<${CPU_KROWS}x${CPU_KCOLS}xf32>
+                    %row = arith.addi %j0, %r : index
+                    %column = arith.addi %d0, %x : index
+                    %ptr = func.call @acc_element(%acc_base, %f, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
+                    %before = llvm.atomicrmw fadd %ptr, %part monotonic : !llvm.ptr, f32
+                  }
+                }
+              }
             }
           }
-          %released = llvm.atomicrmw xchg %lock, %c0_i32 release : !llvm.ptr, i32
         }
       }
 
@@ -263,6 +334,19 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
         vector.store %out_e, %dq[%b, %m, %head, %c0] : memref<?x?x${H}x${D}x${E}>, vector<${D}x${E}>
       }
       return
+    }
+
+    // The address of acc[f, row, column] (f32), for the atomic adds.
+    func.func private @acc_element(%base: !llvm.ptr, %f: index, %row: index, %column: index) -> !llvm.ptr {
+      %block_size = arith.constant ${BS} : index
+      %dkv_dim = arith.constant ${CPU_DKV} : index
+      %rows0 = arith.muli %f, %block_size : index
+      %rows = arith.addi %rows0, %row : index
+      %at0 = arith.muli %rows, %dkv_dim : index
+      %at = arith.addi %at0, %column : index
+      %at_i64 = arith.index_cast %at : index to i64
+      %ptr = llvm.getelementptr %base[%at_i64] : (!llvm.ptr, i64) -> !llvm.ptr, f32
+      return %ptr : !llvm.ptr
     }
   }
 }
