@@ -183,7 +183,7 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
             vector.transfer_write %dp_acc, %dp_tile[%h0, %c0] {in_bounds = [true, true]}
                 : vector<${CPU_SROWS}x${BS}xf32>, memref<${HPG}x${BS}xf32>
           }
-          // P = exp(S - lse) on visible keys (0 elsewhere), DS = P * (dP - delta): in place, DS also transposed.
+          // P = exp(S - lse) on visible keys (0 elsewhere), DS = P * (dP - delta): in place.
           scf.for %h = %c0 to %heads_per_group step %c1 {
             %head = arith.addi %h_first, %h : index
             %l = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
@@ -199,9 +199,14 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
             %ds = arith.mulf %p, %dp_minus_delta : vector<${BS}xf32>
             vector.store %p, %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
             vector.store %ds, %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-            vector.transfer_write %ds, %ds_t[%c0, %h]
-                {in_bounds = [true], permutation_map = affine_map<(j, h) -> (j)>}
-                : vector<${BS}xf32>, memref<${BS}x${HPG}xf32>
+          }
+          // DS transposed, CPU_SROWS heads at a time (register shuffles, not one store per element).
+          scf.for %h0 = %c0 to %heads_per_group step %heads_step {
+            %tile = vector.transfer_read %dp_tile[%h0, %c0], %zero {in_bounds = [true, true]}
+                : memref<${HPG}x${BS}xf32>, vector<${CPU_SROWS}x${BS}xf32>
+            %tile_t = vector.transpose %tile, [1, 0] : vector<${CPU_SROWS}x${BS}xf32> to vector<${BS}x${CPU_SROWS}xf32>
+            vector.transfer_write %tile_t, %ds_t[%c0, %h0] {in_bounds = [true, true]}
+                : vector<${BS}x${CPU_SROWS}xf32>, memref<${BS}x${HPG}xf32>
           }
           // dq[h, :] += sum_j DS[h, j] k[key0 + j, :], CPU_SROWS heads times CPU_KCOLS elements per block.
           scf.for %h0 = %c0 to %heads_per_group step %heads_step {
