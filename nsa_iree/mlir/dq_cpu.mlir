@@ -40,6 +40,7 @@ hal.executable.source private @selection_attention_dq_cpu_exe {
       %kv_heads = arith.constant ${G} : index
       %rows_step = arith.constant ${CPU_ROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
+      %cols_step = arith.constant ${CPU_COLS} : index
       %zero_h = arith.constant dense<0.0> : vector<${HPG}xf32>
       %zero_rows = arith.constant dense<0.0> : vector<${CPU_ROWS}x${HPG}xf32>
 
@@ -85,21 +86,28 @@ hal.executable.source private @selection_attention_dq_cpu_exe {
 
       %h0 = arith.muli %g, %heads_per_group : index
       %scale_h = vector.broadcast %scale : f32 to vector<${HPG}xf32>
+      %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
+      scf.for %d0 = %c0 to %head_dim step %dcols_step {
+        %rows = vector.transfer_read %q[%b, %m, %h0, %d0], %pad
+            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, d) -> (h, d)>}
+            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${CPU_DCOLS}x${E}>
+        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_DCOLS}x${E}> to vector<${HPG}x${CPU_DCOLS}xf32>
+        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_DCOLS}xf32> to vector<${CPU_DCOLS}x${HPG}xf32>
+        %scaled = arith.mulf %cols, %scale_tile : vector<${CPU_DCOLS}x${HPG}xf32>
+        vector.transfer_write %scaled, %qT[%d0, %c0] {in_bounds = [true, true]}
+            : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
+      }
       scf.for %d = %c0 to %head_dim step %c1 {
-        %col = vector.transfer_read %q[%b, %m, %h0, %d], %pad
-            {in_bounds = [true], permutation_map = affine_map<(b, m, h, d) -> (h)>}
-            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${E}>
-        %col32 = ${EXTF} %col : vector<${HPG}x${E}> to vector<${HPG}xf32>
-        %scaled = arith.mulf %col32, %scale_h : vector<${HPG}xf32>
-        vector.store %scaled, %qT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
         vector.store %zero_h, %dqT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
       }
-      scf.for %e = %c0 to %value_dim step %c1 {
-        %col = vector.transfer_read %do[%b, %m, %h0, %e], %pad
-            {in_bounds = [true], permutation_map = affine_map<(b, m, h, e) -> (h)>}
-            : memref<?x?x${H}x${DV}x${E}>, vector<${HPG}x${E}>
-        %col32 = ${EXTF} %col : vector<${HPG}x${E}> to vector<${HPG}xf32>
-        vector.store %col32, %doT[%e, %c0] : memref<${DV}x${HPG}xf32>, vector<${HPG}xf32>
+      scf.for %e0 = %c0 to %value_dim step %cols_step {
+        %rows = vector.transfer_read %do[%b, %m, %h0, %e0], %pad
+            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, e) -> (h, e)>}
+            : memref<?x?x${H}x${DV}x${E}>, vector<${HPG}x${CPU_COLS}x${E}>
+        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_COLS}x${E}> to vector<${HPG}x${CPU_COLS}xf32>
+        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_COLS}xf32> to vector<${CPU_COLS}x${HPG}xf32>
+        vector.transfer_write %cols, %doT[%e0, %c0] {in_bounds = [true, true]}
+            : vector<${CPU_COLS}x${HPG}xf32>, memref<${DV}x${HPG}xf32>
       }
       %lse_h = vector.transfer_read %lse[%b, %h0, %m], %zero
           {in_bounds = [true], permutation_map = affine_map<(b, h, m) -> (h)>}
