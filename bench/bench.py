@@ -1,7 +1,8 @@
-"""Benchmarks: nsa_iree's selection attention against dense SDPA and fla's parallel_nsa, side by side.
+"""Benchmarks: nsa_iree's selection attention against dense SDPA, fla's parallel_nsa and a torch-eager version.
 
     python -m bench.bench --device cuda --seq 8192 16384 32768 65536      # the H200 run
-    python -m bench.bench --device cpu --config cpu --seq 1024 --repeats 2 # small CPU run (CI smoke: --smoke)
+    python -m bench.bench --device cpu --config cpu --seq 1024 4096 --selection realistic --repeats 5  # the CPU run
+    python -m bench.bench --smoke                                          # tiny CPU run (the CI smoke test)
     python -m bench.bench --device cuda --seq 65536 --selection realistic packed  # packed documents (cu_seqlens)
 
 Selection "packed": each problem of `seq` tokens is documents of --doc-lengths MIN MAX tokens (uniform draws,
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import re
 import statistics
@@ -385,7 +387,8 @@ def run(args, on_row=None):
     if fla_function() is None or device.type != "cuda" or cfg["heads"] // cfg["kv_heads"] < 16:
         impls = [i for i in impls if not i.startswith("fla")]
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(device),
-              "versions": _versions(), "config": {"name": args.config, **cfg}, "rows": [], "checks": {}}
+              "versions": _versions(), "config": {"name": args.config, **cfg}, "rows": [], "checks": {},
+              "load_average": list(os.getloadavg())}    # other processes on the machine, at the start
     for selection in args.selection:
         try:
             record["checks"][selection] = check(cfg, device, selection)
@@ -484,7 +487,9 @@ def markdown(record) -> str:
              f"T={cfg['num_blocks']} {cfg['dtype']}, B=1. Versions: "
              + ", ".join(f"{k} {v}" for k, v in record["versions"].items()), "",
              "Times in ms (median). 'x dense' = dense SDPA time / this time, same run, same selection. "
-             "TFLOP/s use the selection FLOP count of anchors.md (backward = 2.5 x forward).", ""]
+             "TFLOP/s use the selection FLOP count of anchors.md (backward = 2.5 x forward)."
+             + (" Load average at the start (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in record["load_average"])
+                + "." if "load_average" in record else ""), ""]
     for selection, check in record["checks"].items():
         lines.append(f"Check ({selection}): " + ", ".join(f"{k} {v:.1e}" for k, v in check["errors"].items())
                      + f" vs {check['against']}"
