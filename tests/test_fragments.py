@@ -195,7 +195,9 @@ ONEPASS_CHOICE = [
     ("gfx950_anchors", ANCHORS_CUDA.replace(target="gfx950"), "onepass_portable"),
     # D = 192: the dq tiles, p^T and ds^T need 83 KB, over the 80 KB that keep 2 waves per SIMD.
     ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), "onepass"),
-    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "onepass"),
+    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "onepass_cpu"),
+    # HPG 64 at D 192: the row's tiles (q, do, S, dP, DS^T, dq) exceed 48 KiB of stack.
+    ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), "onepass"),
 ]
 
 
