@@ -188,7 +188,9 @@ hal.executable.source private @selection_attention_dkdv_cpu_exe {
               %p = arith.select %key_mask, %weighted, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
               %dp = vector.load %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
               %dp_minus_delta = arith.subf %dp, %dl_v : vector<${BS}xf32>
-              %ds = arith.mulf %p, %dp_minus_delta : vector<${BS}xf32>
+              // Masked keys get exactly 0 (not 0 * dP: a future key's V row may hold an Inf or NaN).
+              %ds_all = arith.mulf %p, %dp_minus_delta : vector<${BS}xf32>
+              %ds = arith.select %key_mask, %ds_all, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
               vector.store %p, %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
               vector.store %ds, %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
             }
