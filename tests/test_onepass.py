@@ -131,7 +131,8 @@ def test_cpu_kernel_adds_with_atomics_when_a_lock_stays_taken(tmp_path, monkeypa
 def test_every_target_renders_one_template(monkeypatch):
     # With the [onepass] pieces replaced by markers, every target renders the same text: the CPU body is
     # the GPU body, not a copy of it. (The GPUs' default one-pass is the portable matrix-unit kernel,
-    # onepass_portable.mlir; this scalar template is their fallback, rendered with NSA_IREE_KERNELS=linalg.)
+    # onepass_portable.mlir, the cpu's the vectorised onepass_cpu.mlir; this scalar template is their
+    # fallback, rendered with NSA_IREE_KERNELS=linalg.)
     texts = set()
     for target in ("cpu", "gfx950", "gfx942", "cuda"):
         recipe = load_recipe(target)
