@@ -8,7 +8,9 @@
 //   dv[key j, :] += sum_h P[h, j] * do[h, :],  dk[key j, :] += sum_h DS[h, j] * q[h, :]
 // The dk/dv adds go to an f32 accumulator row of the block, [BS, D + Dv], while the work item holds that
 // block's lock (a spin lock per kv block: one compare-and-swap per (row, block), not one atomic per element
-// as the GPU one-pass needs). Rows run in any order, so dk/dv vary run to run within rounding, as on GPUs.
+// as the GPU one-pass needs). A row that finds the lock taken CPU_LOCK_TRIES times (its holder descheduled by
+// the OS) adds with f32 atomics instead, into a second accumulator that only atomics touch; dk and dv are the
+// sums of the two. Rows run in any order, so dk/dv vary run to run within rounding, as on GPUs.
 // Skipped slots are never read, only keys <= pos(m) are, a block listed twice counts twice.
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
@@ -35,6 +37,7 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
     func.func @selection_attention_onepass_cpu_row() {
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
       %c0_i32 = arith.constant 0 : i32
       %c1_i32 = arith.constant 1 : i32
       %c4_i64 = arith.constant 4 : i64
@@ -88,8 +91,9 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
           : memref<?x?x${H}xf32>{%batch, %m_rows}
       %do = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(7) alignment(64) offset(%c0) flags(ReadOnly)
           : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
+      %acc_rows = arith.muli %flat_blocks, %c2 : index
       %acc = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(8) alignment(64) offset(%c0)
-          : memref<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}
+          : memref<?x${BS}x${CPU_DKV}xf32>{%acc_rows}
       %locks = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(9) alignment(64) offset(%c0)
           : memref<?xi32>{%flat_blocks}
       %dq = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(10) alignment(64) offset(%c0)
@@ -255,6 +259,10 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
             %next = arith.addi %tried, %c1 : index
             scf.yield %next : index
           }
+          // The atomic adds go to the second half of the accumulator, which only atomics touch: never to the
+          // block's locked half, whose holder adds with plain loads and stores (an atomic add there could land
+          // between its load and its store, and be lost).
+          %f_atomic = arith.addi %f, %flat_blocks : index
           scf.if %taken {
             scf.for %j0 = %c0 to %visible step %keys_step {
               scf.for %e0 = %c0 to %value_dim step %vcols_step {
@@ -307,7 +315,7 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
                     %part = memref.load %part_v[%r, %x] : memref<${CPU_KROWS}x${CPU_VCOLS}xf32>
                     %row = arith.addi %j0, %r : index
                     %column = arith.addi %col, %x : index
-                    %ptr = func.call @acc_element(%acc_base, %f, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
+                    %ptr = func.call @acc_element(%acc_base, %f_atomic, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
                     %before = llvm.atomicrmw fadd %ptr, %part monotonic : !llvm.ptr, f32
                   }
                 }
@@ -328,7 +336,7 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
                     %part = memref.load %part_k[%r, %x] : memref<${CPU_KROWS}x${CPU_KCOLS}xf32>
                     %row = arith.addi %j0, %r : index
                     %column = arith.addi %d0, %x : index
-                    %ptr = func.call @acc_element(%acc_base, %f, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
+                    %ptr = func.call @acc_element(%acc_base, %f_atomic, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
                     %before = llvm.atomicrmw fadd %ptr, %part monotonic : !llvm.ptr, f32
                   }
                 }
@@ -364,8 +372,8 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
   }
 }
 
-// Host side: the transposed K/V blocks, the row dispatch (zeroed accumulator and locks, tied), then dk and dv:
-// scale * acc[:, :, :D] and acc[:, :, D:] for the keys below N, cast to the input type.
+// Host side: the transposed K/V blocks, the row dispatch (zeroed accumulators and locks, tied), then dk and dv:
+// scale * (locked + atomic)[:, :, :D] and (locked + atomic)[:, :, D:] for the keys below N, in the input type.
 func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
@@ -376,6 +384,7 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
     -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
   %zero = arith.constant 0.0 : f32
   %c0_i32 = arith.constant 0 : i32
   %kv_heads = arith.constant ${G} : index
@@ -390,7 +399,10 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
 
   %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
       : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
-  %acc_init = tensor.empty(%flat_blocks) : tensor<?x${BS}x${CPU_DKV}xf32>
+  // The dk/dv accumulator: per flat block, [BS, D + Dv] added under the block's lock, then (second half) the
+  // same again for the rows that added with atomics; dk and dv are the sums of the two.
+  %acc_rows = arith.muli %flat_blocks, %c2 : index
+  %acc_init = tensor.empty(%acc_rows) : tensor<?x${BS}x${CPU_DKV}xf32>
   %acc_zero = linalg.fill ins(%zero : f32) outs(%acc_init : tensor<?x${BS}x${CPU_DKV}xf32>) -> tensor<?x${BS}x${CPU_DKV}xf32>
   %locks_init = tensor.empty(%flat_blocks) : tensor<?xi32>
   %locks_free = linalg.fill ins(%c0_i32 : i32) outs(%locks_init : tensor<?xi32>) -> tensor<?xi32>
@@ -405,8 +417,8 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
          tensor<?x${DV}x${BS}x${E}>{%flat_blocks}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
          tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
          tensor<?x?x${H}xf32>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows},
-         tensor<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}, tensor<?xi32>{%flat_blocks})
-      -> (%acc_zero{%flat_blocks}, %locks_free{%flat_blocks}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
+         tensor<?x${BS}x${CPU_DKV}xf32>{%acc_rows}, tensor<?xi32>{%flat_blocks})
+      -> (%acc_zero{%acc_rows}, %locks_free{%flat_blocks}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
 
   %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${E}>
   %dk = linalg.generic {
@@ -424,7 +436,10 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
     %bg = arith.addi %bg0, %g : index
     %f0 = arith.muli %bg, %num_blocks : index
     %f = arith.addi %f0, %i : index
-    %x = tensor.extract %acc[%f, %j, %d] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %f_atomic = arith.addi %f, %flat_blocks : index
+    %locked = tensor.extract %acc[%f, %j, %d] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %atomic = tensor.extract %acc[%f_atomic, %j, %d] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %x = arith.addf %locked, %atomic : f32
     %scaled = arith.mulf %x, %scale : f32
     %x_e = ${TRUNCF} %scaled : f32 to ${E}
     linalg.yield %x_e : ${E}
@@ -446,7 +461,10 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
     %f0 = arith.muli %bg, %num_blocks : index
     %f = arith.addi %f0, %i : index
     %col = arith.addi %head_dim, %e : index
-    %x = tensor.extract %acc[%f, %j, %col] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %f_atomic = arith.addi %f, %flat_blocks : index
+    %locked = tensor.extract %acc[%f, %j, %col] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %atomic = tensor.extract %acc[%f_atomic, %j, %col] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %x = arith.addf %locked, %atomic : f32
     %x_e = ${TRUNCF} %x : f32 to ${E}
     linalg.yield %x_e : ${E}
   } -> tensor<?x?x${G}x${DV}x${E}>
