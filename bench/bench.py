@@ -1,7 +1,8 @@
-"""Benchmarks: nsa_iree's selection attention against dense SDPA and fla's parallel_nsa, side by side.
+"""Benchmarks: nsa_iree's selection attention against dense SDPA, fla's parallel_nsa and a torch-eager version.
 
     python -m bench.bench --device cuda --seq 8192 16384 32768 65536      # the H200 run
-    python -m bench.bench --device cpu --config cpu --seq 1024 --repeats 2 # small CPU run (CI smoke: --smoke)
+    python -m bench.bench --device cpu --config cpu --seq 1024 4096 --selection realistic --repeats 5  # the CPU run
+    python -m bench.bench --smoke                                          # tiny CPU run (the CI smoke test)
     python -m bench.bench --device cuda --seq 65536 --selection realistic packed  # packed documents (cu_seqlens)
 
 Selection "packed": each problem of `seq` tokens is documents of --doc-lengths MIN MAX tokens (uniform draws,
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import re
 import statistics
@@ -240,6 +242,52 @@ def fla_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
     return fwd, bwd
 
 
+def torch_eager_selection_attention(q, k, v, block_indices, block_size, scale=None):
+    """Selection attention the way a torch user would write it (the "what a user would write" baseline):
+    gather the selected K/V blocks of every (row, group), mask future keys and skipped slots, softmax, and
+    let autograd do the backward.
+
+    q [B, M, H, D], k [B, N, G, D], v [B, N, G, Dv] (any float dtype, computed in it), block_indices
+    [B, M, G, T] (negative and future blocks skipped; a block listed twice counts twice). Returns o
+    [B, M, H, Dv] (0 for a row that sees no key). Memory: the gathered K and V, [B, M, G, T * BS, D + Dv].
+    """
+    batch, m_rows, heads, dim = q.shape
+    n, groups = k.shape[1], k.shape[2]
+    scale = dim ** -0.5 if scale is None else scale
+    dev = q.device
+    keys = block_indices.long().unsqueeze(-1) * block_size + torch.arange(block_size, device=dev)  # [B, M, G, T, BS]
+    position = torch.arange(m_rows, device=dev) + (n - m_rows)                                      # bottom-right
+    visible = (block_indices >= 0).unsqueeze(-1) & (keys <= position.view(1, -1, 1, 1, 1))
+    keys, visible = keys.clamp(0, n - 1).flatten(-2), visible.flatten(-2)                          # [B, M, G, T*BS]
+    b = torch.arange(batch, device=dev).view(-1, 1, 1, 1)
+    g = torch.arange(groups, device=dev).view(1, 1, -1, 1)
+    k_sel, v_sel = k[b, keys, g], v[b, keys, g]                                                    # [B, M, G, T*BS, D]
+    qg = q.view(batch, m_rows, groups, heads // groups, dim)
+    s = (qg @ k_sel.transpose(-1, -2)) * scale                                                     # [B, M, G, HPG, T*BS]
+    s = s.masked_fill(~visible.unsqueeze(-2), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                                                   # empty rows: 0
+    return (p @ v_sel).reshape(batch, m_rows, heads, v.shape[-1])
+
+
+def torch_eager_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
+    """torch_eager_selection_attention, forward without autograd, backward through autograd."""
+    if cu_seqlens is not None:
+        raise ValueError("the torch-eager baseline takes no packed documents (cu_seqlens)")
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            torch_eager_selection_attention(*leaves, idx, cfg["block_size"])
+
+    def bwd():
+        if "o" not in state:
+            state["o"] = torch_eager_selection_attention(*leaves, idx, cfg["block_size"])
+        state["o"].backward(do, retain_graph=True)
+    bwd()
+    return fwd, bwd
+
+
 def torch_reference_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
     """The package's dense torch reference in f32 (CPU comparisons; it is O(M * N) in memory)."""
     leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
@@ -263,6 +311,7 @@ IMPLS = {
     "nsa_iree one-pass": nsa_iree_impl("one-pass"),
     "nsa_iree two-pass, padded given": nsa_iree_padded_impl,
     "dense sdpa": sdpa_impl,
+    "torch eager": torch_eager_impl,
     "fla parallel_nsa": fla_impl,
     "torch reference f32": torch_reference_impl,
 }
@@ -338,7 +387,8 @@ def run(args, on_row=None):
     if fla_function() is None or device.type != "cuda" or cfg["heads"] // cfg["kv_heads"] < 16:
         impls = [i for i in impls if not i.startswith("fla")]
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(device),
-              "versions": _versions(), "config": {"name": args.config, **cfg}, "rows": [], "checks": {}}
+              "versions": _versions(), "config": {"name": args.config, **cfg}, "rows": [], "checks": {},
+              "load_average": list(os.getloadavg())}    # other processes on the machine, at the start
     for selection in args.selection:
         try:
             record["checks"][selection] = check(cfg, device, selection)
@@ -437,7 +487,9 @@ def markdown(record) -> str:
              f"T={cfg['num_blocks']} {cfg['dtype']}, B=1. Versions: "
              + ", ".join(f"{k} {v}" for k, v in record["versions"].items()), "",
              "Times in ms (median). 'x dense' = dense SDPA time / this time, same run, same selection. "
-             "TFLOP/s use the selection FLOP count of anchors.md (backward = 2.5 x forward).", ""]
+             "TFLOP/s use the selection FLOP count of anchors.md (backward = 2.5 x forward)."
+             + (" Load average at the start (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in record["load_average"])
+                + "." if "load_average" in record else ""), ""]
     for selection, check in record["checks"].items():
         lines.append(f"Check ({selection}): " + ", ".join(f"{k} {v:.1e}" for k, v in check["errors"].items())
                      + f" vs {check['against']}"

@@ -56,6 +56,15 @@ def _host_fingerprint() -> str:
     return f"{platform.machine()} {flags}"
 
 
+def saved_flags(flags: tuple[str, ...], target: str) -> str:
+    """The text saved beside an artifact (``.flags``): its compile flags and, for ``cpu`` (compiled with
+    ``--iree-llvmcpu-target-cpu=host``), the CPU it was compiled for. A runtime-only machine uses an artifact
+    only when this text is its own, so code built for CPU features it lacks (AVX-512, avx512_bf16) is never
+    loaded there."""
+    text = "\n".join(flags)
+    return text + f"\nhost: {_host_fingerprint()}" if target == "cpu" else text
+
+
 def cache_key(text: str, flags: tuple[str, ...], target: str) -> str:
     h = hashlib.sha256()
     for part in (text, compiler_version(), "\0".join(flags), _host_fingerprint() if target == "cpu" else ""):
@@ -115,7 +124,7 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
                       f"compiling it again into {vmfb}", RuntimeWarning, stacklevel=2)
 
     atomic_write(mlir, text.encode())
-    atomic_write(mlir.with_suffix(".flags"), "\n".join(recipe.flags).encode())
+    atomic_write(mlir.with_suffix(".flags"), saved_flags(recipe.flags, spec.target).encode())
     start = time.perf_counter()
     try:
         from iree.compiler import CompilerToolError, compile_str
@@ -137,9 +146,9 @@ def _prebuilt(spec: KernelSpec, variant: str, text: str, flags, primary: Path, s
     rejected = []
     for directory in directories:
         for vmfb in sorted(directory.glob(f"{variant}_{spec.name}_*.vmfb")):
-            mlir, saved_flags = vmfb.with_suffix(".mlir"), vmfb.with_suffix(".flags")
+            mlir, flags_file = vmfb.with_suffix(".mlir"), vmfb.with_suffix(".flags")
             try:
-                same = mlir.read_text() == text and saved_flags.read_text() == "\n".join(flags)
+                same = mlir.read_text() == text and flags_file.read_text() == saved_flags(flags, spec.target)
             except (OSError, UnicodeDecodeError):
                 continue
             if not same:

@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, packaged as tomli (a dependency there)
     import tomli as tomllib
 
-from .fragments import custom_kernel_limits, portable_limits
+from .fragments import cpu_kernel_limits, custom_kernel_limits, portable_limits
 from .spec import TARGETS, KernelSpec
 
 PIPELINES_DIR = importlib.resources.files(__package__) / "pipelines"   # package data
@@ -87,12 +87,14 @@ class Recipe:
     def kernel_for(self, stage: str, spec: KernelSpec) -> str:
         """Which implementation renders `stage` for spec: "custom" (a hand-written matrix-unit dispatch for one
         fragment placement, nsa_iree/mlir/<stage>_kernel.mlir), "portable" (a hand-written dispatch for every
-        intrinsic, nsa_iree/mlir/<stage>_portable.mlir) or "linalg" (the fused-region template,
-        nsa_iree/mlir/<stage>.mlir).
+        intrinsic, nsa_iree/mlir/<stage>_portable.mlir), "cpu" (a hand-written vectorised CPU dispatch,
+        nsa_iree/mlir/<stage>_cpu.mlir) or "linalg" (the fused-region template, nsa_iree/mlir/<stage>.mlir).
 
-        The recipe's ``[kernels]`` table names the custom stages; ``$NSA_IREE_KERNELS=linalg`` turns them all
-        back to linalg (a fallback for users, and the oracle the custom kernels are checked against). A custom
-        kernel serves only the shapes it was written for (:func:`nsa_iree.fragments.custom_kernel_limits`);
+        The recipe's ``[kernels]`` table names the hand-written stages; ``$NSA_IREE_KERNELS=linalg`` turns them
+        all back to linalg (a fallback for users, and the oracle the hand-written kernels are checked against).
+        A hand-written kernel serves only the shapes it was written for
+        (:func:`nsa_iree.fragments.custom_kernel_limits`, :func:`~nsa_iree.fragments.portable_limits`,
+        :func:`~nsa_iree.fragments.cpu_kernel_limits`);
         other shapes get the linalg stage. The choice is part of the rendered module, so it is made when a
         configuration is first compiled in a process (nsa_iree.api keeps the artifact per configuration).
         """
@@ -100,9 +102,9 @@ class Recipe:
         if choice not in ("", "custom", "linalg"):
             raise ValueError(f"NSA_IREE_KERNELS must be 'custom' or 'linalg', got {choice!r}")
         wanted = self.kernel_settings.get(stage)
-        if choice == "linalg" or wanted not in ("custom", "portable"):
+        if choice == "linalg" or wanted not in ("custom", "portable", "cpu"):
             return "linalg"
-        limits = portable_limits if wanted == "portable" else custom_kernel_limits
+        limits = {"portable": portable_limits, "cpu": cpu_kernel_limits}.get(wanted, custom_kernel_limits)
         return "linalg" if limits(stage, spec, self) else wanted
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:

@@ -12,7 +12,7 @@ import importlib.resources
 import re
 import string
 
-from .fragments import kernel_values, portable_values
+from .fragments import cpu_values, kernel_values, portable_values
 from .recipes import Recipe, load_recipe
 from .spec import KernelSpec
 
@@ -50,14 +50,15 @@ def template_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
     values.update(recipe.attributes(spec))
     values.update(kernel_values(spec, recipe))
     values.update(portable_values(spec, recipe))
+    values.update(cpu_values(spec))
     return values
 
 
 def template_for(stage: str, spec: KernelSpec, recipe: Recipe) -> str:
-    """The template file rendering `stage`: ``<stage>_kernel`` or ``<stage>_portable`` where the recipe picks
-    a hand-written kernel, else the linalg ``<stage>``."""
+    """The template file rendering `stage`: ``<stage>_kernel``, ``<stage>_portable`` or ``<stage>_cpu`` where
+    the recipe picks a hand-written kernel, else the linalg ``<stage>``."""
     choice = recipe.kernel_for(stage, spec)
-    return {"custom": f"{stage}_kernel", "portable": f"{stage}_portable"}.get(choice, stage)
+    return {"custom": f"{stage}_kernel", "portable": f"{stage}_portable", "cpu": f"{stage}_cpu"}.get(choice, stage)
 
 
 _PART_LINE = re.compile(r"^[ \t]*// part: (\w+)\n", flags=re.MULTILINE)
@@ -88,5 +89,7 @@ def render_module(spec: KernelSpec, variant: str) -> str:
     """The whole module compiled for (spec, variant): its stage templates, rendered and concatenated."""
     recipe = load_recipe(spec.target)
     header = f"// nsa_iree: {variant} for {spec.name}\n"
-    return header + "\n".join(render_template(template_for(name, spec, recipe), spec, recipe)
-                               for name in STAGES[variant])
+    names = [template_for(name, spec, recipe) for name in STAGES[variant]]
+    if any(name.endswith("_cpu") for name in names):
+        names.insert(0, "cpu_blocks")          # the transposed K/V blocks the CPU kernels read
+    return header + "\n".join(render_template(name, spec, recipe) for name in names)

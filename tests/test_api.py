@@ -115,6 +115,25 @@ def test_non_finite_values_in_an_unselected_block_stay_out(variant):
 
 
 @pytest.mark.parametrize("variant", ["two-pass", "one-pass"])
+def test_non_finite_values_in_future_keys_of_a_selected_block_stay_out(variant):
+    """NaN/Inf in K/V of keys that every row selecting their block sees as future (the last block, keys
+    48..55, selected only by the row at position 48: keys 49..55) change nothing, and those keys get
+    dk = dv = 0."""
+    q, k, v, idx = inputs()
+    last = (N - 1) // BS
+    rows = torch.arange(M).view(1, -1, 1, 1) + (N - M)               # each row's key position
+    idx = torch.where((idx == last) & (rows > 48), torch.full_like(idx, -1), idx)
+    idx[:, 32, :, 0] = last                                             # the row at position 48
+    do = torch.randn(B, M, H, DV, generator=torch.Generator().manual_seed(3))
+    clean = _reference_grads(q, k, v, idx, do)
+    k[:, 49:], v[:, 49:] = float("nan"), float("inf")
+    o, dq, dk, dv = _grads(q, k, v, idx, do, variant)
+    for name, ours, ref in (("o", o, clean[0]), ("dq", dq, clean[1]), ("dk", dk, clean[2]), ("dv", dv, clean[3])):
+        assert torch.isfinite(ours).all() and relative_rms_error(ours, ref) < 1e-5, name
+    assert torch.count_nonzero(dk[:, 49:]) == 0 and torch.count_nonzero(dv[:, 49:]) == 0
+
+
+@pytest.mark.parametrize("variant", ["two-pass", "one-pass"])
 def test_a_nan_query_row_reaches_only_its_own_outputs_and_blocks(variant):
     """A NaN in one query row makes that row's o / dq NaN and may reach the dk / dv of the block it selected,
     nothing else (the two-pass dk/dv pieces pad with a row of the same block's list, never an unrelated row)."""

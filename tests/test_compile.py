@@ -69,7 +69,10 @@ def test_other_sequence_lengths_and_batches_hit_the_cache(fresh_cache, monkeypat
 
 @pytest.fixture
 def edit_forward_template(tmp_path_factory, monkeypatch):
-    """edit(change) renders from a copy of mlir/ whose forward.mlir is change(original text)."""
+    """edit(change) renders from a copy of mlir/ whose forward.mlir is change(original text). The linalg
+    forward is selected (NSA_IREE_KERNELS=linalg: on cpu the recipe would render forward_cpu.mlir)."""
+    monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
+
     def edit(change):
         copy = tmp_path_factory.mktemp("mlir")
         for f in render.MLIR_DIR.glob("*.mlir"):
@@ -138,3 +141,29 @@ def test_every_block_size_a_gpu_recipe_lists_compiles(fresh_cache, target, block
     spec = DEMO_SPEC.replace(target=target, heads=32, kv_heads=2, head_dim=128, block_size=block_size, num_blocks=6)
     for variant in ("forward", "two-pass", "one-pass"):
         assert compile_artifact(spec, variant).path.exists()
+
+
+# A CPU without AVX-512, and one more: host fingerprints as nsa_iree.compiler reads them from /proc/cpuinfo.
+NO_AVX512 = "x86_64 flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma"
+THIRD_CPU = "x86_64 flags\t\t: fpu sse sse2"
+
+
+def test_cpu_artifacts_are_keyed_and_served_by_the_host_cpu(fresh_cache, monkeypatch):
+    """cpu artifacts are compiled for the host's CPU features (--iree-llvmcpu-target-cpu=host): another CPU
+    gets its own key, and a runtime-only machine never serves an artifact compiled for another CPU."""
+    spec = DEMO_SPEC.replace(heads=2, kv_heads=1, head_dim=16, value_dim=16, block_size=16, num_blocks=2, dtype="f32")
+    this_cpu = compiler._host_fingerprint
+    here = compile_artifact(spec, "forward")
+    monkeypatch.setattr(compiler, "_host_fingerprint", lambda: NO_AVX512)
+    elsewhere = compile_artifact(spec, "forward")
+    assert elsewhere.key != here.key and elsewhere.compile_seconds > 0
+    assert "host: " + NO_AVX512 in elsewhere.path.with_suffix(".flags").read_text()
+    flags = load_recipe("cpu").flags
+    text = render.render_module(spec, "forward")
+    # Runtime only (no compiler): each host finds exactly its own artifact, a third one none.
+    assert compiler._prebuilt(spec, "forward", text, flags, fresh_cache, False).path == elsewhere.path
+    monkeypatch.setattr(compiler, "_host_fingerprint", this_cpu)
+    assert compiler._prebuilt(spec, "forward", text, flags, fresh_cache, False).path == here.path
+    monkeypatch.setattr(compiler, "_host_fingerprint", lambda: THIRD_CPU)
+    with pytest.raises(CompileError, match="holds no artifact"):
+        compiler._prebuilt(spec, "forward", text, flags, fresh_cache, False)

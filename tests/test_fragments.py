@@ -83,7 +83,14 @@ KERNEL_CHOICE = [
     # The MFMA's K is 32: a head dim of 48 is not whole units.
     ("gfx950_head_dim_48", ANCHORS_CUDA.replace(target="gfx950", head_dim=48, value_dim=48), {},
      ("forward", "dq", "dkdv")),
-    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {}, ("forward", "dq", "dkdv")),
+    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {}, ("forward_cpu", "dq_cpu", "dkdv_cpu")),
+    ("cpu_bf16_one_head_per_group", ANCHORS_CUDA.replace(target="cpu", heads=4), {},
+     ("forward_cpu", "dq_cpu", "dkdv_cpu")),
+    ("cpu_env_linalg", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {"NSA_IREE_KERNELS": "linalg"},
+     ("forward", "dq", "dkdv")),
+    # 64 heads per group at D 192: the forward's and dq's stack tiles exceed 48 KiB (dk/dv's do not).
+    ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), {},
+     ("forward", "dq", "dkdv_cpu")),
 ]
 
 
@@ -108,6 +115,17 @@ def test_rendered_cuda_modules_hold_the_kernels():
     assert "@selection_attention_fwd_kernel_exe" in forward
     for text in (backward, forward):
         assert "iree_codegen.inner_tiled" in text and "${" not in text
+
+
+CPU_MODULES = [("forward", "@selection_attention_fwd_cpu_exe"), ("two-pass", "@selection_attention_dq_cpu_exe"),
+               ("two-pass", "@selection_attention_dkdv_cpu_exe"), ("one-pass", "@selection_attention_onepass_cpu_exe")]
+
+
+@pytest.mark.parametrize("variant,executable", CPU_MODULES, ids=[e.strip("@") for _, e in CPU_MODULES])
+def test_rendered_cpu_modules_hold_the_cpu_kernels(variant, executable):
+    text = render_module(ANCHORS_CUDA.replace(target="cpu"), variant)
+    assert executable in text and "@cpu_blocks_t" in text and "${" not in text
+    assert "flow.dispatch.region" not in text.split("func.func @selection_attention_delta")[0]
 
 
 def test_unknown_kernel_choice_is_refused(monkeypatch):
@@ -177,7 +195,9 @@ ONEPASS_CHOICE = [
     ("gfx950_anchors", ANCHORS_CUDA.replace(target="gfx950"), "onepass_portable"),
     # D = 192: the dq tiles, p^T and ds^T need 83 KB, over the 80 KB that keep 2 waves per SIMD.
     ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), "onepass"),
-    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "onepass"),
+    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "onepass_cpu"),
+    # HPG 64 at D 192: the row's tiles (q, do, S, dP, DS^T, dq) exceed 48 KiB of stack.
+    ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), "onepass"),
 ]
 
 

@@ -186,3 +186,23 @@ def test_everything_skipped_gives_zero_gradients(variant):
     for t in (o, dq, dk, dv):
         assert torch.count_nonzero(t) == 0
     assert torch.all(lse == float("-inf"))
+
+
+# --- the linalg stages on the CPU ---------------------------------------------------------------------------
+# The cpu recipe renders its hand-written kernels (mlir/*_cpu.mlir); the linalg stages, which GPUs use for the
+# shapes their kernels do not serve (and gfx942 for all), still run here with NSA_IREE_KERNELS=linalg.
+
+LINALG_CASES = [("hpg3", "f32"), ("bs64_t16", "f32"), ("d192_dv128", "bf16")]
+
+
+@pytest.mark.parametrize("variant", BACKWARDS)
+@pytest.mark.parametrize("config,dtype", LINALG_CASES, ids=[f"{c}_{d}" for c, d in LINALG_CASES])
+def test_linalg_stages(config, dtype, variant, monkeypatch):
+    from nsa_iree import api
+
+    monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
+    api._artifact_path.cache_clear()            # artifacts are kept per configuration in a process
+    try:
+        assert_close_to_reference(dataclasses.replace(BASE, **CONFIGS[config]), DTYPES[dtype], variant=variant)
+    finally:
+        api._artifact_path.cache_clear()

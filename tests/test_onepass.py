@@ -16,7 +16,8 @@ from nsa_iree.inspect import dump_executables
 from nsa_iree.recipes import load_recipe
 from nsa_iree.spec import DEMO_SPEC
 
-from conftest import TOLERANCE, Problem, assert_close_to_reference, make_inputs, reference_outputs, run_poisoned
+from conftest import TOLERANCE, Problem, assert_close_to_reference, make_inputs, realistic_indices, reference_outputs, \
+    run_poisoned
 
 # --- skipped slots --------------------------------------------------------------------------------------
 
@@ -99,12 +100,53 @@ def test_repeated_runs_agree_within_tolerance():
         assert relative_rms_error(a, b) < 1e-6
 
 
+# Which rows of the cpu one-pass kernel never get their block's lock (the compare-and-swap expects a value the
+# lock never holds: 7), as a change to the kernel's text; those rows add their dk/dv with atomics.
+LOCK_REFUSED = {
+    "every_row": "%refused = arith.constant 7 : i32",
+    "odd_rows": "%two = arith.constant 2 : index\n          %odd = arith.remui %m, %two : index\n          %odd_i32 = arith.index_cast %odd : index to i32\n"
+                "          %seven = arith.constant 7 : i32\n          %refused = arith.muli %odd_i32, %seven : i32",
+}
+
+
+@pytest.mark.parametrize("rows", LOCK_REFUSED, ids=list(LOCK_REFUSED))
+def test_cpu_kernel_adds_with_atomics_when_a_lock_stays_taken(rows, tmp_path, monkeypatch):
+    # The cpu one-pass kernel adds a row's dk/dv under its block's lock; after CPU_LOCK_TRIES failed attempts
+    # (a descheduled holder) it adds them with f32 atomics into an accumulator of their own, while other rows
+    # may hold the lock. Here the rows of LOCK_REFUSED never get it (even rows do, with "odd_rows").
+    from nsa_iree import api, fragments
+
+    copy = tmp_path / "mlir"
+    (copy / "parts").mkdir(parents=True)
+    for f in [*render.MLIR_DIR.glob("*.mlir"), *(render.MLIR_DIR / "parts").glob("*.mlir")]:
+        (copy / f.relative_to(render.MLIR_DIR)).write_text(f.read_text())
+    kernel = copy / "onepass_cpu.mlir"
+    text = kernel.read_text()
+    cas, loop = "llvm.cmpxchg %lock, %c0_i32, %c1_i32", "          %tries, %taken = scf.while"
+    assert text.count(cas) == 1 and text.count(loop) == 1
+    text = text.replace(cas, "llvm.cmpxchg %lock, %refused, %c1_i32")
+    text = text.replace(loop, "          " + LOCK_REFUSED[rows] + "\n" + loop)
+    kernel.write_text(text)
+    monkeypatch.setattr(render, "MLIR_DIR", copy)
+    monkeypatch.setattr(fragments, "CPU_LOCK_TRIES", 2)
+    monkeypatch.setenv("NSA_IREE_CACHE_DIR", str(tmp_path / "cache"))
+    api._artifact_path.cache_clear()
+    try:
+        p = dataclasses.replace(HOSTILE, batch=2, heads=8, kv_heads=2, m_rows=150, n=170, select=realistic_indices)
+        assert_close_to_reference(p, torch.float32, variant="one-pass")
+        (module,) = (tmp_path / "cache").glob("one-pass_*.mlir")
+        assert "llvm.cmpxchg %lock, %refused, %c1_i32" in module.read_text()
+    finally:
+        api._artifact_path.cache_clear()
+
+
 # --- one template, every target -------------------------------------------------------------------------
 
 def test_every_target_renders_one_template(monkeypatch):
     # With the [onepass] pieces replaced by markers, every target renders the same text: the CPU body is
     # the GPU body, not a copy of it. (The GPUs' default one-pass is the portable matrix-unit kernel,
-    # onepass_portable.mlir; this scalar template is their fallback, rendered with NSA_IREE_KERNELS=linalg.)
+    # onepass_portable.mlir, the cpu's the vectorised onepass_cpu.mlir; this scalar template is their
+    # fallback, rendered with NSA_IREE_KERNELS=linalg.)
     texts = set()
     for target in ("cpu", "gfx950", "gfx942", "cuda"):
         recipe = load_recipe(target)

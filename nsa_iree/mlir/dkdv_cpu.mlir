@@ -1,0 +1,329 @@
+// dk/dv pass on CPUs (two-pass, block-major, no atomics): one hand-written dispatch, one work item per kv
+// block (block i of group g, batch b), walking the query rows that selected it in the order of the inverted
+// lists of @invert_block_indices (all the block's pieces, in order: bitwise reproducible). Vectors run along
+// the block's BS keys for the scores and along the head dims for the products into dk and dv:
+//   S[h, :]  = sum_d qT[row, d, h] * kT[d, :]          (qT = scale * q, transposed by the host function)
+//   P[h, :]  = w * exp(S[h, :] - lse[h])                (visible keys; w: how often the row lists the block)
+//   dP[h, :] = sum_e doT[row, e, h] * vT[e, :];  DS = P * (dP - delta[h])
+//   dv[j, :] += sum_h P[h, j] * do[row, h, :];  dk[j, :] += sum_h DS[h, j] * q[row, h, :]
+// (CPU_KROWS keys times CPU_VCOLS / CPU_KCOLS head elements per register block.) dk and dv accumulate in an
+// f32 scratch row of the block, and are written once, as scale * dk and dv in the input type.
+
+// Push constants: B, M, N, the number of pieces (i32), then the bits of scale (f32).
+#dkdv_cpu_layout = #hal.pipeline.layout<constants = 5, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // qT [B * M * G, D, HPG] f32, scaled
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // doT [B * M * G, Dv, HPG] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // value_blocks_t [B * G * NB, Dv, BS]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // entries [P, ROWS_PER_PIECE, 2] i32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // piece_start [B * G * NB] i32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // piece_count [B * G * NB] i32
+  #hal.pipeline.binding<storage_buffer>,            // f32 scratch [B * G * NB, BS, D + Dv]
+  #hal.pipeline.binding<storage_buffer>,            // dk [B, N, G, D]
+  #hal.pipeline.binding<storage_buffer>             // dv [B, N, G, Dv]
+]>
+
+hal.executable.source private @selection_attention_dkdv_cpu_exe {
+  hal.executable.export public @selection_attention_dkdv_cpu_block ordinal(0) layout(#dkdv_cpu_layout)
+      count(%device: !hal.device, %num_blocks: index, %kv_heads: index, %batch: index) -> (index, index, index) {
+    hal.return %num_blocks, %kv_heads, %batch : index, index, index
+  } <workgroup_size = [1 : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_dkdv_cpu_block() {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c0_i32 = arith.constant 0 : i32
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %pad = arith.constant 0.0 : ${E}
+      %heads_per_group = arith.constant ${HPG} : index
+      %head_dim = arith.constant ${D} : index
+      %value_dim = arith.constant ${DV} : index
+      %block_size = arith.constant ${BS} : index
+      %slots = arith.constant ${T} : index
+      %kv_heads = arith.constant ${G} : index
+      %rows_per_piece = arith.constant ${ROWS_PER_PIECE} : index
+      %dkv_dim = arith.constant ${CPU_DKV} : index
+      %heads_step = arith.constant ${CPU_SROWS} : index
+      %keys_step = arith.constant ${CPU_KROWS} : index
+      %vcols_step = arith.constant ${CPU_VCOLS} : index
+      %kcols_step = arith.constant ${CPU_KCOLS} : index
+      %zero_keys = arith.constant dense<0.0> : vector<${BS}xf32>
+      %zero_s = arith.constant dense<0.0> : vector<${CPU_SROWS}x${BS}xf32>
+      %key_iota = vector.step : vector<${BS}xindex>
+
+      %i = hal.interface.workgroup.id[0] : index
+      %g = hal.interface.workgroup.id[1] : index
+      %b = hal.interface.workgroup.id[2] : index
+      %batch_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(2) : i32
+      %pieces_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(3) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %pieces = arith.index_castui %pieces_i32 : i32 to index
+      %num_blocks = arith.ceildivui %n, %block_size : index
+      %bg_count = arith.muli %batch, %kv_heads : index
+      %flat_blocks = arith.muli %bg_count, %num_blocks : index
+      %rows_total = arith.muli %batch, %m_rows : index
+      %row_groups = arith.muli %rows_total, %kv_heads : index
+
+      %q = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+      %do = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
+      %qT = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${D}x${HPG}xf32>{%row_groups}
+      %doT = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${DV}x${HPG}xf32>{%row_groups}
+      %kT = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${D}x${BS}x${E}>{%flat_blocks}
+      %vT = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${DV}x${BS}x${E}>{%flat_blocks}
+      %block_indices = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(7) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+      %delta = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(8) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}xf32>{%batch, %m_rows}
+      %entries = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(9) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${ROWS_PER_PIECE}x2xi32>{%pieces}
+      %piece_start = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(10) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?xi32>{%flat_blocks}
+      %piece_count = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(11) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?xi32>{%flat_blocks}
+      %acc = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(12) alignment(64) offset(%c0)
+          : memref<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}
+      %dk = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(13) alignment(64) offset(%c0)
+          : memref<?x?x${G}x${D}x${E}>{%batch, %n}
+      %dv = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(14) alignment(64) offset(%c0)
+          : memref<?x?x${G}x${DV}x${E}>{%batch, %n}
+
+      %s_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
+      %dp_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
+
+      %bg = arith.muli %b, %kv_heads : index
+      %bg_g = arith.addi %bg, %g : index
+      %f0 = arith.muli %bg_g, %num_blocks : index
+      %f = arith.addi %f0, %i : index
+      %h_first = arith.muli %g, %heads_per_group : index
+      %key0 = arith.muli %i, %block_size : index
+      %block_i32 = arith.index_cast %i : index to i32
+      %offset = arith.subi %n, %m_rows : index
+
+      // The block's scratch row starts at 0: dk in columns [0, D), dv in [D, D + Dv).
+      scf.for %j = %c0 to %block_size step %c1 {
+        scf.for %x = %c0 to %dkv_dim step %c1 {
+          memref.store %zero, %acc[%f, %j, %x] : memref<?x${BS}x${CPU_DKV}xf32>
+        }
+      }
+
+      %first_i32 = memref.load %piece_start[%f] : memref<?xi32>
+      %count_i32 = memref.load %piece_count[%f] : memref<?xi32>
+      %first = arith.index_cast %first_i32 : i32 to index
+      %count = arith.index_cast %count_i32 : i32 to index
+      %end = arith.addi %first, %count : index
+      scf.for %piece = %first to %end step %c1 {
+        scf.for %r = %c0 to %rows_per_piece step %c1 {
+          %c_i32 = memref.load %entries[%piece, %r, %c0] : memref<?x${ROWS_PER_PIECE}x2xi32>
+          %used = arith.cmpi sge, %c_i32, %c0_i32 : i32
+          scf.if %used {
+            %c = arith.index_cast %c_i32 : i32 to index
+            %row = arith.divui %c, %kv_heads : index
+            %m = arith.remui %row, %m_rows : index
+            // w: how often the row lists this block; visible: its keys <= pos(m) in the block.
+            %w = scf.for %t = %c0 to %slots step %c1 iter_args(%sum = %zero) -> (f32) {
+              %listed = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+              %same = arith.cmpi eq, %listed, %block_i32 : i32
+              %inc = arith.select %same, %one, %zero : f32
+              %next = arith.addf %sum, %inc : f32
+              scf.yield %next : f32
+            }
+            %pos = arith.addi %m, %offset : index
+            %to_pos = arith.subi %pos, %key0 : index
+            %to_pos_inclusive = arith.addi %to_pos, %c1 : index
+            %visible = arith.minsi %to_pos_inclusive, %block_size : index
+            %visible_v = vector.broadcast %visible : index to vector<${BS}xindex>
+            %key_mask = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
+
+            // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
+            scf.for %h0 = %c0 to %heads_per_group step %heads_step {
+              %s_acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%sa = %zero_s) -> (vector<${CPU_SROWS}x${BS}xf32>) {
+                %qd = vector.load %qT[%c, %d, %h0] : memref<?x${D}x${HPG}xf32>, vector<${CPU_SROWS}xf32>
+                %keys = vector.load %kT[%f, %d, %c0] : memref<?x${D}x${BS}x${E}>, vector<${BS}x${E}>
+                %keys32 = ${EXTF} %keys : vector<${BS}x${E}> to vector<${BS}xf32>
+                %sa_new = vector.outerproduct %qd, %keys32, %sa : vector<${CPU_SROWS}xf32>, vector<${BS}xf32>
+                scf.yield %sa_new : vector<${CPU_SROWS}x${BS}xf32>
+              }
+              vector.transfer_write %s_acc, %s_tile[%h0, %c0] {in_bounds = [true, true]}
+                  : vector<${CPU_SROWS}x${BS}xf32>, memref<${HPG}x${BS}xf32>
+              %dp_acc = scf.for %e = %c0 to %value_dim step %c1 iter_args(%da = %zero_s) -> (vector<${CPU_SROWS}x${BS}xf32>) {
+                %doe = vector.load %doT[%c, %e, %h0] : memref<?x${DV}x${HPG}xf32>, vector<${CPU_SROWS}xf32>
+                %vals = vector.load %vT[%f, %e, %c0] : memref<?x${DV}x${BS}x${E}>, vector<${BS}x${E}>
+                %vals32 = ${EXTF} %vals : vector<${BS}x${E}> to vector<${BS}xf32>
+                %da_new = vector.outerproduct %doe, %vals32, %da : vector<${CPU_SROWS}xf32>, vector<${BS}xf32>
+                scf.yield %da_new : vector<${CPU_SROWS}x${BS}xf32>
+              }
+              vector.transfer_write %dp_acc, %dp_tile[%h0, %c0] {in_bounds = [true, true]}
+                  : vector<${CPU_SROWS}x${BS}xf32>, memref<${HPG}x${BS}xf32>
+            }
+            // P = w * exp(S - lse) on visible keys (0 elsewhere, never NaN), DS = P * (dP - delta): in place.
+            %w_v = vector.broadcast %w : f32 to vector<${BS}xf32>
+            scf.for %h = %c0 to %heads_per_group step %c1 {
+              %head = arith.addi %h_first, %h : index
+              %l = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
+              %dl = memref.load %delta[%b, %m, %head] : memref<?x?x${H}xf32>
+              %l_v = vector.broadcast %l : f32 to vector<${BS}xf32>
+              %dl_v = vector.broadcast %dl : f32 to vector<${BS}xf32>
+              %s = vector.load %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+              %shifted = arith.subf %s, %l_v : vector<${BS}xf32>
+              %e_s = math.exp %shifted : vector<${BS}xf32>
+              %weighted = arith.mulf %w_v, %e_s : vector<${BS}xf32>
+              %p = arith.select %key_mask, %weighted, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
+              %dp = vector.load %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+              %dp_minus_delta = arith.subf %dp, %dl_v : vector<${BS}xf32>
+              // Masked keys get exactly 0 (not 0 * dP: a future key's V row may hold an Inf or NaN).
+              %ds_all = arith.mulf %p, %dp_minus_delta : vector<${BS}xf32>
+              %ds = arith.select %key_mask, %ds_all, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
+              vector.store %p, %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+              vector.store %ds, %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+            }
+            // dv[j, :] += sum_h P[h, j] do[h, :] and dk[j, :] += sum_h DS[h, j] q[h, :] over the visible keys,
+            // CPU_KROWS keys times CPU_VCOLS (CPU_KCOLS) elements per register block.
+            scf.for %j0 = %c0 to %visible step %keys_step {
+              scf.for %e0 = %c0 to %value_dim step %vcols_step {
+                %col = arith.addi %head_dim, %e0 : index
+                %old = vector.transfer_read %acc[%f, %j0, %col], %zero {in_bounds = [true, true]}
+                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
+                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_VCOLS}xf32>) {
+                  %head = arith.addi %h_first, %h : index
+                  %pj = vector.load %s_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
+                  %dor = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${CPU_VCOLS}x${E}>
+                  %dor32 = ${EXTF} %dor : vector<${CPU_VCOLS}x${E}> to vector<${CPU_VCOLS}xf32>
+                  %a_new = vector.outerproduct %pj, %dor32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_VCOLS}xf32>
+                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
+                }
+                vector.transfer_write %new, %acc[%f, %j0, %col] {in_bounds = [true, true]}
+                    : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
+              }
+              scf.for %d0 = %c0 to %head_dim step %kcols_step {
+                %old = vector.transfer_read %acc[%f, %j0, %d0], %zero {in_bounds = [true, true]}
+                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
+                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_KCOLS}xf32>) {
+                  %head = arith.addi %h_first, %h : index
+                  %dsj = vector.load %dp_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
+                  %qr = vector.load %q[%b, %m, %head, %d0] : memref<?x?x${H}x${D}x${E}>, vector<${CPU_KCOLS}x${E}>
+                  %qr32 = ${EXTF} %qr : vector<${CPU_KCOLS}x${E}> to vector<${CPU_KCOLS}xf32>
+                  %a_new = vector.outerproduct %dsj, %qr32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_KCOLS}xf32>
+                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
+                }
+                vector.transfer_write %new, %acc[%f, %j0, %d0] {in_bounds = [true, true]}
+                    : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
+              }
+            }
+          }
+        }
+      }
+
+      // dk = scale * acc[:, :D], dv = acc[:, D:] for the block's keys below N, in the input type.
+      %scale_bits = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(4) : i32
+      %scale = arith.bitcast %scale_bits : i32 to f32
+      %n_in_block = arith.subi %n, %key0 : index
+      %keys_here = arith.minsi %n_in_block, %block_size : index
+      scf.for %j = %c0 to %keys_here step %c1 {
+        %key = arith.addi %key0, %j : index
+        scf.for %d = %c0 to %head_dim step %c1 {
+          %x = memref.load %acc[%f, %j, %d] : memref<?x${BS}x${CPU_DKV}xf32>
+          %x_scaled = arith.mulf %x, %scale : f32
+          %x_e = ${TRUNCF} %x_scaled : f32 to ${E}
+          memref.store %x_e, %dk[%b, %key, %g, %d] : memref<?x?x${G}x${D}x${E}>
+        }
+        scf.for %e = %c0 to %value_dim step %c1 {
+          %col = arith.addi %head_dim, %e : index
+          %x = memref.load %acc[%f, %j, %col] : memref<?x${BS}x${CPU_DKV}xf32>
+          %x_e = ${TRUNCF} %x : f32 to ${E}
+          memref.store %x_e, %dv[%b, %key, %g, %e] : memref<?x?x${G}x${DV}x${E}>
+        }
+      }
+      return
+    }
+  }
+}
+
+func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
+    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 0 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %kv_heads = arith.constant ${G} : index
+  %block_size = arith.constant ${BS} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
+  %num_blocks = arith.ceildivui %n, %block_size : index
+  %bg_count = arith.muli %batch, %kv_heads : index
+  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+  %rows_total = arith.muli %batch, %m_rows : index
+  %row_groups = arith.muli %rows_total, %kv_heads : index
+
+  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
+      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+  // q (scaled) and do per row group with the heads innermost, in f32: qT[c, d, h] = scale * q[b, m, g*HPG + h, d].
+  %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
+      : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
+  %qT_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${D}x${HPG}xf32>
+  %qT_grouped = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, d, h) -> (b, m, g, h, d)>, affine_map<(b, m, g, d, h) -> (b, m, g, d, h)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
+      ins(%q_grouped : tensor<?x?x${G}x${HPG}x${D}x${E}>) outs(%qT_init : tensor<?x?x${G}x${D}x${HPG}xf32>) {
+  ^bb0(%x: ${E}, %out: f32):
+    %x32 = ${EXTF} %x : ${E} to f32
+    %scaled = arith.mulf %x32, %scale : f32
+    linalg.yield %scaled : f32
+  } -> tensor<?x?x${G}x${D}x${HPG}xf32>
+  %qT = tensor.collapse_shape %qT_grouped [[0, 1, 2], [3], [4]]
+      : tensor<?x?x${G}x${D}x${HPG}xf32> into tensor<?x${D}x${HPG}xf32>
+  %do_grouped = tensor.expand_shape %do [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${DV}]
+      : tensor<?x?x${H}x${DV}x${E}> into tensor<?x?x${G}x${HPG}x${DV}x${E}>
+  %doT_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${DV}x${HPG}xf32>
+  %doT_grouped = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, e, h) -> (b, m, g, h, e)>, affine_map<(b, m, g, e, h) -> (b, m, g, e, h)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
+      ins(%do_grouped : tensor<?x?x${G}x${HPG}x${DV}x${E}>) outs(%doT_init : tensor<?x?x${G}x${DV}x${HPG}xf32>) {
+  ^bb0(%x: ${E}, %out: f32):
+    %x32 = ${EXTF} %x : ${E} to f32
+    linalg.yield %x32 : f32
+  } -> tensor<?x?x${G}x${DV}x${HPG}xf32>
+  %doT = tensor.collapse_shape %doT_grouped [[0, 1, 2], [3], [4]]
+      : tensor<?x?x${G}x${DV}x${HPG}xf32> into tensor<?x${DV}x${HPG}xf32>
+
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %pieces_i32 = arith.index_cast %pieces : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %scratch, %dk, %dv = flow.dispatch @selection_attention_dkdv_cpu_exe::@selection_attention_dkdv_cpu_block[%num_blocks, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %pieces_i32, %scale_bits, %q, %do, %qT, %doT, %key_blocks_t, %value_blocks_t,
+      %block_indices, %lse, %delta, %entries, %piece_start, %piece_count)
+      : (i32, i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows},
+         tensor<?x${D}x${HPG}xf32>{%row_groups}, tensor<?x${DV}x${HPG}xf32>{%row_groups},
+         tensor<?x${D}x${BS}x${E}>{%flat_blocks}, tensor<?x${DV}x${BS}x${E}>{%flat_blocks},
+         tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
+         tensor<?x?x${H}xf32>{%batch, %m_rows}, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces},
+         tensor<?xi32>{%flat_blocks}, tensor<?xi32>{%flat_blocks})
+      -> (tensor<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+          tensor<?x?x${G}x${DV}x${E}>{%batch, %n})
+  return %dk, %dv : tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+}

@@ -1,0 +1,234 @@
+// dq pass on CPUs: one hand-written dispatch, one work item per (query row m, kv group g, batch b), the
+// layout of forward_cpu.mlir (vectors along the group's HPG heads). For every selected block:
+//   sT[j, :]  = sum_d kT[d, key j] * qT[d, :]          (qT = scale * q, transposed once per row)
+//   p         = exp(sT - lse)
+//   dpT[j, :] = sum_e vT[e, key j] * doT[e, :]         (doT = do, transposed once per row)
+//   ds        = p * (dp - delta)
+//   dqT[d, :] += k[key j, d] * ds[j, :]                 (CPU_DCOLS elements of d at a time, in registers)
+// and dq = scale * dqT, written once. f32 throughout; bf16 and f16 inputs are extended as they are loaded.
+// Skipped slots are never read, only keys <= pos(m) are, a block listed twice counts twice; a row without
+// visible keys gets dq = 0.
+
+#dq_cpu_layout = #hal.pipeline.layout<constants = 4, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // value_blocks_t [B * G * NB, Dv, BS]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
+]>
+
+hal.executable.source private @selection_attention_dq_cpu_exe {
+  hal.executable.export public @selection_attention_dq_cpu_row ordinal(0) layout(#dq_cpu_layout)
+      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
+    hal.return %m_rows, %kv_heads, %batch : index, index, index
+  } <workgroup_size = [1 : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_dq_cpu_row() {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %zero = arith.constant 0.0 : f32
+      %pad = arith.constant 0.0 : ${E}
+      %heads_per_group = arith.constant ${HPG} : index
+      %head_dim = arith.constant ${D} : index
+      %value_dim = arith.constant ${DV} : index
+      %block_size = arith.constant ${BS} : index
+      %slots = arith.constant ${T} : index
+      %kv_heads = arith.constant ${G} : index
+      %rows_step = arith.constant ${CPU_ROWS} : index
+      %dcols_step = arith.constant ${CPU_DCOLS} : index
+      %cols_step = arith.constant ${CPU_COLS} : index
+      %zero_h = arith.constant dense<0.0> : vector<${HPG}xf32>
+      %zero_rows = arith.constant dense<0.0> : vector<${CPU_ROWS}x${HPG}xf32>
+
+      %m = hal.interface.workgroup.id[0] : index
+      %g = hal.interface.workgroup.id[1] : index
+      %b = hal.interface.workgroup.id[2] : index
+      %batch_i32 = hal.interface.constant.load layout(#dq_cpu_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#dq_cpu_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#dq_cpu_layout) ordinal(2) : i32
+      %scale_bits = hal.interface.constant.load layout(#dq_cpu_layout) ordinal(3) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %scale = arith.bitcast %scale_bits : i32 to f32
+      %num_blocks = arith.ceildivui %n, %block_size : index
+      %bg_count = arith.muli %batch, %kv_heads : index
+      %flat_blocks = arith.muli %bg_count, %num_blocks : index
+
+      %q = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+      %kT = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${D}x${BS}x${E}>{%flat_blocks}
+      %vT = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${DV}x${BS}x${E}>{%flat_blocks}
+      %k = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${D}x${E}>{%batch, %n}
+      %block_indices = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+      %delta = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}xf32>{%batch, %m_rows}
+      %do = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(7) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
+      %dq = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(8) alignment(64) offset(%c0)
+          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+
+      %qT = memref.alloca() : memref<${D}x${HPG}xf32>
+      %doT = memref.alloca() : memref<${DV}x${HPG}xf32>
+      %dqT = memref.alloca() : memref<${D}x${HPG}xf32>
+      %sT = memref.alloca() : memref<${BS}x${HPG}xf32>
+      %dpT = memref.alloca() : memref<${BS}x${HPG}xf32>
+
+      %h0 = arith.muli %g, %heads_per_group : index
+      %scale_h = vector.broadcast %scale : f32 to vector<${HPG}xf32>
+      %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
+      scf.for %d0 = %c0 to %head_dim step %dcols_step {
+        %rows = vector.transfer_read %q[%b, %m, %h0, %d0], %pad
+            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, d) -> (h, d)>}
+            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${CPU_DCOLS}x${E}>
+        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_DCOLS}x${E}> to vector<${HPG}x${CPU_DCOLS}xf32>
+        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_DCOLS}xf32> to vector<${CPU_DCOLS}x${HPG}xf32>
+        %scaled = arith.mulf %cols, %scale_tile : vector<${CPU_DCOLS}x${HPG}xf32>
+        vector.transfer_write %scaled, %qT[%d0, %c0] {in_bounds = [true, true]}
+            : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
+      }
+      scf.for %d = %c0 to %head_dim step %c1 {
+        vector.store %zero_h, %dqT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
+      }
+      scf.for %e0 = %c0 to %value_dim step %cols_step {
+        %rows = vector.transfer_read %do[%b, %m, %h0, %e0], %pad
+            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, e) -> (h, e)>}
+            : memref<?x?x${H}x${DV}x${E}>, vector<${HPG}x${CPU_COLS}x${E}>
+        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_COLS}x${E}> to vector<${HPG}x${CPU_COLS}xf32>
+        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_COLS}xf32> to vector<${CPU_COLS}x${HPG}xf32>
+        vector.transfer_write %cols, %doT[%e0, %c0] {in_bounds = [true, true]}
+            : vector<${CPU_COLS}x${HPG}xf32>, memref<${DV}x${HPG}xf32>
+      }
+      %lse_h = vector.transfer_read %lse[%b, %h0, %m], %zero
+          {in_bounds = [true], permutation_map = affine_map<(b, h, m) -> (h)>}
+          : memref<?x${H}x?xf32>, vector<${HPG}xf32>
+      %delta_h = vector.load %delta[%b, %m, %h0] : memref<?x?x${H}xf32>, vector<${HPG}xf32>
+
+      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
+      %offset = arith.subi %n, %m_rows : index
+      %pos = arith.addi %m, %offset : index
+      %last_visible = arith.floordivsi %pos, %block_size : index
+      scf.for %t = %c0 to %slots step %c1 {
+        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+        %block = arith.index_cast %block_i32 : i32 to index
+        %not_negative = arith.cmpi sge, %block, %c0 : index
+        %not_future = arith.cmpi sle, %block, %last_visible : index
+        %selected = arith.andi %not_negative, %not_future : i1
+        scf.if %selected {
+          %key0 = arith.muli %block, %block_size : index
+          %bg = arith.muli %b, %kv_heads : index
+          %bg_g = arith.addi %bg, %g : index
+          %f0 = arith.muli %bg_g, %num_blocks : index
+          %f = arith.addi %f0, %block : index
+          // Keys key0 .. key0 + visible - 1 are visible: the whole block, or up to pos(m) in the diagonal one.
+          %to_pos = arith.subi %pos, %key0 : index
+          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
+          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+          %ragged = arith.remui %visible, %rows_step : index
+          %full = arith.subi %visible, %ragged : index
+// part: cpu_scores
+          // dpT[j, :] = sum_e vT[f, e, j] * doT[e, :], as the scores.
+          scf.for %j0 = %c0 to %full step %rows_step {
+            %acc = scf.for %e = %c0 to %value_dim step %c1 iter_args(%acc = %zero_rows) -> (vector<${CPU_ROWS}x${HPG}xf32>) {
+              %vals = vector.load %vT[%f, %e, %j0] : memref<?x${DV}x${BS}x${E}>, vector<${CPU_ROWS}x${E}>
+              %vals32 = ${EXTF} %vals : vector<${CPU_ROWS}x${E}> to vector<${CPU_ROWS}xf32>
+              %doe = vector.load %doT[%e, %c0] : memref<${DV}x${HPG}xf32>, vector<${HPG}xf32>
+              %acc_new = vector.outerproduct %vals32, %doe, %acc : vector<${CPU_ROWS}xf32>, vector<${HPG}xf32>
+              scf.yield %acc_new : vector<${CPU_ROWS}x${HPG}xf32>
+            }
+            vector.transfer_write %acc, %dpT[%j0, %c0] {in_bounds = [true, true]}
+                : vector<${CPU_ROWS}x${HPG}xf32>, memref<${BS}x${HPG}xf32>
+          }
+          scf.for %j = %full to %visible step %c1 {
+            %acc = scf.for %e = %c0 to %value_dim step %c1 iter_args(%acc = %zero_h) -> (vector<${HPG}xf32>) {
+              %x = memref.load %vT[%f, %e, %j] : memref<?x${DV}x${BS}x${E}>
+              %x32 = ${EXTF} %x : ${E} to f32
+              %xs = vector.broadcast %x32 : f32 to vector<${HPG}xf32>
+              %doe = vector.load %doT[%e, %c0] : memref<${DV}x${HPG}xf32>, vector<${HPG}xf32>
+              %acc_new = vector.fma %xs, %doe, %acc : vector<${HPG}xf32>
+              scf.yield %acc_new : vector<${HPG}xf32>
+            }
+            vector.store %acc, %dpT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
+          }
+          // ds = exp(s - lse) * (dp - delta), into dpT.
+          scf.for %j = %c0 to %visible step %c1 {
+            %s = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
+            %shifted = arith.subf %s, %lse_h : vector<${HPG}xf32>
+            %p = math.exp %shifted : vector<${HPG}xf32>
+            %dp = vector.load %dpT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
+            %dp_minus_delta = arith.subf %dp, %delta_h : vector<${HPG}xf32>
+            %ds = arith.mulf %p, %dp_minus_delta : vector<${HPG}xf32>
+            vector.store %ds, %dpT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
+          }
+          // dqT[d, :] += sum_j k[key0 + j, d] * ds[j, :], CPU_DCOLS elements of d at a time.
+          scf.for %d0 = %c0 to %head_dim step %dcols_step {
+            %dq_old = vector.transfer_read %dqT[%d0, %c0], %zero {in_bounds = [true, true]}
+                : memref<${D}x${HPG}xf32>, vector<${CPU_DCOLS}x${HPG}xf32>
+            %dq_new = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %dq_old) -> (vector<${CPU_DCOLS}x${HPG}xf32>) {
+              %key = arith.addi %key0, %j : index
+              %keys = vector.load %k[%b, %key, %g, %d0] : memref<?x?x${G}x${D}x${E}>, vector<${CPU_DCOLS}x${E}>
+              %keys32 = ${EXTF} %keys : vector<${CPU_DCOLS}x${E}> to vector<${CPU_DCOLS}xf32>
+              %ds = vector.load %dpT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
+              %acc_new = vector.outerproduct %keys32, %ds, %acc : vector<${CPU_DCOLS}xf32>, vector<${HPG}xf32>
+              scf.yield %acc_new : vector<${CPU_DCOLS}x${HPG}xf32>
+            }
+            vector.transfer_write %dq_new, %dqT[%d0, %c0] {in_bounds = [true, true]}
+                : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
+          }
+        }
+      }
+
+      scf.for %d = %c0 to %head_dim step %c1 {
+        %acc = vector.load %dqT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
+        %out = arith.mulf %acc, %scale_h : vector<${HPG}xf32>
+        %out_e = ${TRUNCF} %out : vector<${HPG}xf32> to vector<${HPG}x${E}>
+        vector.transfer_write %out_e, %dq[%b, %m, %h0, %d]
+            {in_bounds = [true], permutation_map = affine_map<(b, m, h, d) -> (h)>}
+            : vector<${HPG}x${E}>, memref<?x?x${H}x${D}x${E}>
+      }
+      return
+    }
+  }
+}
+
+func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
+    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %kv_heads = arith.constant ${G} : index
+  %block_size = arith.constant ${BS} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %num_blocks = arith.ceildivui %n, %block_size : index
+  %bg_count = arith.muli %batch, %kv_heads : index
+  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
+      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+  %dq = flow.dispatch @selection_attention_dq_cpu_exe::@selection_attention_dq_cpu_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %key_blocks_t, %value_blocks_t, %k, %block_indices, %lse,
+      %delta, %do)
+      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x${D}x${BS}x${E}>{%flat_blocks},
+         tensor<?x${DV}x${BS}x${E}>{%flat_blocks}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+         tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
+         tensor<?x?x${H}xf32>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows})
+      -> tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+  return %dq : tensor<?x?x${H}x${D}x${E}>
+}

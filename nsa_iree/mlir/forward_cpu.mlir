@@ -1,0 +1,220 @@
+// Forward on CPUs: one hand-written dispatch, one work item per (query row m, kv group g, batch b), one pass
+// over the row's selected blocks with an online softmax (the running max and sum per head).
+//
+// Vectors run along the HPG heads of the group (vector<HPG x f32>), which share every key of the row's
+// blocks, so nothing is transposed per block:
+//   qT[d, :]  = scale * q[b, m, heads, d]           (the row's q, transposed once, on the stack)
+//   sT[j, :] += kT[d, key j] * qT[d, :]              (a broadcast key element times a vector of heads: FMAs,
+//                                                    CPU_ROWS keys at a time, their vectors held in registers;
+//                                                    kT: the K blocks transposed by mlir/cpu_blocks.mlir)
+//   pT[j, :]  = exp(sT[j, :] - max)                  (in place)
+//   oT[e, :] += v[key j, e] * pT[j, :]               (CPU_COLS value elements at a time)
+// The per-block max and sum are plain vector maxima and sums over the block's keys. f32 throughout; bf16 and
+// f16 inputs are extended as they are loaded.
+//
+// Skipped slots (i < 0, i * BS > pos(m), which covers i * BS >= N since pos(m) < N) are never read. Inside
+// the diagonal block only keys <= pos(m) are read. A block listed twice is processed twice (multiplicity).
+// A row with no visible key gets o = 0 and lse = -inf.
+
+#fwd_cpu_layout = #hal.pipeline.layout<constants = 4, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
+  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
+  #hal.pipeline.binding<storage_buffer>,            // o [B, M, H, Dv]
+  #hal.pipeline.binding<storage_buffer>             // lse [B, H, M] f32
+]>
+
+hal.executable.source private @selection_attention_fwd_cpu_exe {
+  hal.executable.export public @selection_attention_fwd_cpu_row ordinal(0) layout(#fwd_cpu_layout)
+      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
+    hal.return %m_rows, %kv_heads, %batch : index, index, index
+  } <workgroup_size = [1 : index, 1 : index, 1 : index]>
+  builtin.module {
+    func.func @selection_attention_fwd_cpu_row() {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %neg_inf = arith.constant 0xFF800000 : f32
+      %pad = arith.constant 0.0 : ${E}
+      %heads_per_group = arith.constant ${HPG} : index
+      %head_dim = arith.constant ${D} : index
+      %value_dim = arith.constant ${DV} : index
+      %block_size = arith.constant ${BS} : index
+      %slots = arith.constant ${T} : index
+      %kv_heads = arith.constant ${G} : index
+      %rows_step = arith.constant ${CPU_ROWS} : index
+      %dcols_step = arith.constant ${CPU_DCOLS} : index
+      %cols_step = arith.constant ${CPU_COLS} : index
+      %zero_h = arith.constant dense<0.0> : vector<${HPG}xf32>
+      %neg_inf_h = arith.constant dense<0xFF800000> : vector<${HPG}xf32>
+      %zero_rows = arith.constant dense<0.0> : vector<${CPU_ROWS}x${HPG}xf32>
+
+      %m = hal.interface.workgroup.id[0] : index
+      %g = hal.interface.workgroup.id[1] : index
+      %b = hal.interface.workgroup.id[2] : index
+      %batch_i32 = hal.interface.constant.load layout(#fwd_cpu_layout) ordinal(0) : i32
+      %m_rows_i32 = hal.interface.constant.load layout(#fwd_cpu_layout) ordinal(1) : i32
+      %n_i32 = hal.interface.constant.load layout(#fwd_cpu_layout) ordinal(2) : i32
+      %scale_bits = hal.interface.constant.load layout(#fwd_cpu_layout) ordinal(3) : i32
+      %batch = arith.index_castui %batch_i32 : i32 to index
+      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
+      %n = arith.index_castui %n_i32 : i32 to index
+      %scale = arith.bitcast %scale_bits : i32 to f32
+
+      %q = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+      %num_blocks = arith.ceildivui %n, %block_size : index
+      %bg_count = arith.muli %batch, %kv_heads : index
+      %flat_blocks = arith.muli %bg_count, %num_blocks : index
+      %kT = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x${D}x${BS}x${E}>{%flat_blocks}
+      %v = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${DV}x${E}>{%batch, %n}
+      %block_indices = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
+          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
+      %o = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(4) alignment(64) offset(%c0)
+          : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
+      %lse = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(5) alignment(64) offset(%c0)
+          : memref<?x${H}x?xf32>{%batch, %m_rows}
+
+      %qT = memref.alloca() : memref<${D}x${HPG}xf32>
+      %oT = memref.alloca() : memref<${DV}x${HPG}xf32>
+      %sT = memref.alloca() : memref<${BS}x${HPG}xf32>
+
+      %h0 = arith.muli %g, %heads_per_group : index
+      %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
+      scf.for %d0 = %c0 to %head_dim step %dcols_step {
+        %rows = vector.transfer_read %q[%b, %m, %h0, %d0], %pad
+            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, d) -> (h, d)>}
+            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${CPU_DCOLS}x${E}>
+        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_DCOLS}x${E}> to vector<${HPG}x${CPU_DCOLS}xf32>
+        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_DCOLS}xf32> to vector<${CPU_DCOLS}x${HPG}xf32>
+        %scaled = arith.mulf %cols, %scale_tile : vector<${CPU_DCOLS}x${HPG}xf32>
+        vector.transfer_write %scaled, %qT[%d0, %c0] {in_bounds = [true, true]}
+            : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
+      }
+      scf.for %e = %c0 to %value_dim step %c1 {
+        vector.store %zero_h, %oT[%e, %c0] : memref<${DV}x${HPG}xf32>, vector<${HPG}xf32>
+      }
+
+      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
+      %offset = arith.subi %n, %m_rows : index
+      %pos = arith.addi %m, %offset : index
+      %last_visible = arith.floordivsi %pos, %block_size : index
+      %m_final, %l_final = scf.for %t = %c0 to %slots step %c1
+          iter_args(%m_run = %neg_inf_h, %l_run = %zero_h) -> (vector<${HPG}xf32>, vector<${HPG}xf32>) {
+        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+        %block = arith.index_cast %block_i32 : i32 to index
+        %not_negative = arith.cmpi sge, %block, %c0 : index
+        %not_future = arith.cmpi sle, %block, %last_visible : index
+        %selected = arith.andi %not_negative, %not_future : i1
+        %m_next, %l_next = scf.if %selected -> (vector<${HPG}xf32>, vector<${HPG}xf32>) {
+          %key0 = arith.muli %block, %block_size : index
+          %bg = arith.muli %b, %kv_heads : index
+          %bg_g = arith.addi %bg, %g : index
+          %f0 = arith.muli %bg_g, %num_blocks : index
+          %f = arith.addi %f0, %block : index
+          // Keys key0 .. key0 + visible - 1 are visible: the whole block, or up to pos(m) in the diagonal one.
+          %to_pos = arith.subi %pos, %key0 : index
+          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
+          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+          %ragged = arith.remui %visible, %rows_step : index
+          %full = arith.subi %visible, %ragged : index
+// part: cpu_scores
+          %mx = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %neg_inf_h) -> (vector<${HPG}xf32>) {
+            %s = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
+            %bigger = arith.maximumf %acc, %s : vector<${HPG}xf32>
+            scf.yield %bigger : vector<${HPG}xf32>
+          }
+          %m_new = arith.maximumf %m_run, %mx : vector<${HPG}xf32>
+          // exp(-inf - m_new) = 0 for the first block; m_new is finite (the block has a visible key).
+          %shift = arith.subf %m_run, %m_new : vector<${HPG}xf32>
+          %alpha = math.exp %shift : vector<${HPG}xf32>
+          %l_block = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %zero_h) -> (vector<${HPG}xf32>) {
+            %s = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
+            %shifted = arith.subf %s, %m_new : vector<${HPG}xf32>
+            %p = math.exp %shifted : vector<${HPG}xf32>
+            vector.store %p, %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
+            %sum = arith.addf %acc, %p : vector<${HPG}xf32>
+            scf.yield %sum : vector<${HPG}xf32>
+          }
+          %l_scaled = arith.mulf %l_run, %alpha : vector<${HPG}xf32>
+          %l_new = arith.addf %l_scaled, %l_block : vector<${HPG}xf32>
+          %alpha_cols = vector.broadcast %alpha : vector<${HPG}xf32> to vector<${CPU_COLS}x${HPG}xf32>
+          scf.for %e0 = %c0 to %value_dim step %cols_step {
+            %o_old = vector.transfer_read %oT[%e0, %c0], %zero {in_bounds = [true, true]}
+                : memref<${DV}x${HPG}xf32>, vector<${CPU_COLS}x${HPG}xf32>
+            %o_rescaled = arith.mulf %o_old, %alpha_cols : vector<${CPU_COLS}x${HPG}xf32>
+            %o_new = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %o_rescaled) -> (vector<${CPU_COLS}x${HPG}xf32>) {
+              %key = arith.addi %key0, %j : index
+              %vals = vector.load %v[%b, %key, %g, %e0] : memref<?x?x${G}x${DV}x${E}>, vector<${CPU_COLS}x${E}>
+              %vals32 = ${EXTF} %vals : vector<${CPU_COLS}x${E}> to vector<${CPU_COLS}xf32>
+              %p = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
+              %acc_new = vector.outerproduct %vals32, %p, %acc : vector<${CPU_COLS}xf32>, vector<${HPG}xf32>
+              scf.yield %acc_new : vector<${CPU_COLS}x${HPG}xf32>
+            }
+            vector.transfer_write %o_new, %oT[%e0, %c0] {in_bounds = [true, true]}
+                : vector<${CPU_COLS}x${HPG}xf32>, memref<${DV}x${HPG}xf32>
+          }
+          scf.yield %m_new, %l_new : vector<${HPG}xf32>, vector<${HPG}xf32>
+        } else {
+          scf.yield %m_run, %l_run : vector<${HPG}xf32>, vector<${HPG}xf32>
+        }
+        scf.yield %m_next, %l_next : vector<${HPG}xf32>, vector<${HPG}xf32>
+      }
+
+      // o = oT / sum (0 for a row without visible keys), lse = max + log(sum) (-inf there).
+      %empty_row = arith.cmpf oeq, %l_final, %zero_h : vector<${HPG}xf32>
+      %one_h = vector.broadcast %one : f32 to vector<${HPG}xf32>
+      %inverse = arith.divf %one_h, %l_final : vector<${HPG}xf32>
+      %weight = arith.select %empty_row, %zero_h, %inverse : vector<${HPG}xi1>, vector<${HPG}xf32>
+      scf.for %e = %c0 to %value_dim step %c1 {
+        %acc = vector.load %oT[%e, %c0] : memref<${DV}x${HPG}xf32>, vector<${HPG}xf32>
+        %out = arith.mulf %acc, %weight : vector<${HPG}xf32>
+        %out_e = ${TRUNCF} %out : vector<${HPG}xf32> to vector<${HPG}x${E}>
+        vector.transfer_write %out_e, %o[%b, %m, %h0, %e]
+            {in_bounds = [true], permutation_map = affine_map<(b, m, h, e) -> (h)>}
+            : vector<${HPG}x${E}>, memref<?x?x${H}x${DV}x${E}>
+      }
+      %log_sum = math.log %l_final : vector<${HPG}xf32>
+      %lse_rows = arith.addf %m_final, %log_sum : vector<${HPG}xf32>
+      %lse_h = arith.select %empty_row, %neg_inf_h, %lse_rows : vector<${HPG}xi1>, vector<${HPG}xf32>
+      vector.transfer_write %lse_h, %lse[%b, %h0, %m]
+          {in_bounds = [true], permutation_map = affine_map<(b, h, m) -> (h)>}
+          : vector<${HPG}xf32>, memref<?x${H}x?xf32>
+      return
+    }
+  }
+}
+
+func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
+    %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
+    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %kv_heads = arith.constant ${G} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+  %scale_bits = arith.bitcast %scale : f32 to i32
+  %block_size = arith.constant ${BS} : index
+  %num_blocks = arith.ceildivui %n, %block_size : index
+  %bg_count = arith.muli %batch, %kv_heads : index
+  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
+      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+  %o, %lse = flow.dispatch @selection_attention_fwd_cpu_exe::@selection_attention_fwd_cpu_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %key_blocks_t, %v, %block_indices)
+      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x${D}x${BS}x${E}>{%flat_blocks},
+         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows})
+      -> (tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows})
+  return %o, %lse : tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>
+}
