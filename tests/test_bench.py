@@ -140,3 +140,27 @@ def test_torch_eager_baseline_matches_the_reference(case):
         assert relative_rms_error(a.grad, b.grad) < 1e-12
     if case == "rows_without_keys":
         assert torch.all(o[:, :5] == 0) and torch.all(leaves[0].grad[:, :5] == 0)
+
+
+def test_atomics_issued_counts_every_visible_key_of_every_selected_slot():
+    """bench.kernel_checks.atomics_issued (the one-pass floor's numerator) against a plain loop: slots past the
+    row's position, negative and past-the-end ones add nothing, a slot listed twice adds twice, the diagonal
+    block adds only the keys up to the row, M < N shifts the rows to the end."""
+    from bench.kernel_checks import atomics_issued
+
+    gen = torch.Generator().manual_seed(0)
+    batch, m_rows, n, groups, slots, bs, dims = 2, 150, 230, 2, 5, 16, 7
+    nb = -(-n // bs)
+    idx = torch.randint(-2, nb + 3, (batch, m_rows, groups, slots), generator=gen, dtype=torch.int32)
+    idx[:, :, :, 1] = idx[:, :, :, 0]                         # duplicates
+    expected = 0
+    for b in range(batch):
+        for m in range(m_rows):
+            pos = m + n - m_rows
+            for g in range(groups):
+                for t in range(slots):
+                    i = int(idx[b, m, g, t])
+                    if i >= 0 and i * bs <= pos:
+                        expected += min(pos - i * bs + 1, bs) * dims
+    assert expected > 0
+    assert atomics_issued(idx, m_rows, n, bs, dims) == expected
