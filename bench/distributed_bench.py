@@ -240,41 +240,41 @@ def peak(r: Rank, fn):
     return torch.cuda.max_memory_allocated() / 1e9, sampled.peak / 1e9
 
 
+def timed_attention(r: Rank, call, attend, q, k, v, do, idx, repeats):
+    """Peak memory of one step, the forward (no autograd) and the backward of `call` / `attend` (one_gpu /
+    nsa_iree.selection_attention, or sharded / distributed.selection_attention): (peaks, fwd (ms, per rank),
+    bwd (ms, per rank), leaves, o, bwd)."""
+    peaks = r.gather(peak(r, lambda: step(call, q, k, v, do, idx)))
+
+    def fwd():
+        with torch.no_grad():
+            attend(q, k, v, idx, S.cfg["block_size"])
+    leaves, o = call(q, k, v, do, idx)
+
+    def bwd():
+        torch.autograd.grad(o, leaves, do, retain_graph=True)
+    return peaks, r.timed(fwd, repeats), r.timed(bwd, repeats), leaves, o, bwd
+
+
 def measure(r: Rank, seq: int, repeats: int) -> dict:
     row = {"seq": seq, "ranks": r.size}
     q, k, v, do, idx = same_problem(r, seq)
     r.log(f"{seq}: problem drawn; one GPU (each rank on its own GPU, side by side)")
 
     # One GPU, the whole sequence.
-    row["one_gpu_peak_gb"] = r.gather(peak(r, lambda: step(one_gpu, q, k, v, do, idx)))
-
-    def fwd1():
-        with torch.no_grad():
-            nsa_iree.selection_attention(q, k, v, idx, S.cfg["block_size"])
-    leaves, o = one_gpu(q, k, v, do, idx)
-
-    def bwd1():
-        torch.autograd.grad(o, leaves, do, retain_graph=True)
-    row["one_gpu_fwd_ms"], row["one_gpu_fwd_ms_per_rank"] = r.timed(fwd1, repeats)
-    row["one_gpu_bwd_ms"], row["one_gpu_bwd_ms_per_rank"] = r.timed(bwd1, repeats)
+    (row["one_gpu_peak_gb"], (row["one_gpu_fwd_ms"], row["one_gpu_fwd_ms_per_rank"]),
+     (row["one_gpu_bwd_ms"], row["one_gpu_bwd_ms_per_rank"]), leaves, o, _) = timed_attention(
+        r, one_gpu, nsa_iree.selection_attention, q, k, v, do, idx, repeats)
     whole = [chunk(t) for t in (o.detach(), *torch.autograd.grad(o, leaves, do))]
     r.log(f"{seq}: one GPU fwd {row['one_gpu_fwd_ms']:.2f} ms, bwd {row['one_gpu_bwd_ms']:.2f} ms")
 
     # Sharded: this rank's chunk only.
     q, k, v, do, idx = (chunk(t) for t in (q, k, v, do, idx))
-    del leaves, o, fwd1, bwd1
+    del leaves, o
     free_cache()
-    row["peak_gb"] = r.gather(peak(r, lambda: step(sharded, q, k, v, do, idx)))
-
-    def fwd():
-        with torch.no_grad():
-            distributed.selection_attention(q, k, v, idx, S.cfg["block_size"])
-    leaves, o = sharded(q, k, v, do, idx)
-
-    def bwd():
-        torch.autograd.grad(o, leaves, do, retain_graph=True)
-    row["fwd_ms"], row["fwd_ms_per_rank"] = r.timed(fwd, repeats)
-    row["bwd_ms"], row["bwd_ms_per_rank"] = r.timed(bwd, repeats)        # the default (distributed.OVERLAP_BACKWARD)
+    (row["peak_gb"], (row["fwd_ms"], row["fwd_ms_per_rank"]), (row["bwd_ms"], row["bwd_ms_per_rank"]),
+     leaves, o, bwd) = timed_attention(r, sharded, distributed.selection_attention, q, k, v, do, idx, repeats)
+    # row["bwd_ms"] is the default (distributed.OVERLAP_BACKWARD); both ways below.
     default = distributed.OVERLAP_BACKWARD
     try:
         distributed.OVERLAP_BACKWARD = True

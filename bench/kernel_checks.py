@@ -1,9 +1,8 @@
 """Hand-written kernels against the linalg stages they replace, on the GPU.
 
-    python3 -m bench.kernel_checks check        # every case: custom dq, dk, dv vs linalg vs the f64 reference
+    python3 -m bench.kernel_checks check        # every case: the recipe's forward, two-pass and one-pass vs linalg vs f64
     python3 -m bench.kernel_checks determinism  # custom backward bitwise identical over 20 runs (16k tokens)
     python3 -m bench.kernel_checks time [SEQ]   # dq stage and whole two-pass backward, custom vs linalg
-    python3 -m bench.kernel_checks onepass_check          # the recipe's one-pass vs linalg two-pass vs f64
     python3 -m bench.kernel_checks onepass_time [SEQ...]  # one-pass vs its atomic floor and the two-pass
 
 The linalg stages are the oracle: both modules come from the same checkout, the linalg one rendered with
@@ -108,11 +107,14 @@ def _problem(cfg, batch, m_rows, n, selection, bad, seed):
 
 
 class Backward:
-    """The two-pass backward of one artifact, stage by stage (as nsa_iree.api.backward_into runs it)."""
+    """The two-pass backward of one artifact, stage by stage (as nsa_iree.api.backward_into runs it), the
+    forward, and the one-pass backward (its module loaded on first use)."""
 
     def __init__(self, spec, kernels):
+        self.spec, self.kernels = spec, kernels
         self.module = device_for(torch.device("cuda")).module(_artifact(spec, "two-pass", kernels).path)
         self.forward = device_for(torch.device("cuda")).module(_artifact(spec, "forward", kernels).path)
+        self._onepass = None
 
     def fwd(self, q, k, v, idx, scale, poison=False):
         o = q.new_empty(*q.shape[:3], v.shape[3])
@@ -139,10 +141,21 @@ class Backward:
                          dk, dv, wait_for_torch=False)
         return dq, dk, dv
 
+    def onepass(self, q, k, v, o, lse, do, idx, scale, poison=False):
+        if self._onepass is None:
+            self._onepass = device_for(torch.device("cuda")).module(
+                _artifact(self.spec, "one-pass", self.kernels).path)
+        dq, dk, dv = (torch.full_like(x, float("nan")) if poison else torch.empty_like(x) for x in (q, k, v))
+        delta = self._onepass.call("selection_attention_delta", o, do)[0]
+        self._onepass.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv,
+                           wait_for_torch=False)
+        return dq, dk, dv
+
 
 def check(seed=0):
-    """Every case: the custom backward's dq, dk, dv (outputs poisoned first) against the linalg stages and
-    the f64 reference."""
+    """Every case: the recipe's forward, two-pass and one-pass backward (outputs poisoned first) against the
+    linalg stages and the f64 reference (the one-pass adds dk/dv with atomics: equal up to the order of f32
+    additions)."""
     recipe = load_recipe("cuda")
     for name, cfg, batch, m_rows, n, selection, bad in CASES:
         spec = _spec(cfg)
@@ -152,12 +165,14 @@ def check(seed=0):
         o, lse = linalg.fwd(q, k, v, idx, scale)
         o_mine, lse_mine = custom.fwd(q, k, v, idx, scale, poison=True)
         mine = custom.bwd(q, k, v, o, lse, do, idx, scale, poison=True)
+        one = custom.onepass(q, k, v, o, lse, do, idx, scale, poison=True)
         theirs = linalg.bwd(q, k, v, o, lse, do, idx, scale, poison=True)
         torch.cuda.synchronize()
         _, *ref = selection_attention_backward_reference(q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(),
                                                          idx.cpu(), cfg["block_size"])
         o_ref, lse_ref = selection_attention_reference(q.cpu(), k.cpu(), v.cpu(), idx.cpu(), cfg["block_size"])
-        row = {"case": name, "kernels": [template_for(s, spec, recipe) for s in ("forward", "dq", "dkdv")]}
+        row = {"case": name,
+               "kernels": [template_for(s, spec, recipe) for s in ("forward", "dq", "dkdv", "onepass")]}
         for out, a, b, r in (("o", o_mine, o, o_ref), ("lse", lse_mine, lse, lse_ref)):
             row[f"{out}_custom_vs_linalg"] = relative_rms_error(a.float(), b.float())
             row[f"{out}_custom_vs_f64"] = relative_rms_error(a.cpu(), r)
@@ -166,43 +181,11 @@ def check(seed=0):
             row[f"{grad}_custom_vs_linalg"] = relative_rms_error(a.float(), b.float())
             row[f"{grad}_custom_vs_f64"] = relative_rms_error(a.cpu(), r, rms_floor=1e-3)
             row[f"{grad}_linalg_vs_f64"] = relative_rms_error(b.cpu(), r, rms_floor=1e-3)
-        row["all_written"] = all(bool(torch.isfinite(t).all()) for t in (*mine, o_mine)) and bool(
-            (torch.isfinite(lse_mine) | (lse_mine == float("-inf"))).all())
-        print(json.dumps(row), flush=True)
-
-
-def _onepass(spec, kernels):
-    module = device_for(torch.device("cuda")).module(_artifact(spec, "one-pass", kernels).path)
-
-    def run(q, k, v, idx, lse, do, o, scale, poison=False):
-        dq, dk, dv = (torch.full_like(x, float("nan")) if poison else torch.empty_like(x) for x in (q, k, v))
-        delta = module.call("selection_attention_delta", o, do)[0]
-        module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv,
-                    wait_for_torch=False)
-        return dq, dk, dv
-    return run
-
-
-def onepass_check(seed=0):
-    """Every case: the recipe's one-pass backward (outputs poisoned) against the linalg two-pass stages and the
-    f64 reference (the one-pass adds dk/dv with atomics: equal up to the order of f32 additions)."""
-    recipe = load_recipe("cuda")
-    for name, cfg, batch, m_rows, n, selection, bad in CASES:
-        spec = _spec(cfg)
-        linalg, mine = Backward(spec, "linalg"), _onepass(spec, "custom")
-        q, k, v, do, idx = _problem(cfg, batch, m_rows, n, selection, bad, seed)
-        scale = cfg["head_dim"] ** -0.5
-        o, lse = linalg.fwd(q, k, v, idx, scale)
-        ours = mine(q, k, v, idx, lse, do, o, scale, poison=True)
-        theirs = linalg.bwd(q, k, v, o, lse, do, idx, scale)
-        torch.cuda.synchronize()
-        _, *ref = selection_attention_backward_reference(q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(),
-                                                         idx.cpu(), cfg["block_size"])
-        row = {"case": name, "onepass": template_for("onepass", spec, recipe)}
-        for grad, a, b, r in zip(("dq", "dk", "dv"), ours, theirs, ref):
+        for grad, a, b, r in zip(("dq", "dk", "dv"), one, theirs, ref):
             row[f"{grad}_onepass_vs_linalg"] = relative_rms_error(a.float(), b.float())
             row[f"{grad}_onepass_vs_f64"] = relative_rms_error(a.cpu(), r, rms_floor=1e-3)
-        row["all_written"] = all(bool(torch.isfinite(t).all()) for t in ours)
+        row["all_written"] = all(bool(torch.isfinite(t).all()) for t in (*mine, *one, o_mine)) and bool(
+            (torch.isfinite(lse_mine) | (lse_mine == float("-inf"))).all())
         print(json.dumps(row), flush=True)
 
 
@@ -236,15 +219,15 @@ def onepass_time(seqs=(8192, 32768, 65536), selections=("realistic",)):
     spec = _spec(cfg)
     rate = atomic_rate()
     print(json.dumps({"atomic_adds_per_s": rate}), flush=True)
-    two, one = Backward(spec, "custom"), _onepass(spec, "custom")
+    impl = Backward(spec, "custom")
     for seq in seqs:
         for selection in selections:
             q, k, v, do, idx = _problem(cfg, 1, seq, seq, selection, False, 2)
             scale = cfg["head_dim"] ** -0.5
-            o, lse = two.fwd(q, k, v, idx, scale)
+            o, lse = impl.fwd(q, k, v, idx, scale)
             issued = atomics_issued(idx, seq, seq, cfg["block_size"], cfg["head_dim"] + cfg["value_dim"])
-            one_ms = _median_ms(lambda: one(q, k, v, idx, lse, do, o, scale), repeats=5, warmup=1)
-            two_ms = _median_ms(lambda: two.bwd(q, k, v, o, lse, do, idx, scale), repeats=5, warmup=1)
+            one_ms = _median_ms(lambda: impl.onepass(q, k, v, o, lse, do, idx, scale), repeats=5, warmup=1)
+            two_ms = _median_ms(lambda: impl.bwd(q, k, v, o, lse, do, idx, scale), repeats=5, warmup=1)
             floor_ms = issued / rate * 1e3
             print(json.dumps({"seq": seq, "selection": selection, "onepass_ms": round(one_ms, 2),
                               "twopass_ms": round(two_ms, 2), "atomics_issued": issued,
@@ -355,4 +338,4 @@ if __name__ == "__main__":
     args = [int(a) for a in sys.argv[2:]]
     {"precompile": precompile, "check": check, "determinism": determinism,
      "time": lambda: time(tuple(args) or (65536,)), "variants": variants,
-     "onepass_check": onepass_check, "onepass_time": lambda: onepass_time(tuple(args) or (8192, 32768, 65536))}[what]()
+     "onepass_time": lambda: onepass_time(tuple(args) or (8192, 32768, 65536))}[what]()

@@ -116,8 +116,8 @@ def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     if layout is None:
         why.append(f"no fragment table for {kind!r}")
     elif layout.mnk != (16, 8, 16):
-        # The template's fragment loads and its ds re-tiling are written for this placement; the MFMA one
-        # (keys as the M dimension, s^T = k q^T) is a different text not written yet.
+        # The template's fragment loads and its ds re-tiling are written for this placement; other
+        # intrinsics take the portable kernels (recipe value "portable", portable_limits).
         why.append(f"dq_kernel.mlir is written for 16x8x16 fragments, not {layout.name}")
     if spec.heads_per_group > HEAD_ROWS:
         why.append(f"more than {HEAD_ROWS} heads per group")
@@ -371,6 +371,11 @@ def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         why.append(f"BS not a multiple of {keys} up to {8 * KEYS_PER_SUBGROUP}")
     if stage == "dkdv" and recipe.rows_per_piece % (k // UNIT):
         why.append(f"rows_per_piece not a multiple of {k // UNIT}")
+    if stage == "onepass":
+        # q and do transposed are staged once, in the bytes the K and V tiles take later.
+        staged = (spec.head_dim + spec.value_dim) * (k + PAD) * 2
+        if staged > _portable_dq_memory(spec)["DQP_DS_OFFSET"]:
+            why.append("q and do transposed do not fit the K and V tiles")
     limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
     need = {"dq": lambda: _portable_dq_memory(spec)["DQP_SMEM_BYTES"],
             "dkdv": lambda: _portable_dkdv_memory(spec, k, recipe.rows_per_piece)["DKP_SMEM_BYTES"],
@@ -381,30 +386,32 @@ def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     return why
 
 
+def _tile_offsets(prefix: str, tiles: list[tuple[str, int]]) -> dict[str, int]:
+    """``{prefix}_{NAME}_OFFSET`` of each (NAME, bytes) tile laid out in order, and ``{prefix}_SMEM_BYTES``."""
+    out, offset = {}, 0
+    for name, size in tiles:
+        out[f"{prefix}_{name}_OFFSET"] = offset
+        offset += size
+    out[f"{prefix}_SMEM_BYTES"] = offset
+    return out
+
+
 def _portable_dq_memory(spec: KernelSpec) -> dict[str, int]:
-    """Byte offsets of the portable dq kernel's tiles (16-bit elements, rows padded by PAD)."""
+    """Byte offsets of the portable dq kernel's tiles (16-bit elements, rows padded by PAD): K rows, V rows,
+    K transposed, ds."""
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
-    k_rows = bs * (d + PAD) * 2
-    v_rows = bs * (dv + PAD) * 2
-    k_cols = d * (bs + PAD) * 2
-    ds = HEAD_ROWS * (bs + PAD) * 2
-    return {"DQP_V_OFFSET": k_rows, "DQP_KT_OFFSET": k_rows + v_rows, "DQP_DS_OFFSET": k_rows + v_rows + k_cols,
-            "DQP_SMEM_BYTES": k_rows + v_rows + k_cols + ds}
+    return _tile_offsets("DQP", [("K", bs * (d + PAD) * 2), ("V", bs * (dv + PAD) * 2), ("KT", d * (bs + PAD) * 2),
+                                 ("DS", HEAD_ROWS * (bs + PAD) * 2)])
 
 
 def _portable_dkdv_memory(spec: KernelSpec, unit_k: int, rows_per_piece: int) -> dict[str, int]:
     """Byte offsets of the portable dk/dv kernel's tiles, in order: one step's q and do both ways, p^T and
     ds^T of every key, the step's (lse, delta) pairs, and four words per piece row."""
     d, dv, bs, pairs = spec.head_dim, spec.value_dim, spec.block_size, unit_k
-    tiles = [("Q", pairs * (d + PAD) * 2), ("QT", d * (pairs + PAD) * 2), ("DO", pairs * (dv + PAD) * 2),
-             ("DOT", dv * (pairs + PAD) * 2), ("PT", bs * (pairs + PAD) * 2), ("DST", bs * (pairs + PAD) * 2),
-             ("STATS", pairs * 2 * 4), ("ROW_INFO", rows_per_piece * 16)]
-    out, offset = {}, 0
-    for name, size in tiles:
-        out[f"DKP_{name}_OFFSET"] = offset
-        offset += size
-    out["DKP_SMEM_BYTES"] = offset
-    return out
+    return _tile_offsets("DKP", [
+        ("Q", pairs * (d + PAD) * 2), ("QT", d * (pairs + PAD) * 2), ("DO", pairs * (dv + PAD) * 2),
+        ("DOT", dv * (pairs + PAD) * 2), ("PT", bs * (pairs + PAD) * 2), ("DST", bs * (pairs + PAD) * 2),
+        ("STATS", pairs * 2 * 4), ("ROW_INFO", rows_per_piece * 16)])
 
 
 def _portable_forward_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
@@ -412,15 +419,10 @@ def _portable_forward_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
     each subgroup's o, max and sum (f32)."""
     dv, bs = spec.value_dim, spec.block_size
     subgroups = bs // unit_k
-    tiles = [("V_COLS", dv * (bs + PAD) * 2), ("P", subgroups * HEAD_ROWS * (unit_k + PAD) * 2),
-             ("O_PARTS", subgroups * HEAD_ROWS * dv * 4), ("MAX", subgroups * HEAD_ROWS * 4),
-             ("SUM", subgroups * HEAD_ROWS * 4)]
-    out, offset = {}, 0
-    for name, size in tiles:
-        out[f"FWP_{name}_OFFSET"] = offset
-        offset += size
-    out["FWP_SMEM_BYTES"] = offset
-    return out
+    return _tile_offsets("FWP", [
+        ("V_COLS", dv * (bs + PAD) * 2), ("P", subgroups * HEAD_ROWS * (unit_k + PAD) * 2),
+        ("O_PARTS", subgroups * HEAD_ROWS * dv * 4), ("MAX", subgroups * HEAD_ROWS * 4),
+        ("SUM", subgroups * HEAD_ROWS * 4)])
 
 
 def _portable_onepass_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
@@ -428,8 +430,7 @@ def _portable_onepass_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
     q and do transposed ([D][K heads], [Dv][K heads]) live at the start until their fragments are loaded."""
     dq = _portable_dq_memory(spec)
     key_heads = spec.block_size * (unit_k + PAD) * 2
-    q_cols, do_cols = spec.head_dim * (unit_k + PAD) * 2, spec.value_dim * (unit_k + PAD) * 2
-    assert q_cols + do_cols <= dq["DQP_DS_OFFSET"], "q and do transposed must fit in the K and V tiles"
+    q_cols = spec.head_dim * (unit_k + PAD) * 2      # fits before DQP_DS_OFFSET with do's (portable_limits)
     return {"OPP_PT_OFFSET": dq["DQP_SMEM_BYTES"], "OPP_DST_OFFSET": dq["DQP_SMEM_BYTES"] + key_heads,
             "OPP_QT_OFFSET": 0, "OPP_DOT_OFFSET": q_cols, "OPP_SMEM_BYTES": dq["DQP_SMEM_BYTES"] + 2 * key_heads}
 
