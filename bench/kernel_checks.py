@@ -48,6 +48,7 @@ CASES = [
     ("hpg4_bs128_dv64", _cfg(16, 4, 128, 64, 128, 4), 2, 900, 900, "realistic", True),
     ("hpg1_t1", _cfg(4, 4, 64, 64, 64, 1), 1, 300, 300, "uniform", False),
     ("hpg16_g2_t2_d64", _cfg(32, 2, 64, 64, 64, 2), 2, 513, 513, "realistic", True),
+    ("d192_bs128", _cfg(16, 2, 192, 128, 128, 4), 1, 600, 600, "realistic", True),   # forward kernel, linalg dq
 ]
 
 

@@ -104,6 +104,15 @@ HEAD_ROWS = 16           # one 16-row lhs tile holds the heads of a group (padde
 PAD = 8                  # elements added to every workgroup-memory row (32-bit fragment reads on 32 banks)
 
 
+def swizzle_mask(elements: int) -> int:
+    """The XOR swizzle of an unpadded workgroup-memory row of `elements` 16-bit values (the NVIDIA kernels' K/V
+    tiles): 16-byte chunk c of row j is stored at chunk c ^ (j & mask). ldmatrix reads one chunk of 8
+    consecutive rows (8 distinct 16-byte bank groups when mask = 7: no conflicts), and every 8 lanes of a staging
+    copy fill one aligned 128-byte line. mask + 1 is the largest power of two up to 8 dividing the row's chunks."""
+    chunks = elements // 8
+    return min(8, chunks & -chunks) - 1
+
+
 def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the custom kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
     if stage not in ("forward", "dq", "dkdv"):
@@ -188,12 +197,14 @@ def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
     d, dv, bs = spec.head_dim + PAD, spec.value_dim + PAD, spec.block_size
     if stage in ("dq", "forward"):
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
+        kv_bytes = stages * bs * (spec.head_dim + spec.value_dim) * 2      # swizzled, unpadded rows
         if stage == "forward":
             subgroups = bs // KEYS_PER_SUBGROUP
-            return max(stages * bs * (d + dv) * 2, subgroups * HEAD_ROWS * (spec.value_dim + 2) * 4)
-        return stages * bs * (d + dv) * 2 + HEAD_ROWS * dv * 2
+            return max(kv_bytes, subgroups * HEAD_ROWS * (spec.value_dim + 2) * 4)
+        return kv_bytes + HEAD_ROWS * dv * 2
     stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
-    return bs * (d + dv) * 2 + stages * HEAD_ROWS * (d + dv) * 2 + 2 * stages * HEAD_ROWS * 4 + 16 * recipe.rows_per_piece
+    rows = stages * HEAD_ROWS * (spec.head_dim + spec.value_dim) * 2            # swizzled q and do rows
+    return bs * (d + dv) * 2 + rows + 2 * stages * HEAD_ROWS * 4 + 16 * recipe.rows_per_piece
 
 
 def mma_kind_name(kind: str, spec: KernelSpec) -> str:
@@ -212,12 +223,15 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
     dq_stages = int(recipe.kernel_settings.get("dq_stages", 2))
     dkdv_stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
-    dq_k_bytes = dq_stages * bs * (d + PAD) * 2          # 16-bit elements
-    dq_v_bytes = dq_stages * bs * (dv + PAD) * 2
+    dq_k_bytes = dq_stages * bs * d * 2          # 16-bit elements, swizzled rows (swizzle_mask)
+    dq_v_bytes = dq_stages * bs * dv * 2
     values = {
         "MMA_KIND": kind.name, "SUBGROUP_SIZE": kind.subgroup_size, "SUBGROUPS": subgroups,
         "LANES": subgroups * kind.subgroup_size,
-        "D_PADDED": d + PAD, "DV_PADDED": dv + PAD, 
+        "D_PADDED": d + PAD, "DV_PADDED": dv + PAD,
+        "K_SWIZZLE_MASK": swizzle_mask(d), "V_SWIZZLE_MASK": swizzle_mask(dv),
+        # -(elements of a swizzle group): column & HIGH is the group's first column
+        "K_SWIZZLE_HIGH": -8 * (swizzle_mask(d) + 1), "V_SWIZZLE_HIGH": -8 * (swizzle_mask(dv) + 1),
         "DQ_STAGES": dq_stages, "DQ_STAGES_MINUS_1": dq_stages - 1, "T_PLUS_DQ_LAG": spec.num_blocks + dq_stages - 1,
         "DKDV_STAGES": dkdv_stages, "DKDV_STAGES_MINUS_1": dkdv_stages - 1,
         "ROWS_PER_PIECE_PLUS_DKDV_LAG": recipe.rows_per_piece + dkdv_stages - 1,
@@ -230,6 +244,7 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "FWD_O_ITEMS": spec.heads_per_group * dv,
         # Cache hint of the 16-byte asynchronous copies ("bypassL1": cp.async.cg, L2 only; "": cp.async.ca).
         "ASYNC_COPY_HINT": recipe.kernel_settings.get("async_copy_hint", ""),
+        "G_D": spec.kv_heads * d, "G_DV": spec.kv_heads * dv,   # row strides of k and v
         "D_CHUNKS": d // 8, "DV_CHUNKS": dv // 8, "K_STAGE_ITEMS": bs * (d // 8), "V_STAGE_ITEMS": bs * (dv // 8),
         "D_STEPS": d // kind.mnk[2], "DV_STEPS": dv // kind.mnk[2], "D_TILES": d // kind.mnk[1],
         "DV_TILES": dv // kind.mnk[1], "DQ_ITEMS": spec.heads_per_group * d,
@@ -239,6 +254,20 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         # 2^x on the hardware's approximation unit, the recipe's instruction (IREE 3.13 lowers math.exp to a
         # polynomial of about 14 FMAs: most of the NVIDIA kernels' per-block instructions were exps).
         values["EX2"] = f'llvm.inline_asm "{recipe.kernel_settings["ex2"]} $0, $1;", "=f,f"'
+    if "pack_pair" in recipe.kernel_settings:
+        # Two f32 to a packed pair of the input type in one instruction, $0 = {high: $1, low: $2} (IREE 3.13
+        # expands arith.truncf to bf16 into 7 integer instructions per element).
+        pack = recipe.kernel_settings["pack_pair"].format(dtype=spec.dtype)
+        values["PACK_PAIR"] = f'llvm.inline_asm "{pack} $0, $1, $2;", "=r,f,f"'
+    if "vote_any" in recipe.kernel_settings:
+        # 1 where any lane of the subgroup passes a nonzero i32, else 0 (the same in every lane).
+        vote = recipe.kernel_settings["vote_any"]
+        values["VOTE_ANY"] = ('llvm.inline_asm has_side_effects "{ .reg .pred p; setp.ne.b32 p, $1, 0; '
+                              f'{vote} p, p, 0xffffffff; selp.b32 $0, 1, 0, p; }}", "=r,r"')
+    # The forward kernel's online softmax moves its running max only when a block's max passes it by more
+    # than this (base-2 units): p stays <= 2^RESCALE_SLACK, and o is rescaled about once per row instead of
+    # once per block.
+    values["RESCALE_SLACK"] = "8.0"
     values["K_STAGE_PER_LANE"] = -(-values["K_STAGE_ITEMS"] // values["LANES"])
     values["V_STAGE_PER_LANE"] = -(-values["V_STAGE_ITEMS"] // values["LANES"])
     return {key: str(value) for key, value in values.items()}

@@ -44,8 +44,9 @@
 // zero-filled), the rows' lse and delta, and per piece row: its query row, last visible key and weight.
 !dkv_k_tile = memref<${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_v_tile = memref<${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
-!dkv_q_rows = memref<${DKDV_STAGES}x16x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
-!dkv_do_rows = memref<${DKDV_STAGES}x16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+// q and do rows of a piece row: unpadded, 16-byte chunks XOR-swizzled by head (nsa_iree/fragments.py, swizzle_mask)
+!dkv_q_rows = memref<${DKDV_STAGES}x16x${D}x${E}, #gpu.address_space<workgroup>>
+!dkv_do_rows = memref<${DKDV_STAGES}x16x${DV}x${E}, #gpu.address_space<workgroup>>
 !dkv_stats = memref<${DKDV_STAGES}x16xf32, #gpu.address_space<workgroup>>
 !dkv_row_info = memref<${ROWS_PER_PIECE}x4xi32, #gpu.address_space<workgroup>>
 // Per-lane fragments.
@@ -89,6 +90,10 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
       %stages = arith.constant ${DKDV_STAGES} : index
       %lag = arith.constant ${DKDV_STAGES_MINUS_1} : index
       %lanes = arith.constant ${LANES} : index
+      %k_swizzle_mask = arith.constant ${K_SWIZZLE_MASK} : index
+      %v_swizzle_mask = arith.constant ${V_SWIZZLE_MASK} : index
+      %k_swizzle_high = arith.constant ${K_SWIZZLE_HIGH} : index
+      %v_swizzle_high = arith.constant ${V_SWIZZLE_HIGH} : index
       %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
       %k_chunks = arith.constant ${D_CHUNKS} : index
       %v_chunks = arith.constant ${DV_CHUNKS} : index
@@ -205,6 +210,15 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
         %hi_row = arith.addi %hi8, %matrix_row : index
         %lo_row = arith.addi %lo8, %matrix_row : index
         %tile_row = arith.addi %key_base, %hi_row : index
+        // q and do chunks are stored XOR-swizzled by head (staging below): column c of head h at c ^ 8 (h & mask).
+        %hi_row_bits_k = arith.andi %hi_row, %k_swizzle_mask : index
+        %hi_swizzle_k = arith.muli %hi_row_bits_k, %c8 : index
+        %hi_row_bits_v = arith.andi %hi_row, %v_swizzle_mask : index
+        %hi_swizzle_v = arith.muli %hi_row_bits_v, %c8 : index
+        %lo_row_bits_k = arith.andi %lo_row, %k_swizzle_mask : index
+        %lo_swizzle_k = arith.muli %lo_row_bits_k, %c8 : index
+        %lo_row_bits_v = arith.andi %lo_row, %v_swizzle_mask : index
+        %lo_swizzle_v = arith.muli %lo_row_bits_v, %c8 : index
 
         // This subgroup's 16 keys of K and V as lhs fragments, read once: matrix q = (rows 8 (q / 2),
         // columns 8 (q mod 2)) is fragment element [q].
@@ -248,7 +262,10 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
               %count = arith.select %real, %c8, %c0 : index
               %head_h = arith.addi %h0, %h : index
               %head = arith.select %real, %head_h, %h0 : index
-              %copy = nvgpu.device_async_copy %q[%b, %m, %head, %d0], %q_rows[%stage_buffer, %h, %d0], 8, %count ${ASYNC_COPY_HINT}
+              %h_bits = arith.andi %h, %k_swizzle_mask : index
+              %swizzle = arith.muli %h_bits, %c8 : index
+              %d0_stored = arith.xori %d0, %swizzle : index
+              %copy = nvgpu.device_async_copy %q[%b, %m, %head, %d0], %q_rows[%stage_buffer, %h, %d0_stored], 8, %count ${ASYNC_COPY_HINT}
                   : !dkv_q to !dkv_q_rows
             }
             scf.for %item = %tid to %do_items step %lanes {
@@ -259,7 +276,10 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
               %count = arith.select %real, %c8, %c0 : index
               %head_h = arith.addi %h0, %h : index
               %head = arith.select %real, %head_h, %h0 : index
-              %copy = nvgpu.device_async_copy %do[%b, %m, %head, %e0], %do_rows[%stage_buffer, %h, %e0], 8, %count ${ASYNC_COPY_HINT}
+              %h_bits = arith.andi %h, %v_swizzle_mask : index
+              %swizzle = arith.muli %h_bits, %c8 : index
+              %e0_stored = arith.xori %e0, %swizzle : index
+              %copy = nvgpu.device_async_copy %do[%b, %m, %head, %e0], %do_rows[%stage_buffer, %h, %e0_stored], 8, %count ${ASYNC_COPY_HINT}
                   : !dkv_do to !dkv_do_rows
             }
             %is_lse_lane = arith.cmpi ult, %tid, %heads_per_group : index
@@ -293,7 +313,11 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
             %scores_zero = arith.constant dense<0.0> : !dkv_scores
             %st = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
               %col0 = arith.muli %s, %c16 : index
-              %col = arith.addi %col0, %lo8 : index
+              %col_high = arith.andi %col0, %k_swizzle_high : index
+              %col_low = arith.subi %col0, %col_high : index
+              %col_lane = arith.addi %col_low, %lo8 : index
+              %col_swizzled = arith.xori %col_lane, %hi_swizzle_k : index
+              %col = arith.addi %col_high, %col_swizzled : index
               %x = nvgpu.ldmatrix %q_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
                   : !dkv_q_rows -> vector<4x2x${E}>
               %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
@@ -309,7 +333,11 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
             } {unroll_loop}
             %dpt = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
               %col0 = arith.muli %s, %c16 : index
-              %col = arith.addi %col0, %lo8 : index
+              %col_high = arith.andi %col0, %v_swizzle_high : index
+              %col_low = arith.subi %col0, %col_high : index
+              %col_lane = arith.addi %col_low, %lo8 : index
+              %col_swizzled = arith.xori %col_lane, %hi_swizzle_v : index
+              %col = arith.addi %col_high, %col_swizzled : index
               %x = nvgpu.ldmatrix %do_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
                   : !dkv_do_rows -> vector<4x2x${E}>
               %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
@@ -327,7 +355,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
             // p^T and ds^T element by element: [tile][o][e] is key key_base + 8 o + r, head 8 tile + 2 c + e,
             // and goes to element [2 o + tile][e] of the lhs fragments.
             %lhs_zero = arith.constant dense<0.0> : !dkv_lhs
-            %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
+            %zero_f32_pair = arith.constant dense<0.0> : vector<2xf32>
             %pt, %dst = scf.for %tile = %c0 to %c2 step %c1 iter_args(%p_acc = %lhs_zero, %ds_acc = %lhs_zero)
                 -> (!dkv_lhs, !dkv_lhs) {
               %p_o, %ds_o = scf.for %o = %c0 to %c2 step %c1 iter_args(%p_acc2 = %p_acc, %ds_acc2 = %ds_acc)
@@ -336,8 +364,8 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
                 %j0 = arith.addi %key_base, %o8 : index
                 %j = arith.addi %j0, %r : index
                 %key_visible = arith.cmpi sle, %j, %last : index
-                %p_pair, %ds_pair = scf.for %e = %c0 to %c2 step %c1 iter_args(%pp = %zero_pair, %dd = %zero_pair)
-                    -> (vector<2x${E}>, vector<2x${E}>) {
+                %p_f32, %ds_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pp = %zero_f32_pair, %dd = %zero_f32_pair)
+                    -> (vector<2xf32>, vector<2xf32>) {
                   %tile8 = arith.muli %tile, %c8 : index
                   %h1 = arith.addi %tile8, %c2x : index
                   %h = arith.addi %h1, %e : index
@@ -357,12 +385,21 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
                   %ds_scaled = arith.mulf %ds_raw, %scale : f32
                   %p_live = arith.select %live, %p_raw, %zero : f32
                   %ds_live = arith.select %live, %ds_scaled, %zero : f32
-                  %p_e = ${TRUNCF} %p_live : f32 to ${E}
-                  %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
-                  %pp_next = vector.insert %p_e, %pp[%e] : ${E} into vector<2x${E}>
-                  %dd_next = vector.insert %ds_e, %dd[%e] : ${E} into vector<2x${E}>
-                  scf.yield %pp_next, %dd_next : vector<2x${E}>, vector<2x${E}>
+                  %pp_next = vector.insert %p_live, %pp[%e] : f32 into vector<2xf32>
+                  %dd_next = vector.insert %ds_live, %dd[%e] : f32 into vector<2xf32>
+                  scf.yield %pp_next, %dd_next : vector<2xf32>, vector<2xf32>
                 } {unroll_loop}
+                // each pair to the input type in one instruction (element 0 in the low half)
+                %p0 = vector.extract %p_f32[0] : f32 from vector<2xf32>
+                %p1 = vector.extract %p_f32[1] : f32 from vector<2xf32>
+                %ds0 = vector.extract %ds_f32[0] : f32 from vector<2xf32>
+                %ds1 = vector.extract %ds_f32[1] : f32 from vector<2xf32>
+                %p_packed = ${PACK_PAIR} %p1, %p0 : (f32, f32) -> i32
+                %ds_packed = ${PACK_PAIR} %ds1, %ds0 : (f32, f32) -> i32
+                %p_packed_v = vector.broadcast %p_packed : i32 to vector<1xi32>
+                %ds_packed_v = vector.broadcast %ds_packed : i32 to vector<1xi32>
+                %p_pair = vector.bitcast %p_packed_v : vector<1xi32> to vector<2x${E}>
+                %ds_pair = vector.bitcast %ds_packed_v : vector<1xi32> to vector<2x${E}>
                 %o2 = arith.muli %o, %c2 : index
                 %frag_row = arith.addi %o2, %tile : index
                 %p_next = vector.insert %p_pair, %p_acc2[0, 0, %frag_row] : vector<2x${E}> into !dkv_lhs
@@ -376,7 +413,11 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
             // transposed (ldmatrix .trans: matrix q is column tile 2 s + q / 2, k' = q mod 2).
             %dv_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %dv_iter) -> (!dkv_dv_acc) {
               %col0 = arith.muli %s, %c16 : index
-              %col = arith.addi %col0, %hi8 : index
+              %col_high = arith.andi %col0, %v_swizzle_high : index
+              %col_low = arith.subi %col0, %col_high : index
+              %col_lane = arith.addi %col_low, %hi8 : index
+              %col_swizzled = arith.xori %col_lane, %lo_swizzle_v : index
+              %col = arith.addi %col_high, %col_swizzled : index
               %x = nvgpu.ldmatrix %do_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
                   : !dkv_do_rows -> vector<4x2x${E}>
               %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
@@ -400,7 +441,11 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
             } {unroll_loop}
             %dk_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dk_iter) -> (!dkv_dk_acc) {
               %col0 = arith.muli %s, %c16 : index
-              %col = arith.addi %col0, %hi8 : index
+              %col_high = arith.andi %col0, %k_swizzle_high : index
+              %col_low = arith.subi %col0, %col_high : index
+              %col_lane = arith.addi %col_low, %hi8 : index
+              %col_swizzled = arith.xori %col_lane, %lo_swizzle_k : index
+              %col = arith.addi %col_high, %col_swizzled : index
               %x = nvgpu.ldmatrix %q_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
                   : !dkv_q_rows -> vector<4x2x${E}>
               %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step

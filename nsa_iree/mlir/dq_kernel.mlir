@@ -43,10 +43,13 @@
 !dqk_q = memref<?x?x${H}x${D}x${E}>
 !dqk_k = memref<?x?x${G}x${D}x${E}>
 !dqk_v = memref<?x?x${G}x${DV}x${E}>
+!dqk_k_block = memref<${BS}x${D}x${E}, strided<[${G_D}, 1], offset: ?>>
+!dqk_v_block = memref<${BS}x${DV}x${E}, strided<[${G_DV}, 1], offset: ?>>
 !dqk_do = memref<?x?x${H}x${DV}x${E}>
 // Workgroup tiles: K and V rows of the current block, K as key pairs per d, and the dq sum.
-!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
-!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+// (unpadded rows, 16-byte chunks XOR-swizzled by row: nsa_iree/fragments.py, swizzle_mask)
+!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D}x${E}, #gpu.address_space<workgroup>>
+!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV}x${E}, #gpu.address_space<workgroup>>
 !dqk_dq_sum = memref<16x${D}xf32, #gpu.address_space<workgroup>>
 !dqk_do_tile = memref<16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
 // Per-lane fragments (one subgroup's share of each product).
@@ -81,6 +84,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
       %zero_e = arith.constant 0.0 : ${E}
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
+      %zero_f32_pair = arith.constant dense<0.0> : vector<2xf32>
       %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
@@ -88,6 +92,10 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %steps = arith.constant ${T_PLUS_DQ_LAG} : index
       %stages = arith.constant ${DQ_STAGES} : index
       %lag = arith.constant ${DQ_STAGES_MINUS_1} : index
+      %k_swizzle_mask = arith.constant ${K_SWIZZLE_MASK} : index
+      %v_swizzle_mask = arith.constant ${V_SWIZZLE_MASK} : index
+      %k_swizzle_high = arith.constant ${K_SWIZZLE_HIGH} : index
+      %v_swizzle_high = arith.constant ${V_SWIZZLE_HIGH} : index
       %lanes = arith.constant ${LANES} : index
       %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
       %k_chunks = arith.constant ${D_CHUNKS} : index
@@ -221,6 +229,13 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       // dq (transposed): matrix q = (d tile q / 2, key half q mod 2).
       %dq_row0 = arith.addi %key_base, %lo8 : index
       %dq_row = arith.addi %dq_row0, %matrix_row : index
+      // K and V chunks are stored XOR-swizzled by row (kv_staging): column c of row j at c ^ 8 (j & mask).
+      %score_row_bits_k = arith.andi %score_row, %k_swizzle_mask : index
+      %score_swizzle_k = arith.muli %score_row_bits_k, %c8 : index
+      %score_row_bits_v = arith.andi %score_row, %v_swizzle_mask : index
+      %score_swizzle_v = arith.muli %score_row_bits_v, %c8 : index
+      %dq_row_bits = arith.andi %dq_row, %k_swizzle_mask : index
+      %dq_swizzle_k = arith.muli %dq_row_bits, %c8 : index
 
       // Iteration t stages slot t into buffer t mod 2 (asynchronous 16-byte copies, one commit group per
       // iteration, empty for a skipped slot or t = T), then computes slot t - 1 from the other buffer while
@@ -250,7 +265,12 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
           %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
             %col0 = arith.muli %s, %c16 : index
             %col = arith.addi %col0, %lo8 : index
-            %x = nvgpu.ldmatrix %v_rows[%buffer, %score_row, %col] numTiles = 4 transpose = false
+            %v_col_high = arith.andi %col0, %v_swizzle_high : index
+            %v_col_low = arith.subi %col0, %v_col_high : index
+            %v_col_lane = arith.addi %v_col_low, %lo8 : index
+            %v_col_swizzled = arith.xori %v_col_lane, %score_swizzle_v : index
+            %v_col = arith.addi %v_col_high, %v_col_swizzled : index
+            %x = nvgpu.ldmatrix %v_rows[%buffer, %score_row, %v_col] numTiles = 4 transpose = false
                 : !dqk_v_rows -> vector<4x2x${E}>
             %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
             %lhs0 = nvgpu.ldmatrix %do_tile[%lhs_row, %col] numTiles = 4 transpose = false
@@ -275,7 +295,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
               %head_valid = arith.select %is_row_1, %head_valid_1, %head_valid_0 : i1
               %l = arith.select %is_row_1, %lse_1, %lse_0 : f32
               %dl = arith.select %is_row_1, %delta_1, %delta_0 : f32
-              %pair = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_pair) -> (vector<2x${E}>) {
+              %pair_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_f32_pair) -> (vector<2xf32>) {
                 %tile8 = arith.muli %tile, %c8 : index
                 %j0 = arith.addi %key_base, %tile8 : index
                 %j1 = arith.addi %j0, %c2x : index
@@ -292,10 +312,15 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
                 %ds_raw = arith.mulf %p, %dp_minus_delta : f32
                 %ds_scaled = arith.mulf %ds_raw, %scale : f32
                 %ds_live = arith.select %live, %ds_scaled, %zero : f32
-                %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
-                %next = vector.insert %ds_e, %pair_acc[%e] : ${E} into vector<2x${E}>
-                scf.yield %next : vector<2x${E}>
+                %next = vector.insert %ds_live, %pair_acc[%e] : f32 into vector<2xf32>
+                scf.yield %next : vector<2xf32>
               } {unroll_loop}
+              // (both to the input type in one instruction: element 0 in the low half)
+              %ds0 = vector.extract %pair_f32[0] : f32 from vector<2xf32>
+              %ds1 = vector.extract %pair_f32[1] : f32 from vector<2xf32>
+              %packed = ${PACK_PAIR} %ds1, %ds0 : (f32, f32) -> i32
+              %packed_v = vector.broadcast %packed : i32 to vector<1xi32>
+              %pair = vector.bitcast %packed_v : vector<1xi32> to vector<2x${E}>
               %i2 = arith.muli %i, %c2 : index
               %frag_row = arith.addi %i2, %tile : index
               %next = vector.insert %pair, %acc2[0, 0, %frag_row] : vector<2x${E}> into !dqk_ds_frags
@@ -309,7 +334,13 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
           // per step.
           %dq_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dq_iter) -> (!dqk_dq_acc) {
             %col0 = arith.muli %s, %c16 : index
-            %col = arith.addi %col0, %hi8 : index
+            // col0 + lane column with its chunk XOR-swizzled inside its group (kept additive in s, so
+            // the unrolled steps share (mask + 1) / 2 lane addresses plus immediates)
+            %col_high = arith.andi %col0, %k_swizzle_high : index
+            %col_low = arith.subi %col0, %col_high : index
+            %col_lane = arith.addi %col_low, %hi8 : index
+            %col_swizzled = arith.xori %col_lane, %dq_swizzle_k : index
+            %col = arith.addi %col_high, %col_swizzled : index
             %x = nvgpu.ldmatrix %k_rows[%buffer, %dq_row, %col] numTiles = 4 transpose = true
                 : !dqk_k_rows -> vector<4x2x${E}>
             %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step

@@ -3,9 +3,12 @@
 //
 // Each selected block's K and V rows are staged once into workgroup memory (double-buffered, asynchronous
 // copies). Subgroup w owns keys [16 w, 16 w + 16) of every block and keeps, for the 16 heads, a running
-// max, a running sum of exp (per lane, over its columns) and an o accumulator [16 heads, Dv] in registers:
+// max, a running sum of exp (per lane, over its columns) and an o accumulator [16 heads, Dv] in registers;
+// scores are kept in base-2 units (x = s scale log2 e; 2^x by the recipe's `ex2` instruction):
 //   s  = q k^T              lhs q [16 x D] (registers)   rhs k^T (ldmatrix)
-//   m' = max(m, rowmax(scale s)), p = exp(scale s - m'), l = l exp(m - m') + rowsum(p), o = o exp(m - m')
+//   m' = max(m, rowmax(x)), l = l 2^(m - m'), o = o 2^(m - m') when some head's block max passes
+//        m + RESCALE_SLACK (one decision for the subgroup), else m' = m (then p <= 2^RESCALE_SLACK)
+//   p = 2^(x - m'), l += rowsum(p)
 //   o += p v                lhs p [16 x 16 keys] (the s accumulators re-tiled in registers)  rhs v (ldmatrix .trans)
 // Invisible keys and padding heads take no part (p = 0). At the end the subgroups' (max, sum, o) are
 // combined in subgroup order (fixed: bitwise reproducible): M = max_w m_w, L = sum_w l_w exp(m_w - M),
@@ -27,11 +30,14 @@
 !dqk_q = memref<?x?x${H}x${D}x${E}>
 !dqk_k = memref<?x?x${G}x${D}x${E}>
 !dqk_v = memref<?x?x${G}x${DV}x${E}>
+!dqk_k_block = memref<${BS}x${D}x${E}, strided<[${G_D}, 1], offset: ?>>
+!dqk_v_block = memref<${BS}x${DV}x${E}, strided<[${G_DV}, 1], offset: ?>>
 !fwk_o = memref<?x?x${H}x${DV}x${E}>
 // Workgroup memory: K and V rows of the blocks in flight; after the loop the same bytes hold the
 // subgroups' partial o, max and sum.
-!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
-!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
+// (unpadded rows, 16-byte chunks XOR-swizzled by row: nsa_iree/fragments.py, swizzle_mask)
+!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D}x${E}, #gpu.address_space<workgroup>>
+!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV}x${E}, #gpu.address_space<workgroup>>
 !fwk_o_parts = memref<${SUBGROUPS}x16x${DV}xf32, #gpu.address_space<workgroup>>
 !fwk_stats = memref<${SUBGROUPS}x16xf32, #gpu.address_space<workgroup>>
 !fwk_smem = memref<${FWD_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
@@ -66,7 +72,10 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
       %minus_inf = arith.constant 0xFF800000 : f32
+      %c0_i32 = arith.constant 0 : i32
       %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
+      %ln2 = arith.constant 0.693147182 : f32
+      %rescale_slack = arith.constant ${RESCALE_SLACK} : f32
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
@@ -87,6 +96,10 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       %steps = arith.constant ${T_PLUS_DQ_LAG} : index
       %stages = arith.constant ${DQ_STAGES} : index
       %lag = arith.constant ${DQ_STAGES_MINUS_1} : index
+      %k_swizzle_mask = arith.constant ${K_SWIZZLE_MASK} : index
+      %v_swizzle_mask = arith.constant ${V_SWIZZLE_MASK} : index
+      %k_swizzle_high = arith.constant ${K_SWIZZLE_HIGH} : index
+      %v_swizzle_high = arith.constant ${V_SWIZZLE_HIGH} : index
 
       %m = hal.interface.workgroup.id[0] : index
       %g = hal.interface.workgroup.id[1] : index
@@ -99,6 +112,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       %m_rows = arith.index_castui %m_rows_i32 : i32 to index
       %n = arith.index_castui %n_i32 : i32 to index
       %scale = arith.bitcast %scale_bits : i32 to f32
+      %scale_log2 = arith.mulf %scale, %log2e : f32
 
       %q = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
           : !dqk_q{%batch, %m_rows}
@@ -159,6 +173,11 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       // p v (v read transposed): matrix q = (e tile q / 2, key half q mod 2).
       %pv_row0 = arith.addi %key_base, %lo8 : index
       %pv_row = arith.addi %pv_row0, %matrix_row : index
+      // K and V chunks are stored XOR-swizzled by row (kv_staging): column c of row j at c ^ 8 (j & mask).
+      %score_row_bits = arith.andi %score_row, %k_swizzle_mask : index
+      %score_swizzle_k = arith.muli %score_row_bits, %c8 : index
+      %pv_row_bits = arith.andi %pv_row, %v_swizzle_mask : index
+      %pv_swizzle_v = arith.muli %pv_row_bits, %c8 : index
 
       // Iteration t stages slot t into buffer t mod STAGES and computes slot t - STAGES + 1 meanwhile.
       // Carried per lane: o for its fragment elements, the running max of its two heads, and its part of
@@ -185,8 +204,8 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
 
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
           // part: scores
-          // Scaled scores, -inf where the key is invisible or the head is padding: [tile][i][e] is head
-          // 8 i + r, key key_base + 8 tile + 2 c + e.
+          // Scores in base-2 units, x = s scale log2(e), -inf where the key is invisible or the head is
+          // padding: [tile][i][e] is head 8 i + r, key key_base + 8 tile + 2 c + e.
           %x_init = arith.constant dense<0.0> : !dqk_scores
           %x = scf.for %tile = %c0 to %c2 step %c1 iter_args(%acc = %x_init) -> (!dqk_scores) {
             %acc_i = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc2 = %acc) -> (!dqk_scores) {
@@ -200,7 +219,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
                 %key_visible = arith.cmpi slt, %j, %visible : index
                 %live = arith.andi %key_visible, %head_valid : i1
                 %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
-                %scaled = arith.mulf %sv, %scale : f32
+                %scaled = arith.mulf %sv, %scale_log2 : f32
                 %xv = arith.select %live, %scaled, %minus_inf : f32
                 %next = vector.insert %xv, %acc3[0, %tile, %i, %e] : f32 into !dqk_scores
                 scf.yield %next : !dqk_scores
@@ -226,22 +245,51 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
           %m1a = arith.maximumf %lane_max_1, %sh1a : f32
           %sh1b, %v1b = gpu.shuffle xor %m1a, %c2_i32, %c32_i32 : f32
           %block_max_1 = arith.maximumf %m1a, %sh1b : f32
-          %new_max_0 = arith.maximumf %mx0, %block_max_0 : f32
-          %new_max_1 = arith.maximumf %mx1, %block_max_1 : f32
-          // Rescale factors; a head that has seen no key yet keeps max -inf, o = 0 and sum 0.
-          %none_0 = arith.cmpf oeq, %new_max_0, %minus_inf : f32
-          %none_1 = arith.cmpf oeq, %new_max_1, %minus_inf : f32
-          %safe_max_0 = arith.select %none_0, %zero, %new_max_0 : f32
-          %safe_max_1 = arith.select %none_1, %zero, %new_max_1 : f32
-          %drop_0 = arith.subf %mx0, %safe_max_0 : f32
-          %drop_1 = arith.subf %mx1, %safe_max_1 : f32
-          %drop_0_l2 = arith.mulf %drop_0, %log2e : f32
-          %drop_1_l2 = arith.mulf %drop_1, %log2e : f32
-          %alpha_0 = ${EX2} %drop_0_l2 : (f32) -> f32
-          %alpha_1 = ${EX2} %drop_1_l2 : (f32) -> f32
+          // The running max moves only when some head of the subgroup exceeds it by more than
+          // RESCALE_SLACK (a decision uniform over the subgroup); otherwise p = 2^(x - max) <= 2^RESCALE_SLACK
+          // against the stale max, and o, max and sum stay as they are. The result is the same softmax (o and
+          // the sum share the reference point) with one rescale of o per moved max instead of one per block.
+          %limit_0 = arith.addf %mx0, %rescale_slack : f32
+          %limit_1 = arith.addf %mx1, %rescale_slack : f32
+          %grows_0 = arith.cmpf ogt, %block_max_0, %limit_0 : f32
+          %grows_1 = arith.cmpf ogt, %block_max_1, %limit_1 : f32
+          %grows = arith.ori %grows_0, %grows_1 : i1
+          %grows_i32 = arith.extui %grows : i1 to i32
+          %any_grows_i32 = ${VOTE_ANY} %grows_i32 : (i32) -> i32
+          %any_grows = arith.cmpi ne, %any_grows_i32, %c0_i32 : i32
+          %o_ref, %max_ref_0, %max_ref_1, %l0_ref, %l1_ref = scf.if %any_grows -> (!fwk_o_acc, f32, f32, f32, f32) {
+            // Rescale factors; a head that has seen no key yet keeps max -inf, o = 0 and sum 0.
+            %new_max_0 = arith.maximumf %mx0, %block_max_0 : f32
+            %new_max_1 = arith.maximumf %mx1, %block_max_1 : f32
+            %none_0 = arith.cmpf oeq, %new_max_0, %minus_inf : f32
+            %none_1 = arith.cmpf oeq, %new_max_1, %minus_inf : f32
+            %safe_new_0 = arith.select %none_0, %zero, %new_max_0 : f32
+            %safe_new_1 = arith.select %none_1, %zero, %new_max_1 : f32
+            %drop_0 = arith.subf %mx0, %safe_new_0 : f32
+            %drop_1 = arith.subf %mx1, %safe_new_1 : f32
+            %alpha_0 = ${EX2} %drop_0 : (f32) -> f32
+            %alpha_1 = ${EX2} %drop_1 : (f32) -> f32
+            %l0_scaled = arith.mulf %l0, %alpha_0 : f32
+            %l1_scaled = arith.mulf %l1, %alpha_1 : f32
+            // o = o * alpha per head: accumulator element [0][tile][i][e] is head 8 i + r.
+            %alpha_rows0 = vector.broadcast %alpha_0 : f32 to vector<2xf32>
+            %alpha_rows1 = vector.broadcast %alpha_1 : f32 to vector<2xf32>
+            %alpha_pair0 = arith.constant dense<0.0> : vector<2x2xf32>
+            %alpha_pair1 = vector.insert %alpha_rows0, %alpha_pair0[0] : vector<2xf32> into vector<2x2xf32>
+            %alpha_pair = vector.insert %alpha_rows1, %alpha_pair1[1] : vector<2xf32> into vector<2x2xf32>
+            %alpha_all = vector.broadcast %alpha_pair : vector<2x2xf32> to !fwk_o_acc
+            %o_rescaled = arith.mulf %o_iter, %alpha_all : !fwk_o_acc
+            scf.yield %o_rescaled, %new_max_0, %new_max_1, %l0_scaled, %l1_scaled : !fwk_o_acc, f32, f32, f32, f32
+          } else {
+            scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32
+          }
+          %none_ref_0 = arith.cmpf oeq, %max_ref_0, %minus_inf : f32
+          %none_ref_1 = arith.cmpf oeq, %max_ref_1, %minus_inf : f32
+          %safe_max_0 = arith.select %none_ref_0, %zero, %max_ref_0 : f32
+          %safe_max_1 = arith.select %none_ref_1, %zero, %max_ref_1 : f32
 
-          // p = exp(x - max) (0 for x = -inf), its row sums per lane, and p as the lhs fragment of p v:
-          // element [2 i + tile][e].
+          // p = 2^(x - max) (0 for x = -inf), its row sums per lane, and p as the lhs fragment of p v:
+          // element [2 i + tile][e], each pair converted to the input type by one instruction.
           %p_init = arith.constant dense<0.0> : !fwk_p_frags
           %p_frags, %psum_0, %psum_1 = scf.for %tile = %c0 to %c2 step %c1
               iter_args(%acc = %p_init, %ps0 = %zero, %ps1 = %zero) -> (!fwk_p_frags, f32, f32) {
@@ -249,17 +297,16 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
                 iter_args(%acc2 = %acc, %ps0b = %ps0, %ps1b = %ps1) -> (!fwk_p_frags, f32, f32) {
               %is_row_1 = arith.cmpi eq, %i, %c1 : index
               %row_max = arith.select %is_row_1, %safe_max_1, %safe_max_0 : f32
-              %pair, %pair_sum = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_pair, %psum = %zero)
-                  -> (vector<2x${E}>, f32) {
-                %xv = vector.extract %x[0, %tile, %i, %e] : f32 from !dqk_scores
-                %shifted = arith.subf %xv, %row_max : f32
-                %shifted_l2 = arith.mulf %shifted, %log2e : f32
-                %p = ${EX2} %shifted_l2 : (f32) -> f32
-                %p_e = ${TRUNCF} %p : f32 to ${E}
-                %next = vector.insert %p_e, %pair_acc[%e] : ${E} into vector<2x${E}>
-                %psum_next = arith.addf %psum, %p : f32
-                scf.yield %next, %psum_next : vector<2x${E}>, f32
-              } {unroll_loop}
+              %xv0 = vector.extract %x[0, %tile, %i, 0] : f32 from !dqk_scores
+              %xv1 = vector.extract %x[0, %tile, %i, 1] : f32 from !dqk_scores
+              %shifted0 = arith.subf %xv0, %row_max : f32
+              %shifted1 = arith.subf %xv1, %row_max : f32
+              %p0 = ${EX2} %shifted0 : (f32) -> f32
+              %p1 = ${EX2} %shifted1 : (f32) -> f32
+              %pair_sum = arith.addf %p0, %p1 : f32
+              %packed = ${PACK_PAIR} %p1, %p0 : (f32, f32) -> i32
+              %packed_v = vector.broadcast %packed : i32 to vector<1xi32>
+              %pair = vector.bitcast %packed_v : vector<1xi32> to vector<2x${E}>
               %i2 = arith.muli %i, %c2 : index
               %frag_row = arith.addi %i2, %tile : index
               %next = vector.insert %pair, %acc2[0, 0, %frag_row] : vector<2x${E}> into !fwk_p_frags
@@ -271,23 +318,19 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
             } {unroll_loop}
             scf.yield %acc_i, %ps0_i, %ps1_i : !fwk_p_frags, f32, f32
           } {unroll_loop}
-          %l0_scaled = arith.mulf %l0, %alpha_0 : f32
-          %l1_scaled = arith.mulf %l1, %alpha_1 : f32
-          %l0_new = arith.addf %l0_scaled, %psum_0 : f32
-          %l1_new = arith.addf %l1_scaled, %psum_1 : f32
+          %l0_new = arith.addf %l0_ref, %psum_0 : f32
+          %l1_new = arith.addf %l1_ref, %psum_1 : f32
 
-          // o = o * alpha (per head: accumulator element [0][tile][i][e] is head 8 i + r), then o += p v
-          // with v read transposed (ldmatrix .trans), two e tiles per step.
-          %alpha_rows0 = vector.broadcast %alpha_0 : f32 to vector<2xf32>
-          %alpha_rows1 = vector.broadcast %alpha_1 : f32 to vector<2xf32>
-          %alpha_pair0 = arith.constant dense<0.0> : vector<2x2xf32>
-          %alpha_pair1 = vector.insert %alpha_rows0, %alpha_pair0[0] : vector<2xf32> into vector<2x2xf32>
-          %alpha_pair = vector.insert %alpha_rows1, %alpha_pair1[1] : vector<2xf32> into vector<2x2xf32>
-          %alpha_all = vector.broadcast %alpha_pair : vector<2x2xf32> to !fwk_o_acc
-          %o_rescaled = arith.mulf %o_iter, %alpha_all : !fwk_o_acc
-          %o_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %o_rescaled) -> (!fwk_o_acc) {
+          // o += p v with v read transposed (ldmatrix .trans), two e tiles per step.
+          %o_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %o_ref) -> (!fwk_o_acc) {
             %col0 = arith.muli %s, %c16 : index
-            %col = arith.addi %col0, %hi8 : index
+            // col0 + lane column with its chunk XOR-swizzled inside its group (kept additive in s, so
+            // the unrolled steps share (mask + 1) / 2 lane addresses plus immediates)
+            %col_high = arith.andi %col0, %v_swizzle_high : index
+            %col_low = arith.subi %col0, %col_high : index
+            %col_lane = arith.addi %col_low, %hi8 : index
+            %col_swizzled = arith.xori %col_lane, %pv_swizzle_v : index
+            %col = arith.addi %col_high, %col_swizzled : index
             %xv = nvgpu.ldmatrix %v_rows[%buffer, %pv_row, %col] numTiles = 4 transpose = true
                 : !dqk_v_rows -> vector<4x2x${E}>
             %rhs = vector.shape_cast %xv : vector<4x2x${E}> to !dqk_rhs_step
@@ -309,7 +352,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
             %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !fwk_o_acc
             scf.yield %next : !fwk_o_acc
           } {unroll_loop}
-          scf.yield %o_new, %new_max_0, %new_max_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
+          scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
         } else {
           scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32
         }
@@ -328,9 +371,12 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       %sc1, %vc1 = gpu.shuffle xor %sb1, %c2_i32, %c32_i32 : f32
       %row_sum_1 = arith.addf %sb1, %sc1 : f32
       %first_of_head = arith.cmpi eq, %c, %c0 : index
+      // The maxes back in natural units (the combine's).
+      %max_nat_0 = arith.mulf %max_0, %ln2 : f32
+      %max_nat_1 = arith.mulf %max_1, %ln2 : f32
       scf.if %first_of_head {
-        memref.store %max_0, %max_parts[%subgroup, %r] : !fwk_stats
-        memref.store %max_1, %max_parts[%subgroup, %r8] : !fwk_stats
+        memref.store %max_nat_0, %max_parts[%subgroup, %r] : !fwk_stats
+        memref.store %max_nat_1, %max_parts[%subgroup, %r8] : !fwk_stats
         memref.store %row_sum_0, %sum_parts[%subgroup, %r] : !fwk_stats
         memref.store %row_sum_1, %sum_parts[%subgroup, %r8] : !fwk_stats
       }
