@@ -207,6 +207,24 @@ def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
     return bs * (d + dv) * 2 + rows + 2 * stages * HEAD_ROWS * 4 + 16 * recipe.rows_per_piece
 
 
+def min_workgroups_per_sm(stage: str, spec: KernelSpec, recipe) -> int:
+    """Workgroups of the NVIDIA kernel of `stage` that ptxas is asked to fit on one multiprocessor
+    (`nvvm.minctasm`, PTX .minnctapersm): as many as the recipe's register cap for the stage allows
+    (`[kernels] register_cap`), but no more than the multiprocessor's workgroup memory holds
+    (`sm_workgroup_memory`, 1 KiB of it reserved per workgroup); 1 (no constraint) without a cap."""
+    cap = int(recipe.kernel_settings.get("register_cap", {}).get(stage, 0))
+    sm_memory = int(recipe.kernel_settings.get("sm_workgroup_memory", 0))
+    if not cap or not sm_memory:
+        return 1
+    lanes = (spec.block_size // KEYS_PER_SUBGROUP) * 32          # LANES of the three kernels
+    by_registers = REGISTERS_PER_SM // (lanes * cap)
+    by_memory = sm_memory // (workgroup_memory(stage, spec, recipe) + 1024)
+    return max(1, min(by_registers, by_memory))
+
+
+REGISTERS_PER_SM = 65536
+
+
 def mma_kind_name(kind: str, spec: KernelSpec) -> str:
     """The recipe's mma_kind with its element type filled in (NV_MMA_SYNC_F32_16x8x16_${MMA_DTYPE} -> ..._BF16)."""
     return kind.replace("${MMA_DTYPE}", spec.dtype.upper())
@@ -268,6 +286,8 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
     # than this (base-2 units): p stays <= 2^RESCALE_SLACK, and o is rescaled about once per row instead of
     # once per block.
     values["RESCALE_SLACK"] = "8.0"
+    for stage in ("forward", "dq", "dkdv"):
+        values[f"{stage.upper()}_MIN_WORKGROUPS_PER_SM"] = min_workgroups_per_sm(stage, spec, recipe)
     values["K_STAGE_PER_LANE"] = -(-values["K_STAGE_ITEMS"] // values["LANES"])
     values["V_STAGE_PER_LANE"] = -(-values["V_STAGE_ITEMS"] // values["LANES"])
     return {key: str(value) for key, value in values.items()}

@@ -73,7 +73,8 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
   builtin.module {
     func.func @selection_attention_dq_row() attributes {translation_info = #iree_codegen.translation_info<
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
+        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>,
+        nvvm.minctasm = ${DQ_MIN_WORKGROUPS_PER_SM} : i32} {
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c2 = arith.constant 2 : index
