@@ -243,3 +243,24 @@ def test_swizzled_ldmatrix_reads_and_staging_copies_are_conflict_free(elements):
             lines = {stored(row, chunk) // 128 for chunk in range(first, first + 8)}
             offsets = sorted(stored(row, chunk) % 128 for chunk in range(first, first + 8))
             assert len(lines) == 1 and offsets == list(range(0, 128, 16))
+
+
+# ptxas is asked for as many workgroups per SM as the recipe's register cap and the SM's workgroup memory allow.
+OCCUPANCY = [
+    ("anchors_forward", ANCHORS_CUDA, "forward", 3),
+    ("anchors_dq", ANCHORS_CUDA, "dq", 3),
+    ("anchors_dkdv_uncapped", ANCHORS_CUDA, "dkdv", 1),
+    ("d192_forward_by_memory", ANCHORS_CUDA.replace(head_dim=192), "forward", 2),
+    ("bs128_forward_by_registers", ANCHORS_CUDA.replace(block_size=128), "forward", 1),
+]
+
+
+@pytest.mark.parametrize("case,spec,stage,expected", OCCUPANCY, ids=[c[0] for c in OCCUPANCY])
+def test_min_workgroups_per_sm(case, spec, stage, expected):
+    from nsa_iree.fragments import min_workgroups_per_sm
+
+    assert min_workgroups_per_sm(stage, spec, load_recipe("cuda")) == expected
+
+
+def test_rendered_forward_kernel_asks_ptxas_for_three_workgroups():
+    assert "nvvm.minctasm = 3 : i32" in render_module(ANCHORS_CUDA, "forward")
