@@ -519,28 +519,31 @@ def plot(record, path):
     except ImportError:
         return None
     selections = list(record["checks"])
-    fig, axes = plt.subplots(1, len(selections), figsize=(6 * len(selections), 4.5), squeeze=False)
-    for ax, selection in zip(axes[0], selections):
-        rows = [r for r in record["rows"] if r["selection"] == selection and "bwd_ms" in r]
-        dense = {r["seq"]: r["bwd_ms"] for r in rows if r["impl"] == "dense sdpa"}
-        labelled = 0
-        for impl in dict.fromkeys(r["impl"] for r in rows):
-            pts = sorted((r["seq"], r["bwd_ms"]) for r in rows if r["impl"] == impl)
-            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
-            if impl != "dense sdpa":
-                # "x dense" labels alternate above and below their points, so close curves stay readable.
-                offset = (4, 5) if labelled % 2 == 0 else (4, -11)
-                labelled += 1
-                for seq, ms in pts:
-                    if seq in dense:
-                        ax.annotate(f"{dense[seq] / ms:.1f}x", (seq, ms), textcoords="offset points", xytext=offset,
-                                    fontsize=7, color=line.get_color())
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel("backward ms")
-        ax.set_title(f"{record['config']['name']}, {selection} selection ({record['machine']})", fontsize=9)
-        ax.legend(fontsize=7)
+    # One column per selection; forward times on the first row, backward on the second, each point of a
+    # non-dense curve labelled with dense's time over its own ("x dense").
+    fig, axes = plt.subplots(2, len(selections), figsize=(6 * len(selections), 9), squeeze=False)
+    for row_axes, key, what in ((axes[0], "fwd_ms", "forward"), (axes[1], "bwd_ms", "backward")):
+        for ax, selection in zip(row_axes, selections):
+            rows = [r for r in record["rows"] if r["selection"] == selection and key in r]
+            dense = {r["seq"]: r[key] for r in rows if r["impl"] == "dense sdpa"}
+            labelled = 0
+            for impl in dict.fromkeys(r["impl"] for r in rows):
+                pts = sorted((r["seq"], r[key]) for r in rows if r["impl"] == impl)
+                (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+                if impl != "dense sdpa":
+                    # Labels alternate above and below their points, so close curves stay readable.
+                    offset = (4, 5) if labelled % 2 == 0 else (4, -11)
+                    labelled += 1
+                    for seq, ms in pts:
+                        if seq in dense:
+                            ax.annotate(f"{dense[seq] / ms:.1f}x", (seq, ms), textcoords="offset points",
+                                        xytext=offset, fontsize=7, color=line.get_color())
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel(f"{what} ms")
+            ax.set_title(f"{record['config']['name']}, {selection} selection, {what} ({record['machine']})", fontsize=9)
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
