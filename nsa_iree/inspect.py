@@ -62,7 +62,8 @@ def _configurations(dump: Path) -> dict[str, tuple[str, str]]:
     out = {}
     for f in sorted(dump.glob("configured_module_*.mlir")):
         text = f.read_text()
-        for m in re.finditer(r"func\.func @(\w+)\(\) attributes \{translation_info = "
+        # (other attributes, e.g. the NVIDIA kernels' nvvm.minctasm, print before translation_info)
+        for m in re.finditer(r"func\.func @(\w+)\(\) attributes \{(?:[\w.]+ = [^,{}]*, )*translation_info = "
                              r"#iree_codegen\.translation_info<\s*pipeline = (#iree_codegen\.pass_pipeline<\"[^\"]*\">|"
                              r"(?:#iree_\w+\.pipeline<)?\w+)([^}]*)", text):
             name, pipeline, rest = m.groups()
@@ -144,6 +145,8 @@ def _cuda(dump: Path) -> list[DispatchInfo]:
             "gload": _count(r"^\s+ld\.global", body), "gstore": _count(r"^\s+st\.global", body),
             "atomic_add": _count(r"^\s+(atom|red)\.[\w.]*add\.f32", body),
             "cas": _count(r"^\s+atom\.[\w.]*cas", body),
+            # workgroups per multiprocessor ptxas is asked to fit (.minnctapersm; 1 when absent)
+            "min_ctas": int(m2.group(1)) if (m2 := re.search(r"^\.minnctapersm (\d+)", body, re.MULTILINE)) else 1,
         }))
     return rows
 

@@ -86,3 +86,17 @@ def test_hand_written_kernels_within_budget(case, spec, variant, kernels):
             assert r.stats["waves/simd"] >= 2, r
             assert r.stats["scratch"] == 0, r
             assert r.stats["lds"] <= LDS_BYTES["gfx950"], r
+
+
+# The NVIDIA forward and dq kernels carry the occupancy hint of the recipe's register cap (ptxas then holds
+# them to 168 registers: three workgroups per SM where the workgroup memory allows; D = 192 fits two).
+OCCUPANCY = [
+    ("anchors_h64g4_d128", ANCHORS.replace(target="cuda"), {FORWARD: 3, DQ: 3, DKDV: 1}),
+    ("paper_h64g4_d192", ANCHORS.replace(target="cuda", head_dim=192), {FORWARD: 2, DQ: 2, DKDV: 1}),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", OCCUPANCY, ids=[c[0] for c in OCCUPANCY])
+def test_cuda_kernels_carry_their_occupancy_hint(case, spec, expected):
+    rows = {r.name: r for variant in ("forward", "two-pass") for r in inspect_spec(spec, variant)}
+    assert {name: rows[name].stats["min_ctas"] for name in expected} == expected
