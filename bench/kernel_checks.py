@@ -49,6 +49,9 @@ CASES = [
     ("hpg1_t1", _cfg(4, 4, 64, 64, 64, 1), 1, 300, 300, "uniform", False),
     ("hpg16_g2_t2_d64", _cfg(32, 2, 64, 64, 64, 2), 2, 513, 513, "realistic", True),
     ("d192_bs128", _cfg(16, 2, 192, 128, 128, 4), 1, 600, 600, "realistic", True),   # forward kernel, linalg dq
+    # keys scaled up along the sequence: later blocks' scores pass the forward's running max by far more than its
+    # rescale slack (2^8) again and again, so the rescale branch runs with o already accumulated
+    ("anchors_rising_keys", CONFIGS["anchors"], 1, 1024, 1024, "realistic rising", False),
 ]
 
 
@@ -95,6 +98,10 @@ def _problem(cfg, batch, m_rows, n, selection, bad, seed):
     k = torch.randn(batch, n, g, d, generator=gen, device="cuda").to(dtype)
     v = torch.randn(batch, n, g, dv, generator=gen, device="cuda").to(dtype)
     do = torch.randn(batch, m_rows, h, dv, generator=gen, device="cuda").to(dtype)
+    if selection.endswith(" rising"):          # key n scaled by 1 + 8 n / N
+        selection = selection.removesuffix(" rising")
+        ramp = 1 + 8 * torch.arange(n, device="cuda", dtype=torch.float32) / n
+        k = (k.float() * ramp.view(1, n, 1, 1)).to(dtype)
     pick = {"realistic": realistic_block_indices, "uniform": uniform_block_indices,
             "local": local_block_indices}[selection]
     idx = pick(batch, m_rows, n, g, cfg["num_blocks"], cfg["block_size"], generator=gen, device="cuda")
