@@ -97,20 +97,30 @@ def covers_tile(layout: OperandLayout, subgroup_size: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The backward kernels (nsa_iree/mlir/dq_kernel.mlir, nsa_iree/mlir/dkdv_kernel.mlir)
+# The NVIDIA kernels (nsa_iree/mlir/forward_kernel.mlir, dq_kernel.mlir, dkdv_kernel.mlir)
 
 KEYS_PER_SUBGROUP = 16   # each subgroup owns 16 keys of every block (two 8-key column tiles of s)
 HEAD_ROWS = 16           # one 16-row lhs tile holds the heads of a group (padded when HPG < 16)
-PAD = 8                  # elements added to every workgroup-memory row (32-bit fragment reads on 32 banks)
+PAD = 8                  # elements added to a padded workgroup-memory row: 8 consecutive rows start on different
+                         # banks (the portable kernels' tiles, dq's do tile, dk/dv's K/V tiles; the NVIDIA
+                         # kernels' staged K/V and q/do rows are swizzled instead: swizzle_mask)
+REGISTERS_PER_SM = 65536 # 32-bit registers of one NVIDIA multiprocessor (sm_80, sm_90)
+WORKGROUP_RESERVED = 1024 # workgroup memory the driver reserves per workgroup (sm_80, sm_90)
 
 
 def swizzle_mask(elements: int) -> int:
-    """The XOR swizzle of an unpadded workgroup-memory row of `elements` 16-bit values (the NVIDIA kernels' K/V
-    tiles): 16-byte chunk c of row j is stored at chunk c ^ (j & mask). ldmatrix reads one chunk of 8
+    """The XOR swizzle of an unpadded workgroup-memory row of `elements` 16-bit values (the NVIDIA kernels'
+    staged K/V rows, and dk/dv's q/do rows): 16-byte chunk c of row j is stored at chunk c ^ (j & mask). ldmatrix reads one chunk of 8
     consecutive rows (8 distinct 16-byte bank groups when mask = 7: no conflicts), and every 8 lanes of a staging
     copy fill one aligned 128-byte line. mask + 1 is the largest power of two up to 8 dividing the row's chunks."""
     chunks = elements // 8
     return min(8, chunks & -chunks) - 1
+
+
+# The PTX instructions each NVIDIA kernel takes from its recipe's [kernels] table (kernel_values: EX2,
+# PACK_PAIR, VOTE_ANY).
+CUSTOM_KERNEL_INSTRUCTIONS = {"forward": ("ex2", "pack_pair", "vote_any"), "dq": ("ex2", "pack_pair"),
+                              "dkdv": ("ex2", "pack_pair")}
 
 
 def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
@@ -127,7 +137,10 @@ def custom_kernel_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     elif layout.mnk != (16, 8, 16):
         # The template's fragment loads and its ds re-tiling are written for this placement; other
         # intrinsics take the portable kernels (recipe value "portable", portable_limits).
-        why.append(f"dq_kernel.mlir is written for 16x8x16 fragments, not {layout.name}")
+        why.append(f"{stage}_kernel.mlir is written for 16x8x16 fragments, not {layout.name}")
+    missing = [key for key in CUSTOM_KERNEL_INSTRUCTIONS[stage] if key not in recipe.kernel_settings]
+    if missing:
+        why.append(f"the recipe names no {', '.join(missing)} instruction")
     if spec.heads_per_group > HEAD_ROWS:
         why.append(f"more than {HEAD_ROWS} heads per group")
     if spec.head_dim % 16 or spec.value_dim % 16:
@@ -211,18 +224,16 @@ def min_workgroups_per_sm(stage: str, spec: KernelSpec, recipe) -> int:
     """Workgroups of the NVIDIA kernel of `stage` that ptxas is asked to fit on one multiprocessor
     (`nvvm.minctasm`, PTX .minnctapersm): as many as the recipe's register cap for the stage allows
     (`[kernels] register_cap`), but no more than the multiprocessor's workgroup memory holds
-    (`sm_workgroup_memory`, 1 KiB of it reserved per workgroup); 1 (no constraint) without a cap."""
+    (`sm_workgroup_memory`, WORKGROUP_RESERVED of it per workgroup); 1 (no constraint) without a cap."""
     cap = int(recipe.kernel_settings.get("register_cap", {}).get(stage, 0))
     sm_memory = int(recipe.kernel_settings.get("sm_workgroup_memory", 0))
     if not cap or not sm_memory:
         return 1
-    lanes = (spec.block_size // KEYS_PER_SUBGROUP) * 32          # LANES of the three kernels
+    kind = LAYOUTS[mma_kind_name(recipe.kernel_settings["mma_kind"], spec)]
+    lanes = (spec.block_size // KEYS_PER_SUBGROUP) * kind.subgroup_size          # LANES of the three kernels
     by_registers = REGISTERS_PER_SM // (lanes * cap)
-    by_memory = sm_memory // (workgroup_memory(stage, spec, recipe) + 1024)
+    by_memory = sm_memory // (workgroup_memory(stage, spec, recipe) + WORKGROUP_RESERVED)
     return max(1, min(by_registers, by_memory))
-
-
-REGISTERS_PER_SM = 65536
 
 
 def mma_kind_name(kind: str, spec: KernelSpec) -> str:
@@ -254,11 +265,11 @@ def kernel_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "DKDV_STAGES": dkdv_stages, "DKDV_STAGES_MINUS_1": dkdv_stages - 1,
         "ROWS_PER_PIECE_PLUS_DKDV_LAG": recipe.rows_per_piece + dkdv_stages - 1,
         "DQ_K_BYTES": dq_k_bytes, "DQ_KV_BYTES": dq_k_bytes + dq_v_bytes,
-        "DQ_SMEM_BYTES": dq_k_bytes + dq_v_bytes + HEAD_ROWS * (dv + PAD) * 2,
+        "DQ_SMEM_BYTES": workgroup_memory("dq", spec, recipe),       # (the size the kernel choice checks)
         # The forward kernel: after its loop the K/V bytes hold each subgroup's o [16, Dv], max and sum.
         "FWD_O_PARTS_BYTES": subgroups * HEAD_ROWS * dv * 4,
         "FWD_O_PARTS_STATS_BYTES": subgroups * HEAD_ROWS * (dv + 1) * 4,
-        "FWD_SMEM_BYTES": max(dq_k_bytes + dq_v_bytes, subgroups * HEAD_ROWS * (dv + 2) * 4),
+        "FWD_SMEM_BYTES": workgroup_memory("forward", spec, recipe),
         "FWD_O_ITEMS": spec.heads_per_group * dv,
         # Cache hint of the 16-byte asynchronous copies ("bypassL1": cp.async.cg, L2 only; "": cp.async.ca).
         "ASYNC_COPY_HINT": recipe.kernel_settings.get("async_copy_hint", ""),

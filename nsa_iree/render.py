@@ -79,8 +79,13 @@ def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None) -
     """One template, rendered. Raises KeyError naming any placeholder left without a value."""
     recipe = recipe or load_recipe(spec.target)
     text = _with_parts((MLIR_DIR / f"{name}.mlir").read_text())
+    values = template_values(spec, recipe)
+    # The shared host-function parts (parts/host_*.mlir) dispatch the executable their template declares.
+    executables = re.findall(r"hal\.executable\.source private @(\w+)", text)
+    if len(executables) == 1:
+        values["EXECUTABLE"] = executables[0]
     try:
-        return string.Template(text).substitute(template_values(spec, recipe))
+        return string.Template(text).substitute(values)
     except KeyError as err:
         raise KeyError(f"mlir/{name}.mlir: no value for placeholder {err}") from None
 

@@ -108,6 +108,16 @@ def test_a_kernel_over_the_targets_workgroup_memory_falls_back(monkeypatch):
     assert [template_for(s, spec, recipe) for s in ("forward", "dq", "dkdv")] == ["forward_kernel", "dq", "dkdv_kernel"]
 
 
+def test_a_recipe_without_the_kernels_instructions_gets_the_linalg_stages():
+    import dataclasses
+
+    recipe = load_recipe("cuda")
+    settings = {k: v for k, v in recipe.kernel_settings.items() if k != "vote_any"}
+    recipe = dataclasses.replace(recipe, kernel_settings=settings)         # forward needs vote_any, dq dk/dv not
+    assert [template_for(s, ANCHORS_CUDA, recipe) for s in ("forward", "dq", "dkdv")] == [
+        "forward", "dq_kernel", "dkdv_kernel"]
+
+
 def test_rendered_cuda_modules_hold_the_kernels():
     backward = render_module(ANCHORS_CUDA, "two-pass")
     assert "@selection_attention_dq_kernel_exe" in backward and "@selection_attention_dkdv_kernel_exe" in backward

@@ -20,8 +20,9 @@
 //   lhs  vector<4x2>: [2 i + k'][e] = X[8 i + r][8 k' + 2 c + e]        (16 x 16, rows x reduction)
 //   rhs  vector<2x2>: [k'][e]       = Y[8 k' + 2 c + e][r]              (16 x 8, reduction x columns)
 //   acc  vector<2x2>: [i][e]        = Z[8 i + r][2 c + e]               (16 x 8)
-// An ldmatrix of four 8x8 matrices fills one lhs or two rhs fragments; the tiles are padded by 8 elements
-// per row, so the 8 rows of each matrix sit on different banks.
+// An ldmatrix of four 8x8 matrices fills one lhs or two rhs fragments. The K/V tiles are unpadded with each
+// row's 16-byte chunks XOR-swizzled by the row (kv_staging; fragments.swizzle_mask), the do tile padded by 8
+// elements per row: either way the 8 rows of each matrix sit on different banks.
 //
 // Visibility (semantics.md): slot t of row m names block i; it is skipped when i < 0 or i * BS > pos(m),
 // pos(m) = m + N - M (tested as i <= floor(pos / BS), which cannot overflow); key i * BS + j is visible
@@ -238,9 +239,9 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %dq_row_bits = arith.andi %dq_row, %k_swizzle_mask : index
       %dq_swizzle_k = arith.muli %dq_row_bits, %c8 : index
 
-      // Iteration t stages slot t into buffer t mod 2 (asynchronous 16-byte copies, one commit group per
-      // iteration, empty for a skipped slot or t = T), then computes slot t - 1 from the other buffer while
-      // those copies are in flight.
+      // Iteration t stages slot t into buffer t mod STAGES (asynchronous 16-byte copies, one commit group per
+      // iteration, empty for a skipped slot or t >= T), then computes slot t - STAGES + 1 from its buffer
+      // while those copies are in flight.
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
       %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
         // part: kv_staging
@@ -414,27 +415,4 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
 }
 
 // Host side: one dispatch, dq written into the caller's tensor.
-func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
-    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %kv_heads = arith.constant ${G} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
-  %batch_i32 = arith.index_cast %batch : index to i32
-  %m_rows_i32 = arith.index_cast %m_rows : index to i32
-  %n_i32 = arith.index_cast %n : index to i32
-  %scale_bits = arith.bitcast %scale : f32 to i32
-  %dq = flow.dispatch @selection_attention_dq_kernel_exe::@selection_attention_dq_row[%m_rows, %kv_heads, %batch](
-      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do)
-      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
-         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows},
-         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows},
-         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows})
-      -> tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}
-  return %dq : tensor<?x?x${H}x${D}x${E}>
-}
+// part: host_dq
