@@ -19,14 +19,12 @@ Shapes, masking and numerics are specified in docs/semantics.md.
 
 from __future__ import annotations
 
-import atexit
 import functools
 from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
-from . import runtime as _runtime
 from .compiler import compile_artifact
 from .packing import packed_layout
 from .runtime import device_for, importable
@@ -310,11 +308,6 @@ for _name in _CAST_POSITIONS:
     for _device_type in ("cpu", "cuda"):
         _register_autocast(_name, _device_type)
 
-
-# The operators stay registered with torch's dispatcher until the process ends, and through their bodies this
-# module's globals stay alive past the interpreter's clean-up: the IREE devices are released before that
-# (otherwise nanobind reports them as leaked at exit), by the runtime's own release where it has one.
-atexit.register(getattr(_runtime, "release_devices", None) or device_for.cache_clear)
 
 
 # --- public functions ----------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ How it runs (docs/design.md, "Context parallelism"):
   gives the same result as on the whole sequence.
 - Backward: the backward on the prefix writes the dk/dv contributions of this rank's rows to all L keys into
   a zero-padded ``[P, B, C, G, *]`` buffer, and a reduce-scatter (sum) hands every rank the total for its own
-  chunk. It is started asynchronously as soon as dk and dv are written; dq, which needs only the rank's own
-  rows, is computed while it runs (two-pass variant; one-pass writes all three in one dispatch).
+  chunk. It runs after the dq pass (OVERLAP_BACKWARD = True starts it asynchronously as soon as dk and dv are
+  written, in api.backward_into's after_dkdv hook, and computes dq meanwhile: measured slower on 2 x H200,
+  bench/results/distributed_2xH200.md; the one-pass writes all three in one dispatch).
 - Why a padded reduce-scatter, not a sequence of reduces: one collective, on every backend (gloo in torch 2.13
   has reduce_scatter_tensor), whose ring moves (P - 1) / P of the buffer per rank; P reduces of one chunk each
   (ranks before the chunk's owner sending zeros) move as much per rank in P collectives, and the unequal

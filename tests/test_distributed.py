@@ -11,7 +11,9 @@ them from the same cache.
 
 Tolerance (f32): o, dq, dk and dv, concatenated over the ranks, within a relative RMS error of 1e-6 of the
 single-process call (o and dq come out bitwise equal on CPU; dk and dv differ in the order their per-rank
-sums are added, ~1e-7), and within semantics.md's 1e-5 of the f64 reference. bf16 autocast: 1e-2.
+sums are added, ~1e-7), and within semantics.md's 1e-5 of the f64 reference. bf16 autocast: o and dq
+within 1e-6 of the single-process call, dk and dv within 5e-3 (each rank's bf16 partial sums are rounded
+before the reduce-scatter), all four within bf16's 1e-2 of the f64 reference.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from nsa_iree.testing import TOLERANCE, relative_rms_error
 
 H, G, D, DV, BS, T = 4, 2, 16, 8, 8, 3
 SAME_AS_ONE_PROCESS = 1e-6
+AUTOCAST_DKDV_ROUNDING = 5e-3   # measured 2.6e-3 (dk), 2.1e-3 (dv) with 2 ranks
+RMS_FLOOR = 0.05                 # as tests/conftest.py
 DEADLINE_S = 400
 
 
@@ -238,7 +242,10 @@ def test_sharded_call_equals_the_single_process_call(name, tmp_path_factory):
     results = ranks_results(case.world, tmp_path_factory)
     chunks = [_outputs(results[r][("case", name)], f"rank {r}") for r in case.ranks]
     q, k, v, do, idx, counts = problem(case)
-    tolerance = TOLERANCE[torch.bfloat16] if case.autocast else SAME_AS_ONE_PROCESS
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    o_ref, _ = selection_attention_reference(*leaves, idx, BS, counts)
+    o_ref.backward(do.double())
+    references = (o_ref, *(t.grad for t in leaves))
     for i, what in enumerate(("o", "dq", "dk", "dv")):
         if expected[i] is None:
             assert all(c[i] is None for c in chunks), f"{what}: a gradient nobody asked for"
@@ -246,15 +253,17 @@ def test_sharded_call_equals_the_single_process_call(name, tmp_path_factory):
         got = torch.cat([c[i] for c in chunks], dim=1)
         assert got.dtype == expected[i].dtype and got.shape == expected[i].shape, what
         assert not torch.isnan(got).any(), f"{what}: NaN (an element nothing wrote)"
-        error = relative_rms_error(got, expected[i])
-        assert error < tolerance, f"{what}: {error:.2e} from the single-process call"
-    if not case.autocast:          # and both against the f64 reference
-        leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
-        o_ref, _ = selection_attention_reference(*leaves, idx, BS, counts)
-        o_ref.backward(do.double())
-        for what, got, ref in zip(("o", "dq", "dk", "dv"), expected, (o_ref, *(t.grad for t in leaves))):
-            if got is not None:
-                assert relative_rms_error(got, ref, rms_floor=0.05) < TOLERANCE[torch.float32], what
+        if case.autocast and what in ("dk", "dv"):
+            # each rank's bf16 dk/dv partial sums are rounded once more before the reduce-scatter adds them
+            error = relative_rms_error(got, expected[i])
+            assert error < AUTOCAST_DKDV_ROUNDING, f"{what}: {error:.2e} from the single-process call"
+        else:
+            error = relative_rms_error(got, expected[i])
+            assert error < SAME_AS_ONE_PROCESS, f"{what}: {error:.2e} from the single-process call"
+        # and the sharded result against the f64 reference, at the tolerance of the type it was computed in
+        error = relative_rms_error(got, references[i], rms_floor=RMS_FLOOR)
+        computed_in = torch.bfloat16 if case.autocast else got.dtype
+        assert error < TOLERANCE[computed_in], f"{what}: {error:.2e} from the f64 reference"
 
 
 def test_a_group_of_one_process_is_the_plain_call(tmp_path_factory):

@@ -222,11 +222,11 @@ SWIZZLE_ROWS = [16 * i for i in range(1, 17)]
 
 @pytest.mark.parametrize("elements", SWIZZLE_ROWS, ids=[f"row{e}" for e in SWIZZLE_ROWS])
 def test_swizzle_permutes_each_row_and_matches_the_templates_additive_form(elements):
-    from nsa_iree.fragments import swizzle_mask
+    from nsa_iree.fragments import kernel_values
 
-    mask, chunks = swizzle_mask(elements), elements // 8
+    values = kernel_values(ANCHORS_CUDA.replace(head_dim=elements), load_recipe("cuda"))
+    mask, high, chunks = int(values["K_SWIZZLE_MASK"]), int(values["K_SWIZZLE_HIGH"]), elements // 8
     assert chunks % (mask + 1) == 0 and mask in (1, 3, 7)
-    high = -8 * (mask + 1)                                      # K_SWIZZLE_HIGH
     for row in range(64):
         swizzle = (row & mask) * 8
         assert sorted((c * 8) ^ swizzle for c in range(chunks)) == [c * 8 for c in range(chunks)]
