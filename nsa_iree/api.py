@@ -20,6 +20,7 @@ Shapes, masking and numerics are specified in docs/semantics.md.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional, Union
 
 import torch
@@ -37,6 +38,9 @@ _DTYPE_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16
 _INT32_MAX = 2**31 - 1
 
 BlockCounts = Optional[Union[int, Tensor]]
+# The CPU that cpu kernels are compiled for: unset or "host" (this machine's CPU features), or an LLVM CPU name
+# ("x86-64-v3": AVX2 + FMA, an artifact any such x86-64 machine can load). Read where a problem's spec is made.
+CPU_TARGET_ENV = "NSA_IREE_CPU_TARGET"
 
 
 # --- running the compiled kernels (real tensors, eager) ------------------------------------------------
@@ -50,11 +54,23 @@ def _target_for(device: torch.device) -> str:
     return "cuda"
 
 
+def _target_cpu(target: str) -> str:
+    """``$NSA_IREE_CPU_TARGET`` for CPU tensors (default "host"): the CPU the cpu kernels are compiled for."""
+    name = (os.environ.get(CPU_TARGET_ENV, "").strip() or "host") if target == "cpu" else "host"
+    try:
+        KernelSpec(target_cpu=name)
+    except ValueError:
+        raise ValueError(f"{CPU_TARGET_ENV} must be 'host' or an LLVM CPU name such as 'x86-64-v3', got "
+                         f"{name!r}") from None
+    return name
+
+
 def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int) -> KernelSpec:
     """The KernelSpec of a problem: everything static about it (B, M and N are not part of it)."""
+    target = _target_for(q.device)
     return KernelSpec(heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
                       block_size=block_size, num_blocks=block_indices.shape[3], dtype=_DTYPE_NAME[q.dtype],
-                      target=_target_for(q.device))
+                      target=target, target_cpu=_target_cpu(target))
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,7 +145,8 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None):
 
 def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None,
                   after_dkdv=None):
-    """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype).
+    """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype; dk and dv may
+    be float32 for 16-bit inputs: their sums before the rounding to q's dtype).
 
     two-pass: the block lists inverted and dk/dv block-major (no atomics), then dq query-major. dq=None skips
     the dq pass; dk=dv=None skips the inversion and the dk/dv pass (the gradients autograd does not need).
@@ -171,7 +188,10 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         return dq, dk, dv
     if dq is None and dk is None:
         return dq, dk, dv
-    module = kernels(describe(q, k, v, idx, block_size), variant, q.device)
+    spec = describe(q, k, v, idx, block_size)
+    if dk is not None and dk.dtype == torch.float32 != q.dtype:
+        spec = spec.replace(dkdv_dtype="f32")          # dk and dv left unrounded (nsa_iree.distributed)
+    module = kernels(spec, variant, q.device)
     (delta,) = module.call("selection_attention_delta", o, do)
     if variant == "two-pass":
         if dk is not None:

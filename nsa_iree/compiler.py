@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .cache import ArtifactError, atomic_write, cache_dir, describe_dir, fallback_dirs, problem_with, \
     probe_writable, tool_tmpdir, write_artifact, writable_dir
-from .recipes import load_recipe
+from .recipes import HOST_CPU_FLAG, load_recipe
 from .render import render_module
 from .spec import KernelSpec
 
@@ -56,18 +56,19 @@ def _host_fingerprint() -> str:
     return f"{platform.machine()} {flags}"
 
 
-def saved_flags(flags: tuple[str, ...], target: str) -> str:
-    """The text saved beside an artifact (``.flags``): its compile flags and, for ``cpu`` (compiled with
-    ``--iree-llvmcpu-target-cpu=host``), the CPU it was compiled for. A runtime-only machine uses an artifact
+def saved_flags(flags: tuple[str, ...]) -> str:
+    """The text saved beside an artifact (``.flags``): its compile flags and, for code compiled for the host CPU
+    (``--iree-llvmcpu-target-cpu=host``), the CPU it was compiled for. A runtime-only machine uses an artifact
     only when this text is its own, so code built for CPU features it lacks (AVX-512, avx512_bf16) is never
-    loaded there."""
+    loaded there. Code compiled for a named CPU (KernelSpec.target_cpu, e.g. x86-64-v3) carries no host."""
     text = "\n".join(flags)
-    return text + f"\nhost: {_host_fingerprint()}" if target == "cpu" else text
+    return text + f"\nhost: {_host_fingerprint()}" if HOST_CPU_FLAG in flags else text
 
 
-def cache_key(text: str, flags: tuple[str, ...], target: str) -> str:
+def cache_key(text: str, flags: tuple[str, ...]) -> str:
+    """sha256 over the rendered MLIR, the compiler version, the flags and (host-CPU code only) the host CPU."""
     h = hashlib.sha256()
-    for part in (text, compiler_version(), "\0".join(flags), _host_fingerprint() if target == "cpu" else ""):
+    for part in (text, compiler_version(), "\0".join(flags), _host_fingerprint() if HOST_CPU_FLAG in flags else ""):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -96,11 +97,12 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
     check_supported(spec)
     recipe = load_recipe(spec.target)
     text = render_module(spec, variant)
+    flags = recipe.flags_for(spec)
     primary = Path(out_dir) if out_dir is not None else cache_dir()
     try:
-        key = cache_key(text, recipe.flags, spec.target)
+        key = cache_key(text, flags)
     except ImportError:
-        return _prebuilt(spec, variant, text, recipe.flags, primary, searched_fallbacks=out_dir is None)
+        return _prebuilt(spec, variant, text, flags, primary, searched_fallbacks=out_dir is None)
     stem = f"{variant}_{spec.name}_{key[:16]}"
     problem = problem_with(primary / f"{stem}.vmfb")
     if problem is None and not rebuild:
@@ -124,12 +126,12 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
                       f"compiling it again into {vmfb}", RuntimeWarning, stacklevel=2)
 
     atomic_write(mlir, text.encode())
-    atomic_write(mlir.with_suffix(".flags"), saved_flags(recipe.flags, spec.target).encode())
+    atomic_write(mlir.with_suffix(".flags"), saved_flags(flags).encode())
     start = time.perf_counter()
     try:
         from iree.compiler import CompilerToolError, compile_str
         with tool_tmpdir(directory):
-            binary = compile_str(text, extra_args=list(recipe.flags))
+            binary = compile_str(text, extra_args=list(flags))
     except CompilerToolError as err:
         raise CompileError(
             f"iree-compile failed for {variant} {spec.name}; rendered MLIR kept at {mlir}\n{err}") from None
@@ -148,7 +150,7 @@ def _prebuilt(spec: KernelSpec, variant: str, text: str, flags, primary: Path, s
         for vmfb in sorted(directory.glob(f"{variant}_{spec.name}_*.vmfb")):
             mlir, flags_file = vmfb.with_suffix(".mlir"), vmfb.with_suffix(".flags")
             try:
-                same = mlir.read_text() == text and flags_file.read_text() == saved_flags(flags, spec.target)
+                same = mlir.read_text() == text and flags_file.read_text() == saved_flags(flags)
             except (OSError, UnicodeDecodeError):
                 continue
             if not same:

@@ -137,7 +137,14 @@ def _describe_mismatch(table: list[dict]) -> Optional[str]:
     return None
 
 
-def _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale, variant, rank, size,
+def _check_self_attention(q, k) -> None:
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(f"k has {k.shape[1]} tokens (k.shape[1]) but q has {q.shape[1]} (q.shape[1]): the "
+                         f"distributed call is self-attention over one sequence (M == N), every rank holding "
+                         f"the same tokens of q, k and v")
+
+
+def _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale, variant, kv_need_grad, rank, size,
                         backends, group) -> float:
     """Validate this rank's inputs, exchange shapes with the other ranks, raise on every rank if any rank
     cannot run. Returns the resolved scale."""
@@ -145,17 +152,14 @@ def _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale,
     try:
         check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
         check_variant(variant)
-        if k.shape[1] != q.shape[1]:
-            raise ValueError(f"k has {k.shape[1]} tokens (k.shape[1]) but q has {q.shape[1]} (q.shape[1]): the "
-                             f"distributed call is self-attention over one sequence (M == N), every rank holding "
-                             f"the same tokens of q, k and v")
+        _check_self_attention(q, k)
         resolved = api._scale_of(q, scale)
         batch, m_chunk, heads, head_dim = q.shape
         fields.update({"valid": 1, "B": batch, "q chunk": m_chunk, "H": heads, "D": head_dim, "k chunk": k.shape[1],
                        "G": k.shape[2], "Dv": v.shape[3], "T": block_indices.shape[3],
                        "dtype": _DTYPE_CODE[q.dtype], "block_size": block_size, "variant": _VARIANT_CODE[variant],
                        "scale": _scale_bits(resolved),
-                       "k/v need grad": int(torch.is_grad_enabled() and (k.requires_grad or v.requires_grad))})
+                       "k/v need grad": int(kv_need_grad)})
     except (TypeError, ValueError) as err:
         error = err
     device = _exchange_device(q, backends)
@@ -185,60 +189,141 @@ def _prefix(chunks: Tensor, rank: int) -> Tensor:
     return first.transpose(0, 1).reshape(batch, (rank + 1) * chunk, *chunks.shape[3:])
 
 
-class _ShardedSelectionAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, idx, block_size, scale, variant, group, rank, size):
-        k_all = k.new_empty(size, *k.shape)
-        v_all = v.new_empty(size, *v.shape)
-        works = [_all_gather(k_all, k.contiguous(), group, async_op=True),
-                 _all_gather(v_all, v.contiguous(), group, async_op=True)]
-        for work in works:
-            work.wait()
-        k_prefix, v_prefix = _prefix(k_all, rank), _prefix(v_all, rank)
-        o, lse = api._forward(q, k_prefix, v_prefix, idx, block_size, scale)
-        ctx.save_for_backward(q, k_prefix, v_prefix, o, lse, idx)
-        ctx.settings = (block_size, scale, variant, group, rank, size, k.shape, v.shape)
-        return o
+def _group_named(group_name: str):
+    return dist.distributed_c10d._resolve_process_group(group_name)
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k_prefix, v_prefix, o, lse, idx = ctx.saved_tensors
-        block_size, scale, variant, group, rank, size, k_shape, v_shape = ctx.settings
-        # The exchange made sure every rank agrees on `reduce` (k/v requires_grad): all or none reduce.
-        reduce = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        need_dq = ctx.needs_input_grad[0] or variant == "one-pass"       # one-pass writes all three
-        need_dkdv = reduce or variant == "one-pass"
-        dq = api._empty(q.shape, q) if need_dq else None
-        dk = dv = dk_all = dv_all = dk_mine = dv_mine = None
-        pending = []
-        if need_dkdv:
-            batch, prefix_len = q.shape[0], k_prefix.shape[1]
-            dk_all, dv_all = q.new_empty(size, *k_shape), q.new_empty(size, *v_shape)
-            dk_all[rank + 1:].zero_()
-            dv_all[rank + 1:].zero_()
-            if batch == 1:      # chunk-major is sequence-major: the kernel writes into the buffer itself
-                dk, dv = _prefix(dk_all, rank), _prefix(dv_all, rank)
-            else:
-                dk = api._empty((batch, prefix_len, *k_shape[2:]), q)
-                dv = api._empty((batch, prefix_len, *v_shape[2:]), q)
-            dk_mine, dv_mine = q.new_empty(k_shape), q.new_empty(v_shape)
 
-            def reduce_scatter():
-                if batch != 1:
-                    dk_all[: rank + 1].copy_(dk.view(batch, rank + 1, -1, *k_shape[2:]).transpose(0, 1))
-                    dv_all[: rank + 1].copy_(dv.view(batch, rank + 1, -1, *v_shape[2:]).transpose(0, 1))
-                pending.extend(_reduce_scatter(mine, stacked, group, async_op=True)
-                               for mine, stacked in ((dk_mine, dk_all), (dv_mine, dv_all)))
+def _name_of(group) -> str:
+    return (group if group is not None else dist.group.WORLD).group_name
 
-        overlap = reduce and OVERLAP_BACKWARD
-        api.backward_into(dq, dk, dv, q, k_prefix, v_prefix, o, lse, do, idx, block_size, scale, variant,
-                          after_dkdv=reduce_scatter if overlap else None)
-        if reduce and not overlap:
-            reduce_scatter()
-        for work in pending:
-            work.wait()
-        return (dq if ctx.needs_input_grad[0] else None, dk_mine if ctx.needs_input_grad[1] else None,
-                dv_mine if ctx.needs_input_grad[2] else None, None, None, None, None, None, None, None)
+
+# --- the operators ------------------------------------------------------------------------------------
+#
+# The sharded forward and backward are torch custom operators, as the single-process ones are (nsa_iree.api), so
+# torch.compile traces a model that calls selection_attention (fullgraph included) and runs them as opaque nodes.
+# Their bodies hold every collective: the forward exchanges and checks the ranks' shapes, all-gathers K and V and
+# runs the kernels on this rank's prefix; it returns the prefix too, which the backward reads. The process group
+# travels by name (ProcessGroup.group_name). block_counts is already folded into the int32 block indices.
+
+@torch.library.custom_op("nsa_iree::sharded_selection_attention_fwd", mutates_args=())
+def _sharded_fwd_op(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int, scale: float,
+                    variant: str, kv_need_grad: bool, group_name: str, rank: int,
+                    checked: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """o [B, C, H, Dv], lse [B, H, C] float32, and this rank's key and value prefix [B, (r + 1) * C, G, *].
+
+    rank: this process's rank in the group, an argument so that a traced graph (whose prefix shape depends on it)
+    is never shared between ranks through a compile cache. checked: whether the ranks have already exchanged and
+    checked their shapes (eager calls do, before the op)."""
+    group = _group_named(group_name)
+    _, size, backends = _group_layout(group)
+    if not checked:
+        _exchange_and_check(q, k, v, block_indices, block_size, None, scale, variant, kv_need_grad, rank, size,
+                            backends, group)
+    k_all = k.new_empty(size, *k.shape)
+    v_all = v.new_empty(size, *v.shape)
+    works = [_all_gather(k_all, k.contiguous(), group, async_op=True),
+             _all_gather(v_all, v.contiguous(), group, async_op=True)]
+    for work in works:
+        work.wait()
+    k_prefix, v_prefix = _prefix(k_all, rank), _prefix(v_all, rank)
+    o, lse = api._forward(q, k_prefix, v_prefix, block_indices, block_size, scale)
+    return o, lse, k_prefix, v_prefix
+
+
+@_sharded_fwd_op.register_fake
+def _sharded_fwd_fake(q, k, v, block_indices, block_size, scale, variant, kv_need_grad, group_name, rank, checked):
+    batch, chunk, heads, _ = q.shape
+    prefix = (rank + 1) * chunk
+    return (q.new_empty(batch, chunk, heads, v.shape[3]), q.new_empty(batch, heads, chunk, dtype=torch.float32),
+            k.new_empty(batch, prefix, *k.shape[2:]), v.new_empty(batch, prefix, *v.shape[2:]))
+
+
+@torch.library.custom_op("nsa_iree::sharded_selection_attention_bwd", mutates_args=())
+def _sharded_bwd_op(do: Tensor, q: Tensor, k_prefix: Tensor, v_prefix: Tensor, o: Tensor, lse: Tensor,
+                    block_indices: Tensor, block_size: int, scale: float, variant: str, need_dq: bool,
+                    need_dkdv: bool, group_name: str) -> tuple[Tensor, Tensor, Tensor]:
+    """dq [B, C, H, D], dk [B, C, G, D], dv [B, C, G, Dv] of this rank (q's dtype); one not asked for is [0].
+
+    dk and dv: every rank's backward on its prefix leaves float32 contributions to all of the prefix's keys in a
+    zero-padded chunk-major buffer; a reduce-scatter adds them (in float32) and hands each rank its chunk, rounded
+    once to q's dtype."""
+    group = _group_named(group_name)
+    rank, size, _ = _group_layout(group)
+    batch, chunk = q.shape[0], q.shape[1]
+    k_shape = (batch, chunk, *k_prefix.shape[2:])
+    v_shape = (batch, chunk, *v_prefix.shape[2:])
+    one_pass = variant == "one-pass"                     # one dispatch writes all three
+    dq = api._empty(q.shape, q) if need_dq or one_pass else None
+    dk = dv = None
+    if need_dkdv or one_pass:
+        sums = torch.float32
+        dk_all = torch.empty((size, *k_shape), dtype=sums, device=q.device)
+        dv_all = torch.empty((size, *v_shape), dtype=sums, device=q.device)
+        dk_all[rank + 1:].zero_()
+        dv_all[rank + 1:].zero_()
+        if batch == 1:      # chunk-major is sequence-major: the kernel writes into the buffer itself
+            dk, dv = _prefix(dk_all, rank), _prefix(dv_all, rank)
+        else:
+            dk = api._empty(k_prefix.shape, q, sums)
+            dv = api._empty(v_prefix.shape, q, sums)
+
+    pending, mine = [], {}
+
+    def reduce_scatter():
+        if batch != 1:
+            dk_all[: rank + 1].copy_(dk.view(batch, rank + 1, chunk, *k_shape[2:]).transpose(0, 1))
+            dv_all[: rank + 1].copy_(dv.view(batch, rank + 1, chunk, *v_shape[2:]).transpose(0, 1))
+        for name, stacked, shape in (("dk", dk_all, k_shape), ("dv", dv_all, v_shape)):
+            mine[name] = torch.empty(shape, dtype=sums, device=q.device)
+            pending.append(_reduce_scatter(mine[name], stacked, group, async_op=True))
+
+    overlap = need_dkdv and OVERLAP_BACKWARD
+    api.backward_into(dq, dk, dv, q, k_prefix, v_prefix, o, lse, do, block_indices, block_size, scale, variant,
+                      after_dkdv=reduce_scatter if overlap else None)
+    if need_dkdv and not overlap:
+        reduce_scatter()
+    for work in pending:
+        work.wait()
+    return (dq if need_dq else q.new_empty(0), mine["dk"].to(q.dtype) if need_dkdv else q.new_empty(0),
+            mine["dv"].to(q.dtype) if need_dkdv else q.new_empty(0))
+
+
+@_sharded_bwd_op.register_fake
+def _sharded_bwd_fake(do, q, k_prefix, v_prefix, o, lse, block_indices, block_size, scale, variant, need_dq,
+                      need_dkdv, group_name):
+    batch, chunk = q.shape[0], q.shape[1]
+    return (q.new_empty(q.shape) if need_dq else q.new_empty(0),
+            q.new_empty(batch, chunk, *k_prefix.shape[2:]) if need_dkdv else q.new_empty(0),
+            q.new_empty(batch, chunk, *v_prefix.shape[2:]) if need_dkdv else q.new_empty(0))
+
+
+def _sharded_setup_context(ctx, inputs, output):
+    q, _k, _v, block_indices, block_size, scale, variant, _kv_need_grad, group_name, _rank, _checked = inputs
+    o, lse, k_prefix, v_prefix = output
+    ctx.save_for_backward(q, k_prefix, v_prefix, o, lse, block_indices)
+    ctx.settings = (block_size, scale, variant, group_name)
+    ctx.mark_non_differentiable(lse, k_prefix, v_prefix)
+
+
+def _sharded_backward(ctx, do, _dlse, _dk_prefix, _dv_prefix):
+    q, k_prefix, v_prefix, o, lse, block_indices = ctx.saved_tensors
+    block_size, scale, variant, group_name = ctx.settings
+    # The exchange made sure every rank agrees on whether k or v needs grad: all ranks reduce, or none.
+    need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
+    dq, dk, dv = torch.ops.nsa_iree.sharded_selection_attention_bwd(
+        do, q, k_prefix, v_prefix, o, lse, block_indices, block_size, scale, variant, need_dq, need_dk or need_dv,
+        group_name)
+    return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None) + (None,) * 8
+
+
+_sharded_fwd_op.register_autograd(_sharded_backward, setup_context=_sharded_setup_context)
+
+
+def _not_twice_differentiable(ctx, *grads):
+    raise RuntimeError("nsa_iree.distributed.selection_attention is not twice differentiable")
+
+
+_sharded_bwd_op.register_autograd(_not_twice_differentiable)
 
 
 def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int = 64,
@@ -279,12 +364,23 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
             and torch.is_autocast_enabled(q.device.type):
         dtype = torch.get_autocast_dtype(q.device.type)
         q, k, v = (t.to(dtype) if isinstance(t, Tensor) and t.dtype in FLOAT_DTYPES else t for t in (q, k, v))
-    resolved = _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale, variant, rank, size,
-                                   backends, group)
+    kv_need_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (k, v))
+    if torch.compiler.is_compiling():
+        # Traced: this rank's inputs are checked here, the ranks' shapes inside the operator when it runs.
+        check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+        check_variant(variant)
+        _check_self_attention(q, k)
+        resolved, checked = api._scale_of(q, scale), False
+    else:
+        resolved = _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale, variant,
+                                       kv_need_grad, rank, size, backends, group)
+        checked = True
     if q.shape[0] == 0 or q.shape[1] == 0:      # nothing to send: every rank holds an empty chunk
         return api.selection_attention(q, k, v, block_indices, block_size, block_counts, scale, variant)
     idx = api.effective_block_indices(block_indices, block_counts)
-    return _ShardedSelectionAttention.apply(q, k, v, idx, block_size, resolved, variant, group, rank, size)
+    o, _, _, _ = _sharded_fwd_op(q, k, v, idx, block_size, resolved, variant, kv_need_grad, _name_of(group), rank,
+                              checked)
+    return o
 
 
 def sequence_chunk(x: Tensor, group=None, dim: int = 1) -> Tensor:

@@ -43,7 +43,8 @@ def dump_executables(spec: KernelSpec, variant: str, dump_dir: Path | None = Non
 
     recipe = load_recipe(spec.target)
     text = render_module(spec, variant)
-    key = cache_key(text, recipe.flags, spec.target)
+    flags = recipe.flags_for(spec)
+    key = cache_key(text, flags)
     if dump_dir:
         target = Path(dump_dir)
     else:
@@ -52,7 +53,7 @@ def dump_executables(spec: KernelSpec, variant: str, dump_dir: Path | None = Non
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         (target / "module.mlir").write_text(text)
-        compile_str(text, extra_args=[*recipe.flags, f"--iree-hal-dump-executable-files-to={target}"])
+        compile_str(text, extra_args=[*flags, f"--iree-hal-dump-executable-files-to={target}"])
         (target / ".complete").write_text(key)
     return target
 

@@ -56,6 +56,10 @@ ONEPASS_SLOTS = (
     "FUNC_ATTRIBUTES",      # attributes of the dispatch function (GPU translation_info)
 )
 
+# The flag naming the CPU that cpu artifacts are compiled for ("host" in pipelines/cpu.toml).
+CPU_FLAG = "--iree-llvmcpu-target-cpu="
+HOST_CPU_FLAG = CPU_FLAG + "host"
+
 _MMA_DTYPE = {"f16": "F16", "bf16": "BF16", "f32": "F32"}
 _BITS = {"f16": 16, "bf16": 16, "f32": 32}
 
@@ -84,6 +88,12 @@ class Recipe:
     onepass_templates: dict = dataclasses.field(default_factory=dict)
     kernel_settings: dict = dataclasses.field(default_factory=dict)
 
+    def flags_for(self, spec: KernelSpec) -> tuple[str, ...]:
+        """The iree-compile flags of spec: the recipe's, with the CPU named by spec.target_cpu (cpu target)."""
+        if spec.target_cpu == "host":
+            return self.flags
+        return tuple(f"{CPU_FLAG}{spec.target_cpu}" if flag.startswith(CPU_FLAG) else flag for flag in self.flags)
+
     def kernel_for(self, stage: str, spec: KernelSpec) -> str:
         """Which implementation renders `stage` for spec: "custom" (a hand-written matrix-unit dispatch for one
         fragment placement, nsa_iree/mlir/<stage>_kernel.mlir), "portable" (a hand-written dispatch for every
@@ -109,7 +119,7 @@ class Recipe:
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
-        values = {"MMA_DTYPE": _MMA_DTYPE[spec.dtype], "HPG": str(spec.heads_per_group),
+        values = {"MMA_DTYPE": _MMA_DTYPE[spec.dtype], "H": str(spec.heads), "HPG": str(spec.heads_per_group),
                   "D": str(spec.head_dim), "DV": str(spec.value_dim), "BS": str(spec.block_size), "T": str(spec.num_blocks),
                   "ROWS_PER_PIECE": str(self.rows_per_piece),
                   "HEAD_TILE": "2" if spec.heads_per_group % 2 == 0 else "1"}

@@ -45,6 +45,9 @@ def template_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
         "TRUNCF": "arith.bitcast" if wide else "arith.truncf",
         "EXTF": "arith.bitcast" if wide else "arith.extf",
         "ROWS_PER_PIECE": recipe.rows_per_piece,
+        # dk and dv: in E, or in f32 (spec.dkdv_dtype) where their sums are added to others before rounding.
+        "DKV_E": _MLIR_TYPE[spec.dkdv_dtype or spec.dtype],
+        "DKV_TRUNCF": "arith.bitcast" if (spec.dkdv_dtype or spec.dtype) == "f32" else "arith.truncf",
     }
     values = {k: str(v) for k, v in values.items()}
     values.update(recipe.attributes(spec))

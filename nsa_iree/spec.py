@@ -8,12 +8,14 @@ sequence lengths M and N stay dynamic in the compiled functions, so one artifact
 from __future__ import annotations
 
 import dataclasses
+import re
 
 DTYPES = ("f32", "f16", "bf16")
 TARGETS = ("cpu", "gfx950", "gfx942", "cuda")
 # Backward variants: "two-pass" (inverted block lists, no atomics, bitwise reproducible) and "one-pass"
 # (one dispatch over query rows, f32 atomics for dk/dv: not bitwise reproducible).
 VARIANTS = ("two-pass", "one-pass")
+_CPU_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +31,12 @@ class KernelSpec:
         num_blocks: T, selected block slots per (query row, group).
         dtype: element type of q, k, v, o, do, dq, dk, dv: "f32", "f16" or "bf16".
         target: "cpu", "gfx950", "gfx942" or "cuda".
+        target_cpu: for target "cpu", the CPU the code is compiled for (IREE's --iree-llvmcpu-target-cpu):
+            "host" (the default: the machine that compiles, AVX-512 where it has it; the artifact is keyed by
+            that machine's CPU features and loaded only there) or an LLVM CPU name such as "x86-64-v3" (AVX2 and
+            FMA, runs on any x86-64 CPU that has them) or "x86-64-v4" (AVX-512). "host" for the GPU targets.
+        dkdv_dtype: element type of the dk and dv the backward returns: None (dtype, the default) or "f32"
+            (their float32 sums before the one rounding to dtype: what nsa_iree.distributed adds across ranks).
     """
 
     heads: int = 16
@@ -39,6 +47,8 @@ class KernelSpec:
     num_blocks: int = 16
     dtype: str = "f32"
     target: str = "cpu"
+    target_cpu: str = "host"
+    dkdv_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("heads", "kv_heads", "head_dim", "value_dim", "block_size", "num_blocks"):
@@ -52,6 +62,14 @@ class KernelSpec:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
+        if not isinstance(self.target_cpu, str) or not _CPU_NAME.fullmatch(self.target_cpu):
+            raise ValueError(f"target_cpu must be 'host' or an LLVM CPU name such as 'x86-64-v3', got "
+                             f"{self.target_cpu!r}")
+        if self.dkdv_dtype not in (None, "f32"):
+            raise ValueError(f"dkdv_dtype must be None or 'f32', got {self.dkdv_dtype!r}")
+        if self.target != "cpu" and self.target_cpu != "host":
+            raise ValueError(f"target_cpu applies to the cpu target only; target {self.target!r} got "
+                             f"target_cpu={self.target_cpu!r}")
 
     @property
     def heads_per_group(self) -> int:
@@ -64,8 +82,10 @@ class KernelSpec:
     @property
     def name(self) -> str:
         """A readable tag for file names: h64g4_d192dv128_bs64t16_bf16_gfx950."""
+        cpu = "" if self.target_cpu == "host" else f"-{self.target_cpu}"
+        dkdv = "" if self.dkdv_dtype in (None, self.dtype) else f"_dkdv{self.dkdv_dtype}"
         return (f"h{self.heads}g{self.kv_heads}_d{self.head_dim}dv{self.value_dim}"
-                f"_bs{self.block_size}t{self.num_blocks}_{self.dtype}_{self.target}")
+                f"_bs{self.block_size}t{self.num_blocks}_{self.dtype}{dkdv}_{self.target}{cpu}")
 
 
 # The NSA paper's head layout (64 query heads in 4 groups, D 192, Dv 128, BS 64, 16 blocks), scaled to run in

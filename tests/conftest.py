@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -9,12 +10,15 @@ from typing import Callable
 
 import torch
 
-from nsa_iree.api import backward_into, effective_block_indices, forward_into
+from nsa_iree.api import CPU_TARGET_ENV, backward_into, effective_block_indices, forward_into
 from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference
 from nsa_iree.selection import realistic_block_indices
 from nsa_iree.testing import TOLERANCE, relative_rms_error
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+# The CPUs the cpu kernels are compiled for where a property must hold on every x86-64 host: this machine's own
+# (AVX-512 vectors where it has them) and x86-64-v3 (AVX2 and FMA, 256-bit vectors), which any such host runs.
+CPU_TARGETS = ("host", "x86-64-v3")
 # Inputs are standard normal, so outputs are O(1) per element. Where an output is exactly zero up to
 # rounding (dq and dk of rows that see one key: the softmax is constant there), the relative error is
 # measured against an RMS of 0.05 per element instead of the reference's own (vanishing) norm. The floor
@@ -42,6 +46,20 @@ class Problem:
     @property
     def num_kv_blocks(self) -> int:
         return -(-self.n // self.block_size)
+
+
+@contextlib.contextmanager
+def cpu_target(name: str):
+    """Run the cpu kernels compiled for `name` (NSA_IREE_CPU_TARGET; "host": unset) for the duration."""
+    saved = os.environ.pop(CPU_TARGET_ENV, None)
+    if name != "host":
+        os.environ[CPU_TARGET_ENV] = name
+    try:
+        yield
+    finally:
+        os.environ.pop(CPU_TARGET_ENV, None)
+        if saved is not None:
+            os.environ[CPU_TARGET_ENV] = saved
 
 
 def random_indices(gen, p: Problem, low=-1, high=None):

@@ -21,7 +21,8 @@ from nsa_iree.packing import packed_layout
 from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference
 from nsa_iree.selection import realistic_block_indices
 
-from conftest import DTYPES, RMS_FLOOR, TOLERANCE, assert_bitwise_equal, poisoned, relative_rms_error
+from conftest import CPU_TARGETS, DTYPES, RMS_FLOOR, TOLERANCE, assert_bitwise_equal, cpu_target, poisoned, \
+    relative_rms_error
 
 H, G, D, DV, BS, T = 4, 2, 32, 16, 16, 4
 
@@ -201,18 +202,21 @@ def test_one_sequence_is_the_unpacked_call(dtype):
                          _unpacked_poisoned(q, k, v, do, idx, "two-pass"))
 
 
-def test_packed_sequences_equal_separate_unpacked_calls():
+@pytest.mark.parametrize("target_cpu", CPU_TARGETS)
+def test_packed_sequences_equal_separate_unpacked_calls(target_cpu):
     """Every sequence of a packed call equals the unpacked call on that sequence alone, bit for bit
-    (two-pass): the padded layout changes where rows and keys sit, not what is summed nor in which order."""
+    (two-pass): the padded layout changes where rows and keys sit, not what is summed nor in which order.
+    On the host's vectors and on AVX2 code alike (x86-64-v3)."""
     p = Packed(LENGTHS["mixed"], realistic)
     q, k, v, do, idx, _ = make_inputs(p, torch.float32, seed=4)
-    packed = run_poisoned(p, q, k, v, do, idx, None, "two-pass")
-    cu = cu_seqlens_of(p.lengths).tolist()
-    for a, b in zip(cu, cu[1:]):
-        if a == b:
-            continue
-        alone = _unpacked_poisoned(*(t[:, a:b] for t in (q, k, v, do, idx)), "two-pass")
-        assert_bitwise_equal([t[:, a:b] if t.dim() == 4 else t[:, :, a:b] for t in packed], alone)
+    with cpu_target(target_cpu):
+        packed = run_poisoned(p, q, k, v, do, idx, None, "two-pass")
+        cu = cu_seqlens_of(p.lengths).tolist()
+        for a, b in zip(cu, cu[1:]):
+            if a == b:
+                continue
+            alone = _unpacked_poisoned(*(t[:, a:b] for t in (q, k, v, do, idx)), "two-pass")
+            assert_bitwise_equal([t[:, a:b] if t.dim() == 4 else t[:, :, a:b] for t in packed], alone)
 
 
 def test_two_pass_packed_is_bitwise_reproducible():

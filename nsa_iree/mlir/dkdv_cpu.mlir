@@ -101,9 +101,9 @@ hal.executable.source private @selection_attention_dkdv_cpu_exe {
       %acc = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(12) alignment(64) offset(%c0)
           : memref<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}
       %dk = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(13) alignment(64) offset(%c0)
-          : memref<?x?x${G}x${D}x${E}>{%batch, %n}
+          : memref<?x?x${G}x${D}x${DKV_E}>{%batch, %n}
       %dv = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(14) alignment(64) offset(%c0)
-          : memref<?x?x${G}x${DV}x${E}>{%batch, %n}
+          : memref<?x?x${G}x${DV}x${DKV_E}>{%batch, %n}
 
       %s_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
       %dp_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
@@ -241,14 +241,14 @@ hal.executable.source private @selection_attention_dkdv_cpu_exe {
         scf.for %d = %c0 to %head_dim step %c1 {
           %x = memref.load %acc[%f, %j, %d] : memref<?x${BS}x${CPU_DKV}xf32>
           %x_scaled = arith.mulf %x, %scale : f32
-          %x_e = ${TRUNCF} %x_scaled : f32 to ${E}
-          memref.store %x_e, %dk[%b, %key, %g, %d] : memref<?x?x${G}x${D}x${E}>
+          %x_e = ${DKV_TRUNCF} %x_scaled : f32 to ${DKV_E}
+          memref.store %x_e, %dk[%b, %key, %g, %d] : memref<?x?x${G}x${D}x${DKV_E}>
         }
         scf.for %e = %c0 to %value_dim step %c1 {
           %col = arith.addi %head_dim, %e : index
           %x = memref.load %acc[%f, %j, %col] : memref<?x${BS}x${CPU_DKV}xf32>
-          %x_e = ${TRUNCF} %x : f32 to ${E}
-          memref.store %x_e, %dv[%b, %key, %g, %e] : memref<?x?x${G}x${DV}x${E}>
+          %x_e = ${DKV_TRUNCF} %x : f32 to ${DKV_E}
+          memref.store %x_e, %dv[%b, %key, %g, %e] : memref<?x?x${G}x${DV}x${DKV_E}>
         }
       }
       return
@@ -260,10 +260,10 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
     %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
-    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 0 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 1 : index},
+    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
     %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %kv_heads = arith.constant ${G} : index
@@ -323,7 +323,7 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
          tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
          tensor<?x?x${H}xf32>{%batch, %m_rows}, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces},
          tensor<?xi32>{%flat_blocks}, tensor<?xi32>{%flat_blocks})
-      -> (tensor<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
-          tensor<?x?x${G}x${DV}x${E}>{%batch, %n})
-  return %dk, %dv : tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+      -> (tensor<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}, tensor<?x?x${G}x${D}x${DKV_E}>{%batch, %n},
+          tensor<?x?x${G}x${DV}x${DKV_E}>{%batch, %n})
+  return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

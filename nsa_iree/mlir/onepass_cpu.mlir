@@ -378,10 +378,10 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 1 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 2 : index},
+    %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
     %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
@@ -420,12 +420,12 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
          tensor<?x${BS}x${CPU_DKV}xf32>{%acc_rows}, tensor<?xi32>{%flat_blocks})
       -> (%acc_zero{%acc_rows}, %locks_free{%flat_blocks}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
 
-  %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${E}>
+  %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${DKV_E}>
   %dk = linalg.generic {
       indexing_maps = [affine_map<(b, n, g, d) -> (b, n, g, d)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      outs(%dk_init : tensor<?x?x${G}x${D}x${E}>) {
-  ^bb0(%out: ${E}):
+      outs(%dk_init : tensor<?x?x${G}x${D}x${DKV_E}>) {
+  ^bb0(%out: ${DKV_E}):
     %b = linalg.index 0 : index
     %key = linalg.index 1 : index
     %g = linalg.index 2 : index
@@ -441,15 +441,15 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
     %atomic = tensor.extract %acc[%f_atomic, %j, %d] : tensor<?x${BS}x${CPU_DKV}xf32>
     %x = arith.addf %locked, %atomic : f32
     %scaled = arith.mulf %x, %scale : f32
-    %x_e = ${TRUNCF} %scaled : f32 to ${E}
-    linalg.yield %x_e : ${E}
-  } -> tensor<?x?x${G}x${D}x${E}>
-  %dv_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${E}>
+    %x_e = ${DKV_TRUNCF} %scaled : f32 to ${DKV_E}
+    linalg.yield %x_e : ${DKV_E}
+  } -> tensor<?x?x${G}x${D}x${DKV_E}>
+  %dv_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${DKV_E}>
   %dv = linalg.generic {
       indexing_maps = [affine_map<(b, n, g, e) -> (b, n, g, e)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      outs(%dv_init : tensor<?x?x${G}x${DV}x${E}>) {
-  ^bb0(%out: ${E}):
+      outs(%dv_init : tensor<?x?x${G}x${DV}x${DKV_E}>) {
+  ^bb0(%out: ${DKV_E}):
     %b = linalg.index 0 : index
     %key = linalg.index 1 : index
     %g = linalg.index 2 : index
@@ -465,8 +465,8 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
     %locked = tensor.extract %acc[%f, %j, %col] : tensor<?x${BS}x${CPU_DKV}xf32>
     %atomic = tensor.extract %acc[%f_atomic, %j, %col] : tensor<?x${BS}x${CPU_DKV}xf32>
     %x = arith.addf %locked, %atomic : f32
-    %x_e = ${TRUNCF} %x : f32 to ${E}
-    linalg.yield %x_e : ${E}
-  } -> tensor<?x?x${G}x${DV}x${E}>
-  return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+    %x_e = ${DKV_TRUNCF} %x : f32 to ${DKV_E}
+    linalg.yield %x_e : ${DKV_E}
+  } -> tensor<?x?x${G}x${DV}x${DKV_E}>
+  return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

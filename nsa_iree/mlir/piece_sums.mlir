@@ -5,21 +5,21 @@
 // coalesced loads of every piece's partial) survives; as a bare generic IREE collapses its dims and drops it.
 func.func private @dkdv_piece_sums(%dk_pieces: tensor<?x${BS}x${D}xf32>, %dv_pieces: tensor<?x${BS}x${DV}xf32>,
     %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>, %batch: index, %n: index)
-    -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %zero = arith.constant 0.0 : f32
   %block_size = arith.constant ${BS} : index
   %kv_heads = arith.constant ${G} : index
   %num_blocks = arith.ceildivui %n, %block_size : index
-  %dk = flow.dispatch.region -> (tensor<?x?x${G}x${D}x${E}>{%batch, %n}) {
-    %dk_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${E}>
+  %dk = flow.dispatch.region -> (tensor<?x?x${G}x${D}x${DKV_E}>{%batch, %n}) {
+    %dk_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${DKV_E}>
     %dk_sum = linalg.generic {
         indexing_maps = [affine_map<(b, key, g, d) -> (b, key, g, d)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel"]
         ${PIECE_SUM_CONFIG}}
-        outs(%dk_init_out : tensor<?x?x${G}x${D}x${E}>) {
-    ^bb0(%out: ${E}):
+        outs(%dk_init_out : tensor<?x?x${G}x${D}x${DKV_E}>) {
+    ^bb0(%out: ${DKV_E}):
       %b = linalg.index 0 : index
       %key = linalg.index 1 : index
       %g = linalg.index 2 : index
@@ -40,19 +40,19 @@ func.func private @dkdv_piece_sums(%dk_pieces: tensor<?x${BS}x${D}xf32>, %dv_pie
         %next = arith.addf %acc, %x : f32
         scf.yield %next : f32
       }
-      %total_e = ${TRUNCF} %total : f32 to ${E}
-      linalg.yield %total_e : ${E}
-    } -> tensor<?x?x${G}x${D}x${E}>
-    flow.return %dk_sum : tensor<?x?x${G}x${D}x${E}>
+      %total_e = ${DKV_TRUNCF} %total : f32 to ${DKV_E}
+      linalg.yield %total_e : ${DKV_E}
+    } -> tensor<?x?x${G}x${D}x${DKV_E}>
+    flow.return %dk_sum : tensor<?x?x${G}x${D}x${DKV_E}>
   }
-  %dv = flow.dispatch.region -> (tensor<?x?x${G}x${DV}x${E}>{%batch, %n}) {
-    %dv_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${E}>
+  %dv = flow.dispatch.region -> (tensor<?x?x${G}x${DV}x${DKV_E}>{%batch, %n}) {
+    %dv_init_out = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${DKV_E}>
     %dv_sum = linalg.generic {
         indexing_maps = [affine_map<(b, key, g, e) -> (b, key, g, e)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel"]
         ${PIECE_SUM_CONFIG}}
-        outs(%dv_init_out : tensor<?x?x${G}x${DV}x${E}>) {
-    ^bb0(%out: ${E}):
+        outs(%dv_init_out : tensor<?x?x${G}x${DV}x${DKV_E}>) {
+    ^bb0(%out: ${DKV_E}):
       %b = linalg.index 0 : index
       %key = linalg.index 1 : index
       %g = linalg.index 2 : index
@@ -73,10 +73,10 @@ func.func private @dkdv_piece_sums(%dk_pieces: tensor<?x${BS}x${D}xf32>, %dv_pie
         %next = arith.addf %acc, %x : f32
         scf.yield %next : f32
       }
-      %total_e = ${TRUNCF} %total : f32 to ${E}
-      linalg.yield %total_e : ${E}
-    } -> tensor<?x?x${G}x${DV}x${E}>
-    flow.return %dv_sum : tensor<?x?x${G}x${DV}x${E}>
+      %total_e = ${DKV_TRUNCF} %total : f32 to ${DKV_E}
+      linalg.yield %total_e : ${DKV_E}
+    } -> tensor<?x?x${G}x${DV}x${DKV_E}>
+    flow.return %dv_sum : tensor<?x?x${G}x${DV}x${DKV_E}>
   }
-  return %dk, %dv : tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+  return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

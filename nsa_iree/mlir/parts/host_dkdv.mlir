@@ -4,10 +4,10 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
     %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
-    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 0 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 1 : index},
+    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
     %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
@@ -28,6 +28,6 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
       -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces})
   %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
       : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
-      -> (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>)
-  return %dk, %dv : tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+      -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)
+  return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

@@ -4,10 +4,10 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %dk_out: tensor<?x?x${G}x${D}x${E}> {iree.abi.output = 1 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${E}> {iree.abi.output = 2 : index},
+    %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
     %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) {
+    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %zero = arith.constant 0.0 : f32
@@ -43,23 +43,23 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
       : tensor<?xf32> into tensor<?x?x${G}x${D}xf32>
   %dv_f32 = tensor.expand_shape %dv_flat [[0, 1, 2, 3]] output_shape [%batch, %n, ${G}, ${DV}]
       : tensor<?xf32> into tensor<?x?x${G}x${DV}xf32>
-  %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${E}>
+  %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${DKV_E}>
   %dk = linalg.generic {
       indexing_maps = [affine_map<(b, n, g, d) -> (b, n, g, d)>, affine_map<(b, n, g, d) -> (b, n, g, d)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%dk_f32 : tensor<?x?x${G}x${D}xf32>) outs(%dk_init : tensor<?x?x${G}x${D}x${E}>) {
-  ^bb0(%x: f32, %out: ${E}):
-    %x_e = ${TRUNCF} %x : f32 to ${E}
-    linalg.yield %x_e : ${E}
-  } -> tensor<?x?x${G}x${D}x${E}>
-  %dv_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${E}>
+      ins(%dk_f32 : tensor<?x?x${G}x${D}xf32>) outs(%dk_init : tensor<?x?x${G}x${D}x${DKV_E}>) {
+  ^bb0(%x: f32, %out: ${DKV_E}):
+    %x_e = ${DKV_TRUNCF} %x : f32 to ${DKV_E}
+    linalg.yield %x_e : ${DKV_E}
+  } -> tensor<?x?x${G}x${D}x${DKV_E}>
+  %dv_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${DKV_E}>
   %dv = linalg.generic {
       indexing_maps = [affine_map<(b, n, g, e) -> (b, n, g, e)>, affine_map<(b, n, g, e) -> (b, n, g, e)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%dv_f32 : tensor<?x?x${G}x${DV}xf32>) outs(%dv_init : tensor<?x?x${G}x${DV}x${E}>) {
-  ^bb0(%x: f32, %out: ${E}):
-    %x_e = ${TRUNCF} %x : f32 to ${E}
-    linalg.yield %x_e : ${E}
-  } -> tensor<?x?x${G}x${DV}x${E}>
-  return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>
+      ins(%dv_f32 : tensor<?x?x${G}x${DV}xf32>) outs(%dv_init : tensor<?x?x${G}x${DV}x${DKV_E}>) {
+  ^bb0(%x: f32, %out: ${DKV_E}):
+    %x_e = ${DKV_TRUNCF} %x : f32 to ${DKV_E}
+    linalg.yield %x_e : ${DKV_E}
+  } -> tensor<?x?x${G}x${DV}x${DKV_E}>
+  return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }
