@@ -283,13 +283,33 @@ def _fwd_setup_context(ctx, inputs, output):
 def _fwd_backward(ctx, do, _dlse):
     q, k, v, o, lse, block_indices, cu_seqlens = ctx.saved_tensors
     need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
-    dq, dk, dv = torch.ops.nsa_iree.selection_attention_bwd(
+    dq, dk, dv = _SelectionAttentionBackward.apply(
         do, q, k, v, o, lse, block_indices, ctx.block_size, ctx.scale, ctx.variant, need_dq, need_dk or need_dv,
         cu_seqlens)
     return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None) + (None,) * 5
 
 
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+class _SelectionAttentionBackward(torch.autograd.Function):
+    """The backward operator, with a derivative that says there is none (torch.func.grad builds the graph of a
+    backward; a second derivative through it raises)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv, cu_seqlens):
+        return torch.ops.nsa_iree.selection_attention_bwd(do, q, k, v, o, lse, block_indices, block_size, scale,
+                                                          variant, need_dq, need_dkdv, cu_seqlens)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _not_twice_differentiable(ctx, *grads)
 
 
 def _not_twice_differentiable(ctx, *grads):
@@ -300,6 +320,78 @@ def _not_twice_differentiable(ctx, *grads):
 
 
 _bwd_op.register_autograd(_not_twice_differentiable)
+
+
+# torch.func: vmap folds the vmapped dimension into the batch (B' = V * B: one launch), or, with cu_seqlens (B = 1),
+# runs the vmapped entries one after another. The public functions go through an autograd.Function with
+# setup_context (torch.func.grad, vjp and jacrev need one; the custom op's own autograd registration serves
+# direct callers of torch.ops.nsa_iree.*), whose vmap is generated from these rules.
+
+def _fold(args, in_dims, size):
+    """Each tensor argument with the vmapped dimension first (expanded where unbatched), folded into its batch
+    dimension; other arguments as they are."""
+    out = []
+    for a, dim in zip(args, in_dims):
+        if isinstance(a, Tensor) and a.dim() and (dim is not None or a.numel()):
+            a = a.movedim(dim, 0) if dim is not None else a.expand(size, *a.shape)
+            a = a.reshape(size * a.shape[1], *a.shape[2:])
+        out.append(a)
+    return out
+
+
+def _unfold(t: Tensor, size: int) -> Tensor:
+    return t.reshape(size, t.shape[0] // size, *t.shape[1:])
+
+
+def _entries(args, in_dims, size):
+    """The vmapped entries one by one: each argument's slice i (unbatched ones as they are)."""
+    for i in range(size):
+        yield [a.select(dim, i) if isinstance(a, Tensor) and dim is not None else a for a, dim in zip(args, in_dims)]
+
+
+def _batched(op, info, in_dims, args, tensor_positions, cu_seqlens_position):
+    """op over the vmapped dimension: (outputs, out_dims); an empty [0] output (a gradient not asked for) stays
+    unbatched."""
+    size = info.batch_size
+    if args[cu_seqlens_position] is not None:
+        results = [op(*entry) for entry in _entries(args, in_dims, size)]
+        outs = [torch.stack(parts) if parts[0].numel() else parts[0] for parts in zip(*results)]
+    else:
+        dims = [d if i in tensor_positions else None for i, d in enumerate(in_dims)]
+        outs = [_unfold(t, size) if t.numel() else t for t in op(*_fold(args, dims, size))]
+    return tuple(outs), tuple(0 if t.numel() else None for t in outs)
+
+
+@_fwd_op.register_vmap
+def _fwd_vmap(info, in_dims, q, k, v, block_indices, block_size, scale, variant="two-pass", cu_seqlens=None):
+    return _batched(_fwd_op, info, in_dims, (q, k, v, block_indices, block_size, scale, variant, cu_seqlens),
+                    (0, 1, 2, 3), 7)
+
+
+@_bwd_op.register_vmap
+def _bwd_vmap(info, in_dims, do, q, k, v, o, lse, block_indices, block_size, scale, variant="two-pass",
+              need_dq=True, need_dkdv=True, cu_seqlens=None):
+    args = (do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv, cu_seqlens)
+    return _batched(_bwd_op, info, in_dims, args, (0, 1, 2, 3, 4, 5, 6), 12)
+
+
+class _SelectionAttention(torch.autograd.Function):
+    """The differentiable forward of the public functions (torch.func.grad, vjp, jacrev and vmap included)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, block_indices, block_size, scale, variant, cu_seqlens):
+        return torch.ops.nsa_iree.selection_attention_fwd(q, k, v, block_indices, block_size, scale, variant,
+                                                          cu_seqlens)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _fwd_setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return _fwd_backward(ctx, do, dlse)
 
 
 # Autocast: like scaled_dot_product_attention, the floating inputs (q, k, v and, in the backward, o and do;
@@ -322,6 +414,16 @@ def _register_autocast(name: str, device_type: str) -> None:
             return op(*args)
 
     _AUTOCAST_LIB.impl(name, kernel, key, with_keyset=True)
+
+
+def _autocast(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """The operators' autocast rule applied ahead of them (the autograd.Function then saves the cast tensors)."""
+    device_type = tensors[0].device.type
+    if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple([t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 and t.device.type == device_type
+                  else t for t in tensors])
 
 
 for _name in _CAST_POSITIONS:
@@ -408,5 +510,6 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
     check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens)
     check_variant(variant)
     idx = effective_block_indices(block_indices, block_counts)
-    o, _ = _fwd_op(q, k, v, idx, block_size, _scale_of(q, scale), variant, cu_seqlens)
+    q, k, v = _autocast(q, k, v)
+    o, _ = _SelectionAttention.apply(q, k, v, idx, block_size, _scale_of(q, scale), variant, cu_seqlens)
     return o

@@ -162,6 +162,9 @@ def test_bad_inputs_under_torch_compile_name_the_argument():
         torch.compile(attend, backend="eager")(*bad)
     with pytest.raises(Exception, match=message):                     # fullgraph: dynamo wraps the ValueError
         torch.compile(attend, fullgraph=True, backend="eager")(*bad)
+    # Dynamo runs a function whose trace raised eagerly from then on, compiling its callees frame by frame
+    # (fullgraph then refuses autograd.Function's generator frames): start the next tests from a clean slate.
+    torch._dynamo.reset()
 
 
 def test_lse_from_the_operator_is_not_differentiable():
@@ -238,3 +241,64 @@ def test_torch_compile_with_only_q_requiring_grad():
     got = run(compiled, q, k, v, idx, do, (True, False, False))
     assert got[2] is None and got[3] is None
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+
+
+# --- torch.func -------------------------------------------------------------------------------------------
+
+def _autograd_grads(q, k, v, idx, do):
+    return run(attend, q, k, v, idx, do)[1:]
+
+
+def test_torch_func_grad_equals_autograd():
+    q, k, v, idx, do = inputs()
+    grads = torch.func.grad(lambda q, k, v: (attend(q, k, v, idx) * do).sum(), argnums=(0, 1, 2))(q, k, v)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, _autograd_grads(q, k, v, idx, do)):
+        assert torch.equal(a, b), name
+
+
+def test_torch_func_vjp_equals_autograd():
+    q, k, v, idx, do = inputs()
+    o, pullback = torch.func.vjp(lambda q, k, v: attend(q, k, v, idx), q, k, v)
+    expected = run(attend, q, k, v, idx, do)
+    assert torch.equal(o, expected[0])
+    for name, a, b in zip(("dq", "dk", "dv"), pullback(do), expected[1:]):
+        assert torch.equal(a, b), name
+
+
+def test_torch_func_jacrev_equals_rows_of_autograd():
+    """jacrev (a vmap over vjps, so the backward operator's batching rule): row r of the Jacobian of o[0, 5, 1, :]
+    with respect to v is the gradient of o[0, 5, 1, r]."""
+    q, k, v, idx, _ = inputs(b=1)
+    jac = torch.func.jacrev(lambda v: attend(q, k, v, idx)[0, 5, 1])(v)
+    assert jac.shape == (DV, *v.shape)
+    for r in range(DV):
+        leaf = v.clone().requires_grad_(True)
+        attend(q, k, leaf, idx)[0, 5, 1, r].backward()
+        assert torch.equal(jac[r], leaf.grad), r
+
+
+@pytest.mark.parametrize("packed", (False, True), ids=("batched", "packed"))
+def test_torch_func_vmap_equals_a_loop_without_the_fallback_warning(packed, recwarn):
+    """vmap over a leading dimension of q, k and v (block_indices shared): folded into the batch, or with cu_seqlens
+    (B = 1) one call per entry; either way the numbers of one call per entry and no slow-path warning."""
+    q, k, v, idx, _ = inputs(b=1, n=M)
+    cu_seqlens = torch.tensor([0, 13, M], dtype=torch.int32) if packed else None
+    qs, ks, vs = (torch.stack([t, -t, 2 * t]) for t in (q, k, v))
+
+    def call(q, k, v):
+        return nsa_iree.selection_attention(q, k, v, idx, block_size=BS, cu_seqlens=cu_seqlens)
+
+    got = torch.func.vmap(call)(qs, ks, vs)
+    for i in range(3):
+        assert torch.equal(got[i], call(qs[i], ks[i], vs[i])), i
+    assert not [w for w in recwarn if "batching rule" in str(w.message)]
+
+
+def test_torch_func_grad_of_grad_raises_the_double_backward_error():
+    q, k, v, idx, do = inputs()
+
+    def loss(q):
+        return (attend(q, k, v, idx) * do).sum()
+
+    with pytest.raises(RuntimeError, match="not twice differentiable"):
+        torch.func.grad(lambda q: torch.func.grad(loss)(q).sum())(q)
