@@ -3,17 +3,44 @@
     o = nsa_iree.selection_attention(q, k, v, block_indices, block_size=64)
 
 The contract (shapes, masking, skipped slots, dtypes, tolerances) is docs/semantics.md.
+
+The torch-facing modules (the functions below, their torch operators ``torch.ops.nsa_iree.*``) are imported on
+first use of any of these names, or at once when torch is already imported; the compiler side (``nsa_iree.spec``,
+``render``, ``compiler``, ``inspect``, the ``nsa-iree compile | render | inspect`` commands) never imports torch.
 """
 
-from . import reference, selection, testing
-from .api import selection_attention, selection_attention_bwd, selection_attention_fwd
-from .reference import selection_attention_reference
-from .selection import local_block_indices, realistic_block_indices, uniform_block_indices
-from .spec import KernelSpec
+from __future__ import annotations
 
-__all__ = [
-    "selection_attention", "selection_attention_fwd", "selection_attention_bwd",
-    "selection_attention_reference", "realistic_block_indices", "uniform_block_indices", "local_block_indices",
-    "KernelSpec", "reference", "selection", "testing",
-]
+import importlib
+import sys
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "selection_attention": "api", "selection_attention_fwd": "api", "selection_attention_bwd": "api",
+    "selection_attention_reference": "reference",
+    "realistic_block_indices": "selection", "uniform_block_indices": "selection", "local_block_indices": "selection",
+    "KernelSpec": "spec",
+}
+_SUBMODULES = ("reference", "selection", "testing", "distributed")
+
+__all__ = [*_EXPORTS, "reference", "selection", "testing"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'nsa_iree' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+if "torch" in sys.modules:      # a torch program: register the operators now (torch.ops.nsa_iree.*, torch.export)
+    importlib.import_module(".api", __name__)

@@ -458,7 +458,7 @@ def selection_attention_fwd(q: Tensor, k: Tensor, v: Tensor, block_indices: Tens
         lse: [B, H, M] float32, natural-log logsumexp of the scaled scores (-inf for rows that see no key).
     Query row m sits at key position m + N - M (bottom-right alignment when M < N).
     """
-    check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens)
+    check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens, scale)
     idx = effective_block_indices(block_indices, block_counts)
     return _fwd_op(q.detach(), k.detach(), v.detach(), idx, block_size, _scale_of(q, scale), "two-pass", cu_seqlens)
 
@@ -478,7 +478,8 @@ def selection_attention_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
     Returns:
         dq [B, M, H, D], dk [B, N, G, D], dv [B, N, G, Dv] in q's dtype (accumulated in float32).
     """
-    check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant, cu_seqlens)
+    check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant, cu_seqlens,
+                          scale)
     idx = effective_block_indices(block_indices, block_counts)
     return _bwd_op(do.detach(), q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), idx, block_size,
                    _scale_of(q, scale), variant, True, True, cu_seqlens)
@@ -507,7 +508,7 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
         require grad are computed); it is differentiable once (a second backward raises a RuntimeError).
     Works under torch.compile (fullgraph), torch.export and torch.autocast (inputs cast like SDPA's).
     """
-    check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens)
+    check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens, scale)
     check_variant(variant)
     idx = effective_block_indices(block_indices, block_counts)
     q, k, v = _autocast(q, k, v)

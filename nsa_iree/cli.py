@@ -1,7 +1,8 @@
 """``nsa-iree``: compile artifacts, print rendered MLIR, and run the demo.
 
 A bad value is reported in one line (``nsa-iree: error: ...``, exit status 2), as argparse reports a bad
-option; an artifact that cannot be compiled, stored or loaded likewise (exit status 1), without a traceback.
+option; an artifact or directory that cannot be compiled, stored or loaded likewise (exit status 1), without a
+traceback. ``compile``, ``render`` and ``inspect`` never import torch (they start in a fraction of a second).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class UsageError(ValueError):
     """A value the command line accepted but nsa_iree cannot use; reported in one line, exit status 2."""
 
 
+class OutputError(RuntimeError):
+    """A directory the command must write cannot be made; reported in one line, exit status 1."""
+
+
 _SPEC_OPTIONS = {"heads": "--heads", "kv_heads": "--kv-heads", "head_dim": "--head-dim",
                  "value_dim": "--value-dim", "block_size": "--block-size", "num_blocks": "--num-blocks"}
 
@@ -54,10 +59,19 @@ def _spec_from(args) -> KernelSpec:
     return spec
 
 
+def _directory(option: str, path: str) -> None:
+    """The directory an option names, made if need be; a UsageError naming the option if it cannot be."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"{option} {path}: cannot create the directory ({err.strerror or err})") from None
+
+
 def _cmd_compile(args) -> int:
     from .compiler import compile_artifact
 
     spec = _spec_from(args)
+    _directory("-o/--output", args.output)
     for variant in ("forward", args.variant):
         art = compile_artifact(spec, variant, out_dir=Path(args.output))
         how = f"compiled in {art.compile_seconds:.1f} s" if art.compile_seconds else "already there"
@@ -76,6 +90,8 @@ def _cmd_inspect(args) -> int:
     from .inspect import format_table, inspect_spec
 
     spec = _spec_from(args)
+    if args.dump:
+        _directory("--dump", args.dump)
     variants = ("forward",) + VARIANTS if args.variant == "all" else (args.variant,)
     for variant in variants:
         dump = Path(args.dump) / variant if args.dump else None
@@ -154,8 +170,11 @@ def main(argv=None) -> int:
         return args.fn(args)
     except UsageError as err:
         return _fail(2, str(err))
-    except (ArtifactError, CompileError) as err:
+    except (ArtifactError, CompileError, OutputError) as err:
         return _fail(1, str(err))
+    except OSError as err:          # a directory that cannot be made or written (-o, --dump, the cache)
+        where = f"{err.filename}: " if err.filename else ""
+        return _fail(1, f"{where}{err.strerror or err}")
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ def _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale,
     cannot run. Returns the resolved scale."""
     error, fields = None, {name: -1 for name in _FIELDS}
     try:
-        check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+        check_forward_inputs(q, k, v, block_indices, block_size, block_counts, scale=scale)
         check_variant(variant)
         _check_self_attention(q, k)
         resolved = api._scale_of(q, scale)
@@ -367,7 +367,7 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
     kv_need_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (k, v))
     if torch.compiler.is_compiling():
         # Traced: this rank's inputs are checked here, the ranks' shapes inside the operator when it runs.
-        check_forward_inputs(q, k, v, block_indices, block_size, block_counts)
+        check_forward_inputs(q, k, v, block_indices, block_size, block_counts, scale=scale)
         check_variant(variant)
         _check_self_attention(q, k)
         resolved, checked = api._scale_of(q, scale), False

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from .spec import VARIANTS
@@ -61,7 +64,21 @@ def check_cu_seqlens(q, k, cu_seqlens) -> None:
                          f"must equal M = q.shape[1] = {q.shape[1]}")
 
 
-def check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens=None) -> None:
+def check_scale(scale) -> None:
+    """scale: None or a finite real number (a Python or NumPy float or int)."""
+    if scale is None:
+        return
+    if isinstance(scale, torch.Tensor):
+        raise TypeError(f"scale must be None or a float, got a tensor ({scale.dtype} on {scale.device}): pass "
+                        f"float(scale); the kernels take it as a constant and no gradient flows into it")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be None or a float, got {type(scale).__name__} {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite float, got {scale!r}")
+
+
+def check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens=None, scale=None) -> None:
+    check_scale(scale)
     _tensor("q", q, 4, "[B, M, H, D]")
     _tensor("k", k, 4, "[B, N, G, D]")
     _tensor("v", v, 4, "[B, N, G, Dv]")
@@ -107,8 +124,8 @@ def check_variant(variant) -> None:
 
 
 def check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant,
-                          cu_seqlens=None) -> None:
-    check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens)
+                          cu_seqlens=None, scale=None) -> None:
+    check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens, scale)
     check_variant(variant)
     batch, m_rows, heads, _ = q.shape
     value_dim = v.shape[3]

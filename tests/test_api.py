@@ -172,6 +172,11 @@ BAD_INPUTS = {
     "counts_shape": (lambda q, k, v, i: (q, k, v, i, BS, torch.ones(B, M, dtype=torch.int32)), ValueError,
                      "block_counts must have shape [B, M, G]"),
     "not_a_tensor": (lambda q, k, v, i: (q.numpy(), k, v, i, BS), TypeError, "q must be a torch.Tensor"),
+    "scale_string": (lambda q, k, v, i: (q, k, v, i, BS, None, "x"), TypeError, "scale must be None or a float, got str"),
+    "scale_nan": (lambda q, k, v, i: (q, k, v, i, BS, None, float("nan")), ValueError, "scale must be a finite float"),
+    "scale_inf": (lambda q, k, v, i: (q, k, v, i, BS, None, float("-inf")), ValueError, "scale must be a finite float"),
+    "scale_tensor": (lambda q, k, v, i: (q, k, v, i, BS, None, torch.tensor(0.25, device="meta")), TypeError,
+                     "scale must be None or a float, got a tensor"),
 }
 
 
@@ -193,6 +198,25 @@ def test_tensors_on_different_devices_are_refused_before_any_launch():
         nsa_iree.selection_attention_fwd(q, k.to("meta"), v, idx, BS)
     with pytest.raises(ValueError, match="block_indices is on meta"):
         nsa_iree.selection_attention_fwd(q, k, v, idx.to("meta"), BS)
+
+
+def test_meta_tensors_take_the_shape_only_path():
+    """Meta tensors (a model built on the meta device, shape inference): every public function returns outputs of
+    the right shapes and dtypes without compiling or running anything, autograd and cu_seqlens included."""
+    q, k, v, idx = (t.to("meta") for t in inputs())
+    counts = torch.full((B, M, G), 2, device="meta")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o = nsa_iree.selection_attention(*leaves, idx, BS, counts, 0.5)
+    o.sum().backward()
+    assert o.device.type == "meta" and o.shape == (B, M, H, DV)
+    assert [t.grad.shape for t in leaves] == [q.shape, k.shape, v.shape]
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    assert lse.shape == (B, H, M) and lse.dtype == torch.float32 and lse.device.type == "meta"
+    grads = nsa_iree.selection_attention_bwd(q, k, v, o, lse, o, idx, BS, variant="one-pass")
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    packed = [t[:1, :, :, :].narrow(1, 0, M) for t in (q, k[:, :M], v[:, :M], idx)]
+    cu_seqlens = torch.tensor([0, 7, M], dtype=torch.int32, device="meta")
+    assert nsa_iree.selection_attention(*packed, BS, cu_seqlens=cu_seqlens).shape == (1, M, H, DV)
 
 
 def test_bad_backward_inputs():

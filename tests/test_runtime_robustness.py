@@ -515,6 +515,39 @@ def test_cli_unwritable_output_is_a_one_line_error(tmp_path, capsys):
     assert err.startswith("nsa-iree: error: ") and err.count("\n") == 1 and str(blocker / "out") in err
 
 
+@pytest.mark.parametrize("command", ("compile", "inspect"))
+def test_cli_directory_that_cannot_be_made_is_a_one_line_error(command, tmp_path, capsys, monkeypatch):
+    import nsa_iree.compiler
+
+    monkeypatch.setattr(nsa_iree.compiler, "compile_artifact", lambda *a, **k: pytest.fail("compiled first"))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    option = "-o" if command == "compile" else "--dump"
+    assert cli.main([command, "--target", "cpu", option, str(blocker / "out")]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith("nsa-iree: error: ") and err.count("\n") == 1, err
+    assert f"{blocker / 'out'}: cannot create the directory" in err and not out
+
+
+def test_cli_compiler_commands_never_import_torch_nor_print_iree_remarks(tmp_path):
+    """render, compile and inspect run without torch (imported at 1-2 s it would be most of their start-up) and
+    show only their own output: no IREE remark (inspect once printed one per module about benchmarks)."""
+    script = textwrap.dedent(f"""
+        import sys
+        from nsa_iree import cli
+        spec = ["--target", "cpu", "--heads", "2", "--kv-heads", "1", "--head-dim", "8", "--value-dim", "8",
+                "--block-size", "8", "--num-blocks", "2", "--dtype", "f32"]
+        assert cli.main(["render", *spec]) == 0
+        assert cli.main(["compile", *spec, "-o", {str(tmp_path / "out")!r}]) == 0
+        assert cli.main(["inspect", *spec, "--variant", "forward", "--dump", {str(tmp_path / "dump")!r}]) == 0
+        assert "torch" not in sys.modules, "torch was imported"
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(),
+                            cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
+
+
 def test_cli_runs_as_a_program_without_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "nsa_iree.cli", "compile", "--block-size", "0"],
                             capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120)
