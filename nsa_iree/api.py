@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
-from .compiler import compile_artifact
+from .compiler import compile_artifact, fallback_warning
 from .packing import packed_layout
 from .runtime import device_for, importable
 from .spec import KernelSpec
@@ -75,6 +76,11 @@ def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size:
 
 @functools.lru_cache(maxsize=None)
 def _artifact_path(spec: KernelSpec, variant: str):
+    """The verified vmfb of (spec, variant), once per process; the first lookup warns when a stage falls back to
+    the linalg kernels (compiler.fallback_warning)."""
+    warning = fallback_warning(spec, variant)
+    if warning:
+        warnings.warn(warning, RuntimeWarning, stacklevel=4)
     return compile_artifact(spec, variant).path
 
 

@@ -117,6 +117,22 @@ class Recipe:
         limits = {"portable": portable_limits, "cpu": cpu_kernel_limits}.get(wanted, custom_kernel_limits)
         return "linalg" if limits(stage, spec, self) else wanted
 
+    def fallbacks(self, spec: KernelSpec, stages) -> dict[str, list[str]]:
+        """The stages among `stages` whose hand-written kernel (the recipe's [kernels] choice) cannot serve spec,
+        each with the limits it crosses; they render the linalg stage instead. Empty under
+        NSA_IREE_KERNELS=linalg (a choice, not a fallback)."""
+        if os.environ.get("NSA_IREE_KERNELS", "").strip().lower() == "linalg":
+            return {}
+        limits = {"portable": portable_limits, "cpu": cpu_kernel_limits, "custom": custom_kernel_limits}
+        out = {}
+        for stage in stages:
+            wanted = self.kernel_settings.get(stage)
+            if wanted in limits:
+                why = limits[wanted](stage, spec, self)
+                if why:
+                    out[stage] = why
+        return out
+
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
         values = {"MMA_DTYPE": _MMA_DTYPE[spec.dtype], "H": str(spec.heads), "HPG": str(spec.heads_per_group),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -167,3 +168,61 @@ def test_cpu_artifacts_are_keyed_and_served_by_the_host_cpu(fresh_cache, monkeyp
     monkeypatch.setattr(compiler, "_host_fingerprint", lambda: THIRD_CPU)
     with pytest.raises(CompileError, match="holds no artifact"):
         compiler._prebuilt(spec, "forward", text, flags, fresh_cache, False)
+
+
+def test_artifacts_for_a_named_cpu_carry_no_host_and_serve_every_host(fresh_cache, monkeypatch):
+    """target_cpu="x86-64-v3" (NSA_IREE_CPU_TARGET): code for that CPU, not the host's. Its key and .flags hold
+    no host fingerprint, so a runtime-only machine of another CPU loads it as it is."""
+    spec = DEMO_SPEC.replace(heads=2, kv_heads=1, head_dim=16, value_dim=16, block_size=16, num_blocks=2, dtype="f32",
+                             target_cpu="x86-64-v3")
+    art = compile_artifact(spec, "forward")
+    saved = art.path.with_suffix(".flags").read_text()
+    assert "--iree-llvmcpu-target-cpu=x86-64-v3" in saved and "host:" not in saved and "=host" not in saved
+    assert spec.name.endswith("_cpu-x86-64-v3") and spec.name in art.path.name
+    monkeypatch.setattr(compiler, "_host_fingerprint", lambda: THIRD_CPU)
+    flags = load_recipe("cpu").flags_for(spec)
+    assert compiler.cache_key(render.render_module(spec, "forward"), flags) == art.key
+    assert compiler._prebuilt(spec, "forward", render.render_module(spec, "forward"), flags, fresh_cache,
+                              False).path == art.path
+
+
+@pytest.mark.parametrize("value, message", [("x86 64", "NSA_IREE_CPU_TARGET must be 'host' or an LLVM CPU name"),
+                                            ("-mcpu=evil", "NSA_IREE_CPU_TARGET must be 'host' or an LLVM CPU name")])
+def test_a_bad_cpu_target_is_refused_naming_the_variable(value, message, monkeypatch):
+    monkeypatch.setenv("NSA_IREE_CPU_TARGET", value)
+    q, k, v = torch.randn(1, 8, 2, 8), torch.randn(1, 8, 1, 8), torch.randn(1, 8, 1, 8)
+    with pytest.raises(ValueError, match=message):
+        nsa_iree.selection_attention(q, k, v, torch.zeros(1, 8, 1, 2, dtype=torch.int32), block_size=8)
+
+
+def test_a_compile_says_what_it_compiles_before_and_how_long_after(fresh_cache, caplog):
+    spec = DEMO_SPEC.replace(heads=2, kv_heads=1, head_dim=16, value_dim=8, block_size=16, num_blocks=2, dtype="f32")
+    with caplog.at_level("INFO", logger="nsa_iree"):
+        compile_artifact(spec, "forward")
+        compile_artifact(spec, "forward")                # cached: says nothing
+    lines = [r.getMessage() for r in caplog.records if r.name == "nsa_iree"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"compiling the forward kernels of {spec.name} for cpu") and str(fresh_cache) in lines[0]
+    assert lines[1].startswith(f"compiled the forward kernels of {spec.name} in ") and " s: forward_" in lines[1]
+
+
+def test_a_layout_past_the_hand_written_kernels_warns_once_with_the_limit_and_the_cost(monkeypatch):
+    """64 heads per kv head at D 192 needs more stack than the CPU kernels' tiles may take: the linalg stages run,
+    and the first lookup of the configuration says so (once per process)."""
+    monkeypatch.delenv("NSA_IREE_KERNELS", raising=False)
+    monkeypatch.setattr(api, "compile_artifact", lambda spec, variant: type("A", (), {"path": f"{variant}.vmfb"}))
+    api._artifact_path.cache_clear()
+    wide = DEMO_SPEC.replace(heads=64, kv_heads=1, head_dim=192, value_dim=128, dtype="f32")
+    try:
+        with pytest.warns(RuntimeWarning) as record:
+            api._artifact_path(wide, "forward")
+            api._artifact_path(wide, "forward")
+        assert len(record) == 1
+        message = str(record[0].message)
+        assert "linalg" in message and "forward: needs" in message and "bytes of stack tiles" in message
+        assert "Cost: about 10x the time of the CPU kernels" in message
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            api._artifact_path(DEMO_SPEC, "two-pass")       # served by the CPU kernels: no warning
+    finally:
+        api._artifact_path.cache_clear()
