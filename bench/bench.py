@@ -463,7 +463,20 @@ def profile(args, out):
 def _machine(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    cpu = os.environ.get("NSA_IREE_CPU_TARGET", "").strip() or "host"
+    vectors = "AVX-512" if "avx512f" in _cpu_flags() else "AVX2" if "avx2" in _cpu_flags() else "no AVX2"
+    code = f"kernels for {cpu}" + (f", {vectors} host" if cpu == "host" else f" on an {vectors} host")
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads, {code})"
+
+
+def _cpu_flags() -> set:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _versions():

@@ -8,6 +8,8 @@
     python3 -m bench.gpu_checks inversion     # the inversion stage's lists on the GPU against the oracle
     python3 -m bench.gpu_checks nonfinite     # NaN / Inf in an unselected block reaches no output
     python3 -m bench.gpu_checks packed [SEQ]  # cu_seqlens at 64k: each document alone, fla, determinism
+    python3 -m bench.gpu_checks dkdv_f32 [SEQ] # the float32 dk/dv modules (nsa_iree.distributed's) against the
+                                              #   input-dtype ones: two-pass rounded bitwise equal, one-pass close
 """
 
 from __future__ import annotations
@@ -138,6 +140,36 @@ def nonfinite(seq=2048):
     print(json.dumps({"seq": seq, "finite": out}))
 
 
+def dkdv_f32(seq=4000):
+    """The backward modules that leave dk and dv in float32 (KernelSpec.dkdv_dtype, what the sharded call adds
+    across ranks) against the ones that round them to bf16: the two-pass's rounded once equal them bit for bit
+    (the same kernels, the same sums), the one-pass's (atomics) within rounding; dq equal; every output finite."""
+    from nsa_iree.api import backward_into
+
+    out = {}
+    for name in ("anchors", "paper"):
+        cfg = CONFIGS[name]
+        q, k, v, do, idx = _inputs(cfg, 2, seq)
+        idx = _with_bad_slots(idx, seq, cfg["block_size"])
+        scale = cfg["head_dim"] ** -0.5
+        o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, cfg["block_size"])
+        for variant in ("two-pass", "one-pass"):
+            rounded = nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, cfg["block_size"], variant=variant)
+            dq = torch.full_like(q, float("nan"))
+            dk, dv = (torch.full(t.shape, float("nan"), device=t.device) for t in (k, v))
+            backward_into(dq, dk, dv, q, k, v, o, lse, do, idx.to(torch.int32), cfg["block_size"], scale, variant)
+            torch.cuda.synchronize()
+            row = {"finite": [bool(torch.isfinite(t).all()) for t in (dq, dk, dv)]}
+            for what, wide, narrow in (("dk", dk, rounded[1]), ("dv", dv, rounded[2])):
+                row[f"{what} bitwise"] = bool(torch.equal(wide.to(narrow.dtype).view(torch.int16),
+                                                          narrow.view(torch.int16)))
+                row[f"{what} rel"] = relative_rms_error(wide.to(narrow.dtype), narrow)
+                row[f"{what} f32 vs bf16 rel"] = relative_rms_error(narrow, wide)
+            row["dq bitwise"] = bool(torch.equal(dq.view(torch.int16), rounded[0].view(torch.int16)))
+            out[f"{name} {variant}"] = row
+    print(json.dumps({"seq": seq, "dkdv_f32": out}, indent=1))
+
+
 def packed(seq=65536, device="cuda", config="anchors", doc_lengths=DOC_LENGTHS):
     """Documents of 1k to 16k tokens packed with cu_seqlens (realistic selections inside each): the packed
     call against nsa_iree's unpacked call on every document alone (bit for bit expected from the two-pass
@@ -180,7 +212,7 @@ def packed(seq=65536, device="cuda", config="anchors", doc_lengths=DOC_LENGTHS):
 
 if __name__ == "__main__":
     check = {"sanitize": sanitize, "large": large, "determinism": determinism, "inversion": inversion,
-             "nonfinite": nonfinite, "packed": packed}[sys.argv[1]]
+             "nonfinite": nonfinite, "packed": packed, "dkdv_f32": dkdv_f32}[sys.argv[1]]
     sizes = [int(s) for s in sys.argv[2:]]        # optional sequence lengths
     if sizes:
         check(*([sizes] if check in (large, inversion) else sizes))
