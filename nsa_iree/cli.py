@@ -24,6 +24,9 @@ def _add_spec_options(parser: argparse.ArgumentParser, target_default: str = "cp
     parser.add_argument("--block-size", type=int, default=d.block_size, help="BS (default %(default)s)")
     parser.add_argument("--num-blocks", type=int, default=d.num_blocks, help="T, selected blocks per row (default %(default)s)")
     parser.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    parser.add_argument("--target-cpu", default="host",
+                        help="cpu target: the CPU to compile for, 'host' or an LLVM CPU name such as x86-64-v3 "
+                             "(AVX2, runs on any such x86-64 machine; at run time NSA_IREE_CPU_TARGET picks it)")
 
 
 class UsageError(ValueError):
@@ -50,8 +53,12 @@ def _spec_from(args) -> KernelSpec:
         _positive(option, getattr(args, field))
     if args.heads % args.kv_heads:
         raise UsageError(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
-    spec = KernelSpec(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, value_dim=args.value_dim,
-                      block_size=args.block_size, num_blocks=args.num_blocks, dtype=args.dtype, target=args.target)
+    try:
+        spec = KernelSpec(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, value_dim=args.value_dim,
+                          block_size=args.block_size, num_blocks=args.num_blocks, dtype=args.dtype, target=args.target,
+                          target_cpu=args.target_cpu)
+    except ValueError as err:
+        raise UsageError(str(err).replace("target_cpu", "--target-cpu")) from None
     try:
         check_supported(spec)
     except ValueError as err:
