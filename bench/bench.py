@@ -258,14 +258,14 @@ def torch_eager_selection_attention(q, k, v, block_indices, block_size, scale=No
     keys = block_indices.long().unsqueeze(-1) * block_size + torch.arange(block_size, device=dev)  # [B, M, G, T, BS]
     position = torch.arange(m_rows, device=dev) + (n - m_rows)                                      # bottom-right
     visible = (block_indices >= 0).unsqueeze(-1) & (keys <= position.view(1, -1, 1, 1, 1))
-    keys, visible = keys.clamp(0, n - 1).flatten(-2), visible.flatten(-2)                          # [B, M, G, T*BS]
+    keys, visible = keys.clamp(0, n - 1).flatten(-2), visible.flatten(-2)                         # [B, M, G, T*BS]
     b = torch.arange(batch, device=dev).view(-1, 1, 1, 1)
     g = torch.arange(groups, device=dev).view(1, 1, -1, 1)
-    k_sel, v_sel = k[b, keys, g], v[b, keys, g]                                                    # [B, M, G, T*BS, D]
+    k_sel, v_sel = k[b, keys, g], v[b, keys, g]                                                   # [B, M, G, T*BS, D]
     qg = q.view(batch, m_rows, groups, heads // groups, dim)
-    s = (qg @ k_sel.transpose(-1, -2)) * scale                                                     # [B, M, G, HPG, T*BS]
+    s = (qg @ k_sel.transpose(-1, -2)) * scale                                                    # [B, M, G, HPG, T*BS]
     s = s.masked_fill(~visible.unsqueeze(-2), float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                                                   # empty rows: 0
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                                                  # empty rows: 0
     return (p @ v_sel).reshape(batch, m_rows, heads, v.shape[-1])
 
 
@@ -508,7 +508,8 @@ def markdown(record) -> str:
                      + f" vs {check['against']}"
                      + ("; fla: " + ", ".join(f"{k} {v:.1e}" for k, v in check["fla_errors"].items())
                         if "fla_errors" in check else ""))
-    lines += ["", "| selection | seq | implementation | fwd ms | bwd ms | bwd x dense | bwd TFLOP/s | peak GB (inputs GB) |",
+    lines += ["", "| selection | seq | implementation | fwd ms | bwd ms | bwd x dense | bwd TFLOP/s | "
+              "peak GB (inputs GB) |",
               "|---|---|---|---|---|---|---|---|"]
     dense = {(r["selection"], r["seq"]): r for r in record["rows"] if r["impl"] == "dense sdpa" and "bwd_ms" in r}
     for r in record["rows"]:
@@ -581,7 +582,8 @@ def main(argv=None):
                         help="directory for the table, record and plot (default ./%(default)s)")
     parser.add_argument("--profile", type=int, default=0, metavar="SEQ",
                         help="also record per-kernel GPU times (torch.profiler) of nsa_iree at this length")
-    parser.add_argument("--smoke", action="store_true", help="tiny CPU run: the harness works, nothing is timed seriously")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny CPU run: the harness works, nothing is timed seriously")
     args = parser.parse_args(argv)
     if args.smoke:
         args.device, args.config, args.seq, args.repeats, args.selection = "cpu", "tiny", [256], 1, ["realistic"]

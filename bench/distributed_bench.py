@@ -12,13 +12,13 @@
    error < 1e-2, bf16); the run stops on every rank when a rank fails it.
 3. Per sequence length (anchors layout, B = 1, realistic selection, bf16): every rank holds the same whole
    problem (each draws it, then rank 0 broadcasts its copy) and times the one-GPU call on it (side by side,
-   each on its own GPU); then each keeps its chunk and times the sharded call. A step's time is the slowest rank's (synchronised,
-   barrier before each step), the median over --repeats steps. Also timed alone: the forward's all-gather
-   of K and V and the backward's reduce-scatter of the padded dk/dv (the communication), and the backward
-   both ways: the reduce-scatter started before dq (overlapped with it) and after (no overlap); the headline
-   backward is the default (nsa_iree.distributed.OVERLAP_BACKWARD). Peak memory per GPU: torch's
-   max_memory_allocated (inputs included; IREE's own small results are not in it) and the device's
-   used memory sampled from cudaMemGetInfo during the step (everything, the inputs excluded).
+   each on its own GPU); then each keeps its chunk and times the sharded call. A step's time is the slowest rank's
+   (synchronised, barrier before each step), the median over --repeats steps. Also timed alone: the forward's
+   all-gather of K and V and the backward's reduce-scatter of the padded dk/dv (the communication), and the
+   backward both ways: the reduce-scatter started before dq (overlapped with it) and after (no overlap); the
+   headline backward is the default (nsa_iree.distributed.OVERLAP_BACKWARD). Peak memory per GPU: torch's
+   max_memory_allocated (inputs included; IREE's own small results are not in it) and the device's used memory
+   sampled from cudaMemGetInfo during the step (everything, the inputs excluded).
    The sharded results at each length are compared with the one-GPU results too.
 
 Rank 0 writes DIR/distributed_<P>x<GPU>.md and .json after every length (partial results survive a cut run)
@@ -187,7 +187,8 @@ def chunk(t):
 
 def compare(mine, whole) -> dict:
     """Relative RMS errors of this rank's (o, dq, dk, dv) against its chunk of the one-GPU results."""
-    return {name: relative_rms_error(a.float(), chunk(b).float()) for name, a, b in zip(("o", "dq", "dk", "dv"), mine, whole)}
+    return {name: relative_rms_error(a.float(), chunk(b).float())
+            for name, a, b in zip(("o", "dq", "dk", "dv"), mine, whole)}
 
 
 def check(r: Rank):
@@ -290,9 +291,9 @@ def measure(r: Rank, seq: int, repeats: int) -> dict:
     row["bwd_speedup"] = row["one_gpu_bwd_ms"] / row["bwd_ms"]
     row["fwd_speedup"] = row["one_gpu_fwd_ms"] / row["fwd_ms"]
     r.log(f"{seq}: {r.size} GPUs fwd {row['fwd_ms']:.2f} ms ({row['fwd_speedup']:.2f}x), bwd {row['bwd_ms']:.2f} ms "
-          f"({row['bwd_speedup']:.2f}x; overlapped {row['bwd_overlap_ms']:.2f}, not {row['bwd_no_overlap_ms']:.2f}), all-gather K+V "
-          f"{row['allgather_kv_ms']:.2f} ms, reduce-scatter dK+dV {row['reduce_scatter_dkdv_ms']:.2f} ms, "
-          f"errors {json.dumps(row['errors_vs_one_gpu'])}")
+          f"({row['bwd_speedup']:.2f}x; overlapped {row['bwd_overlap_ms']:.2f}, not {row['bwd_no_overlap_ms']:.2f}), "
+          f"all-gather K+V {row['allgather_kv_ms']:.2f} ms, reduce-scatter dK+dV "
+          f"{row['reduce_scatter_dkdv_ms']:.2f} ms, errors {json.dumps(row['errors_vs_one_gpu'])}")
     return row
 
 
@@ -304,8 +305,9 @@ def step(call, q, k, v, do, idx):
 
 def markdown(record) -> str:
     lines = [f"# Context parallelism: {record['ranks']} x {record['gpu']} against one ({record['date']})", "",
-             f"{S.cfg_name} layout: H={S.cfg['heads']} G={S.cfg['kv_heads']} D={S.cfg['head_dim']} Dv={S.cfg['value_dim']} "
-             f"BS={S.cfg['block_size']} T={S.cfg['num_blocks']} {S.cfg['dtype']}, B=1, realistic selection, two-pass backward. "
+             f"{S.cfg_name} layout: H={S.cfg['heads']} G={S.cfg['kv_heads']} D={S.cfg['head_dim']} "
+             f"Dv={S.cfg['value_dim']} BS={S.cfg['block_size']} T={S.cfg['num_blocks']} {S.cfg['dtype']}, B=1, "
+             "realistic selection, two-pass backward. "
              "Versions: " + ", ".join(f"{k} {v}" for k, v in record["versions"].items()) + ".", "",
              f"Command: `{record['command']}`", "",
              "Times in ms: median over steps of the slowest rank (barrier before each step). 'one GPU' is the plain "
@@ -320,7 +322,8 @@ def markdown(record) -> str:
         lines += [f"Check at {S.check_seq} tokens, sharded vs one GPU (relative RMS per rank): "
                   + "; ".join(", ".join(f"{k} {v:.1e}" for k, v in e.items()) for e in record["check"]), ""]
     lines += ["| tokens | fwd 1 GPU | fwd P GPUs | fwd x | bwd 1 GPU | bwd P GPUs | bwd x | bwd overlapped | bwd not "
-              "overlapped | all-gather K,V | reduce-scatter dK,dV | peak GB 1 GPU | peak GB per GPU (P) | max err vs 1 GPU |",
+              "overlapped | all-gather K,V | reduce-scatter dK,dV | peak GB 1 GPU | peak GB per GPU (P) "
+              "| max err vs 1 GPU |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in record["rows"]:
         if "error" in row:

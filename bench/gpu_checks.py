@@ -183,7 +183,8 @@ def packed(seq=65536, device="cuda", config="anchors", doc_lengths=DOC_LENGTHS):
     grads = nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, bs, cu_seqlens=cu)
     ours = {"o": o, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
     bounds = cu.tolist()
-    row = {"seq": seq, "documents": len(bounds) - 1, "finite": all(bool(torch.isfinite(t).all()) for t in ours.values())}
+    row = {"seq": seq, "documents": len(bounds) - 1,
+           "finite": all(bool(torch.isfinite(t).all()) for t in ours.values())}
     bits = lambda t: t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)  # noqa: E731
     alone, worst = True, {}
     for a, b in zip(bounds, bounds[1:]):

@@ -1,6 +1,7 @@
 """Hand-written kernels against the linalg stages they replace, on the GPU.
 
-    python3 -m bench.kernel_checks check        # every case: the recipe's forward, two-pass and one-pass vs linalg vs f64
+    python3 -m bench.kernel_checks check        # every case: the recipe's forward, two-pass and one-pass vs linalg
+                                                # vs f64
     python3 -m bench.kernel_checks determinism  # custom backward bitwise identical over 20 runs (16k tokens)
     python3 -m bench.kernel_checks time [SEQ]   # dq stage and whole two-pass backward, custom vs linalg
     python3 -m bench.kernel_checks onepass_time [SEQ...]  # one-pass vs its atomic floor and the two-pass
@@ -241,7 +242,7 @@ def onepass_time(seqs=(8192, 32768, 65536), selections=("realistic",)):
                               "twopass_ms": round(two_ms, 2), "atomics_issued": issued,
                               "floor_ms": round(floor_ms, 2), "onepass_over_floor": round(one_ms / floor_ms, 3)}),
                   flush=True)
-            del q, k, v, do, idx, o, lse
+            q = k = v = do = idx = o = lse = None  # free the GPU memory (closures above read them)
             torch.cuda.empty_cache()
 
 
@@ -297,9 +298,10 @@ def time(seqs=(65536,), selections=("realistic", "uniform", "local")):
             row["o_custom_vs_linalg"] = relative_rms_error(o_custom.float(), o.float())
             row["lse_custom_vs_linalg"] = relative_rms_error(lse_custom, lse)
             for i, grad in ((1, "dk"), (2, "dv")):
-                row[f"{grad}_custom_vs_linalg"] = relative_rms_error(outs["custom"][i].float(), outs["linalg"][i].float())
+                row[f"{grad}_custom_vs_linalg"] = relative_rms_error(outs["custom"][i].float(),
+                                                                     outs["linalg"][i].float())
             print(json.dumps(row), flush=True)
-            del q, k, v, do, idx, o, lse, outs
+            q = k = v = do = idx = o = lse = outs = None  # free the GPU memory (closures above read them)
             torch.cuda.empty_cache()
 
 
@@ -333,11 +335,12 @@ def variants(root=".dev/variants", seq=65536, selections=("realistic", "uniform"
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 impl.bwd(q, k, v, o, lse, do, idx, scale)
                 torch.cuda.synchronize()
-            kernels = sorted(((e.key, e.device_time_total / 1e3) for e in prof.key_averages() if e.device_time_total > 0),
+            kernels = sorted(((e.key, e.device_time_total / 1e3)
+                              for e in prof.key_averages() if e.device_time_total > 0),
                              key=lambda r: -r[1])
             print(json.dumps({"profile": names[0], "kernels_ms": [(key[:60], round(ms, 2)) for key, ms in kernels]}),
                   flush=True)
-        del q, k, v, do, idx, o, lse
+        q = k = v = do = idx = o = lse = None  # free the GPU memory (closures above read them)
         torch.cuda.empty_cache()
 
 

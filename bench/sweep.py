@@ -197,7 +197,7 @@ def run(args):
             row["kernels_ms"] = dict(sorted(kernels.items(), key=lambda kv: -kv[1]))
             results.append(row)
             print(json.dumps(row), flush=True)
-        del q, k, v, do, idx
+        q = k = v = do = idx = None  # free the GPU memory (closures above read them)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     (out / "sweep.json").write_text(json.dumps(results, indent=1))

@@ -30,7 +30,7 @@ from torch import Tensor
 from .compiler import compile_artifact, fallback_warning
 from .packing import packed_layout
 from .runtime import device_for, importable
-from .spec import KernelSpec
+from .spec import KERNEL_CHOICES, KernelSpec
 from .validate import check_backward_inputs, check_forward_inputs, check_variant
 
 __all__ = ["selection_attention", "selection_attention_fwd", "selection_attention_bwd"]
@@ -42,6 +42,8 @@ BlockCounts = Optional[Union[int, Tensor]]
 # The CPU that cpu kernels are compiled for: unset or "host" (this machine's CPU features), or an LLVM CPU name
 # ("x86-64-v3": AVX2 + FMA, an artifact any such x86-64 machine can load). Read where a problem's spec is made.
 CPU_TARGET_ENV = "NSA_IREE_CPU_TARGET"
+# "linalg": every stage on the compiler-generated kernels (the oracle of the hand-written ones); unset: "auto".
+KERNELS_ENV = "NSA_IREE_KERNELS"
 
 
 # --- running the compiled kernels (real tensors, eager) ------------------------------------------------
@@ -66,12 +68,21 @@ def _target_cpu(target: str) -> str:
     return name
 
 
+def _kernels() -> str:
+    """``$NSA_IREE_KERNELS``: unset or "auto" (the hand-written kernels where they serve), or "linalg"."""
+    choice = os.environ.get(KERNELS_ENV, "").strip().lower() or "auto"
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNELS_ENV} must be one of {KERNEL_CHOICES} (or unset), got {choice!r}")
+    return choice
+
+
 def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int) -> KernelSpec:
-    """The KernelSpec of a problem: everything static about it (B, M and N are not part of it)."""
+    """The KernelSpec of a problem: everything static about it (B, M and N are not part of it), with the two
+    settings the environment gives (NSA_IREE_CPU_TARGET, NSA_IREE_KERNELS), read here and nowhere else."""
     target = _target_for(q.device)
     return KernelSpec(heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
                       block_size=block_size, num_blocks=block_indices.shape[3], dtype=_DTYPE_NAME[q.dtype],
-                      target=target, target_cpu=_target_cpu(target))
+                      target=target, target_cpu=_target_cpu(target), kernels=_kernels())
 
 
 @functools.lru_cache(maxsize=None)

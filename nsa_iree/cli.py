@@ -22,7 +22,8 @@ def _add_spec_options(parser: argparse.ArgumentParser, target_default: str = "cp
     parser.add_argument("--head-dim", type=int, default=d.head_dim, help="D (default %(default)s)")
     parser.add_argument("--value-dim", type=int, default=d.value_dim, help="Dv (default %(default)s)")
     parser.add_argument("--block-size", type=int, default=d.block_size, help="BS (default %(default)s)")
-    parser.add_argument("--num-blocks", type=int, default=d.num_blocks, help="T, selected blocks per row (default %(default)s)")
+    parser.add_argument("--num-blocks", type=int, default=d.num_blocks,
+                        help="T, selected blocks per row (default %(default)s)")
     parser.add_argument("--dtype", choices=DTYPES, default=d.dtype)
     parser.add_argument("--target-cpu", default="host",
                         help="cpu target: the CPU to compile for, 'host' or an LLVM CPU name such as x86-64-v3 "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .cache import ArtifactError, atomic_write, cache_dir, describe_dir, fallback_dirs, problem_with, \
     probe_writable, tool_tmpdir, write_artifact, writable_dir
-from .recipes import HOST_CPU_FLAG, load_recipe
+from .recipes import HOST_CPU_FLAG, choose, load_recipe
 from .render import render_module
 from .spec import KernelSpec
 
@@ -184,7 +184,8 @@ def fallback_warning(spec: KernelSpec, variant: str) -> str | None:
     from .render import STAGES
 
     recipe = load_recipe(spec.target)
-    crossed = recipe.fallbacks(spec, STAGES[variant])
+    choices = {stage: choose(stage, spec, recipe) for stage in STAGES[variant]}
+    crossed = {stage: c.crossed for stage, c in choices.items() if c.crossed}
     if not crossed:
         return None
     stages = "; ".join(f"{stage}: {', '.join(why)}" for stage, why in crossed.items())

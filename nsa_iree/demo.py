@@ -80,6 +80,7 @@ def run_demo(seq_len: int = 1024, seed: int = 0, repeats: int = 3) -> int:
 def _table(header, rows) -> str:
     cols = list(zip(header, *rows))
     widths = [max(len(str(c)) for c in col) for col in cols]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(header), sep] + [line(r) for r in rows])

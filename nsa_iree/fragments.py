@@ -110,9 +110,10 @@ WORKGROUP_RESERVED = 1024 # workgroup memory the driver reserves per workgroup (
 
 def swizzle_mask(elements: int) -> int:
     """The XOR swizzle of an unpadded workgroup-memory row of `elements` 16-bit values (the NVIDIA kernels'
-    staged K/V rows, and dk/dv's q/do rows): 16-byte chunk c of row j is stored at chunk c ^ (j & mask). ldmatrix reads one chunk of 8
-    consecutive rows (8 distinct 16-byte bank groups when mask = 7: no conflicts), and every 8 lanes of a staging
-    copy fill one aligned 128-byte line. mask + 1 is the largest power of two up to 8 dividing the row's chunks."""
+    staged K/V rows, and dk/dv's q/do rows): 16-byte chunk c of row j is stored at chunk c ^ (j & mask). ldmatrix
+    reads one chunk of 8 consecutive rows (8 distinct 16-byte bank groups when mask = 7: no conflicts), and every 8
+    lanes of a staging copy fill one aligned 128-byte line. mask + 1 is the largest power of two up to 8 dividing the
+    row's chunks."""
     chunks = elements // 8
     return min(8, chunks & -chunks) - 1
 
@@ -200,7 +201,8 @@ def cpu_values(spec: KernelSpec) -> dict[str, str]:
     return {"CPU_ROWS": str(rows), "CPU_COLS": str(_largest_divisor(spec.value_dim, rows)),
             "CPU_DCOLS": str(_largest_divisor(spec.head_dim, rows)),
             "CPU_SROWS": str(_largest_divisor(spec.heads_per_group, max(1, CPU_VECTOR_REGISTERS // per_keys))),
-            "CPU_VCOLS": str(_largest_divisor(spec.value_dim, 64)), "CPU_KCOLS": str(_largest_divisor(spec.head_dim, 64)),
+            "CPU_VCOLS": str(_largest_divisor(spec.value_dim, 64)),
+            "CPU_KCOLS": str(_largest_divisor(spec.head_dim, 64)),
             "CPU_KROWS": str(_largest_divisor(spec.block_size, 4)), "CPU_DKV": str(spec.head_dim + spec.value_dim),
             "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES)}
 
@@ -407,7 +409,7 @@ def evaluate_map(text: str, *dims: int) -> int:
     """Value of a one-result affine map written by :class:`Unit` at integer dims (for the tests)."""
     body = text[text.index("->") + 2:].strip()[1:-2]
     expr = body.replace("floordiv", "//").replace("mod", "%")
-    return eval(expr, {}, {f"d{i}": v for i, v in enumerate(dims)})  # noqa: S307: our own map text
+    return eval(expr, {}, {f"d{i}": v for i, v in enumerate(dims)})  # noqa: S307 (our own map text)
 
 
 def portable_limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
@@ -526,7 +528,8 @@ def portable_values(spec: KernelSpec, recipe) -> dict[str, str]:
         "ROW_STEPS": recipe.rows_per_piece // (unit.k // UNIT),
         "ROW_STEPS_PLUS_1": recipe.rows_per_piece // (unit.k // UNIT) + 1,
         "DV_TILES16": dv // UNIT, "Q_STEP_ITEMS": unit.k * d // 8, "DO_STEP_ITEMS": unit.k * dv // 8,
-        "Q_STEP_ITEMS_PER_LANE": -(-(unit.k * d // 8) // lanes), "DO_STEP_ITEMS_PER_LANE": -(-(unit.k * dv // 8) // lanes),
+        "Q_STEP_ITEMS_PER_LANE": -(-(unit.k * d // 8) // lanes),
+        "DO_STEP_ITEMS_PER_LANE": -(-(unit.k * dv // 8) // lanes),
         **_portable_dkdv_memory(spec, unit.k, recipe.rows_per_piece),
         # The forward: a subgroup owns K keys of a block (its p v is whole units); the lanes holding one row
         # of an accumulator differ in the lane bits of the column placement (xor shuffles over them).

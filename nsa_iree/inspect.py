@@ -90,7 +90,8 @@ def _rocm(dump: Path, arch: str) -> list[DispatchInfo]:
     for meta in re.finditer(r"^  - \.agpr_count:\s+(\d+)\n(.*?)(?=^  - \.agpr_count:|^amdhsa\.target|\Z)", asm,
                             flags=re.MULTILINE | re.DOTALL):
         agprs, block = int(meta.group(1)), meta.group(2)
-        field = lambda key: re.search(rf"^\s+\.{key}:\s+(\S+)", block, flags=re.MULTILINE).group(1)
+        def field(key):
+            return re.search(rf"^\s+\.{key}:\s+(\S+)", block, flags=re.MULTILINE).group(1)
         name = field("name")
         body_match = re.search(rf"^{re.escape(name)}:\n(.*?)^\.Lfunc_end", asm, flags=re.MULTILINE | re.DOTALL)
         body = body_match.group(1) if body_match else ""
@@ -187,5 +188,6 @@ def format_table(rows: list[DispatchInfo]) -> str:
     header = ["dispatch", "pipeline", "workgroup"] + keys
     table = [[r.name, r.pipeline, r.workgroup_size] + [str(r.stats[k]) for k in keys] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(header, *table)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    def line(cells):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in table])

@@ -94,50 +94,11 @@ class Recipe:
             return self.flags
         return tuple(f"{CPU_FLAG}{spec.target_cpu}" if flag.startswith(CPU_FLAG) else flag for flag in self.flags)
 
-    def kernel_for(self, stage: str, spec: KernelSpec) -> str:
-        """Which implementation renders `stage` for spec: "custom" (a hand-written matrix-unit dispatch for one
-        fragment placement, nsa_iree/mlir/<stage>_kernel.mlir), "portable" (a hand-written dispatch for every
-        intrinsic, nsa_iree/mlir/<stage>_portable.mlir), "cpu" (a hand-written vectorised CPU dispatch,
-        nsa_iree/mlir/<stage>_cpu.mlir) or "linalg" (the fused-region template, nsa_iree/mlir/<stage>.mlir).
-
-        The recipe's ``[kernels]`` table names the hand-written stages; ``$NSA_IREE_KERNELS=linalg`` turns them
-        all back to linalg (a fallback for users, and the oracle the hand-written kernels are checked against).
-        A hand-written kernel serves only the shapes it was written for
-        (:func:`nsa_iree.fragments.custom_kernel_limits`, :func:`~nsa_iree.fragments.portable_limits`,
-        :func:`~nsa_iree.fragments.cpu_kernel_limits`);
-        other shapes get the linalg stage. The choice is part of the rendered module, so it is made when a
-        configuration is first compiled in a process (nsa_iree.api keeps the artifact per configuration).
-        """
-        choice = os.environ.get("NSA_IREE_KERNELS", "").strip().lower()
-        if choice not in ("", "custom", "linalg"):
-            raise ValueError(f"NSA_IREE_KERNELS must be 'custom' or 'linalg', got {choice!r}")
-        wanted = self.kernel_settings.get(stage)
-        if choice == "linalg" or wanted not in ("custom", "portable", "cpu"):
-            return "linalg"
-        limits = {"portable": portable_limits, "cpu": cpu_kernel_limits}.get(wanted, custom_kernel_limits)
-        return "linalg" if limits(stage, spec, self) else wanted
-
-    def fallbacks(self, spec: KernelSpec, stages) -> dict[str, list[str]]:
-        """The stages among `stages` whose hand-written kernel (the recipe's [kernels] choice) cannot serve spec,
-        each with the limits it crosses; they render the linalg stage instead. Empty under
-        NSA_IREE_KERNELS=linalg (a choice, not a fallback)."""
-        if os.environ.get("NSA_IREE_KERNELS", "").strip().lower() == "linalg":
-            return {}
-        limits = {"portable": portable_limits, "cpu": cpu_kernel_limits, "custom": custom_kernel_limits}
-        out = {}
-        for stage in stages:
-            wanted = self.kernel_settings.get(stage)
-            if wanted in limits:
-                why = limits[wanted](stage, spec, self)
-                if why:
-                    out[stage] = why
-        return out
-
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
         values = {"MMA_DTYPE": _MMA_DTYPE[spec.dtype], "H": str(spec.heads), "HPG": str(spec.heads_per_group),
-                  "D": str(spec.head_dim), "DV": str(spec.value_dim), "BS": str(spec.block_size), "T": str(spec.num_blocks),
-                  "ROWS_PER_PIECE": str(self.rows_per_piece),
+                  "D": str(spec.head_dim), "DV": str(spec.value_dim), "BS": str(spec.block_size),
+                  "T": str(spec.num_blocks), "ROWS_PER_PIECE": str(self.rows_per_piece),
                   "HEAD_TILE": "2" if spec.heads_per_group % 2 == 0 else "1"}
         # The forward's block statistics: one 32-lane subgroup per selected block, reducing its [16 heads, BS
         # keys] score tile with lanes along the keys (at most 16, 4 or more keys each) and the rest along the
@@ -169,6 +130,33 @@ class Recipe:
         for key, text in self.onepass_templates.items():
             out[f"ONEPASS_{key}"] = string.Template(str(text)).substitute(values)
         return out
+
+
+# The hand-written kernel families a recipe's [kernels] table may name for a stage, each with the function that
+# says which shapes it cannot serve: "custom" (NVIDIA-only matrix-unit kernels, mlir/<stage>_kernel.mlir),
+# "portable" (one text for MFMA and mma.sync, <stage>_portable.mlir), "cpu" (vectorised CPU kernels,
+# <stage>_cpu.mlir). "linalg" (the fused-region templates, <stage>.mlir) serves every shape.
+FAMILY_LIMITS = {"custom": custom_kernel_limits, "portable": portable_limits, "cpu": cpu_kernel_limits}
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The kernel family that renders a stage, and why not the recipe's hand-written one where it is linalg."""
+
+    family: str                      # "custom", "portable", "cpu" or "linalg"
+    wanted: str | None               # the recipe's [kernels] entry for the stage (None: linalg by design)
+    crossed: tuple[str, ...] = ()    # the limits of `wanted` that spec crosses (empty unless it fell back)
+
+
+def choose(stage: str, spec: KernelSpec, recipe: Recipe) -> Choice:
+    """The one place that picks the kernel of a stage: the recipe's hand-written family where it serves spec, the
+    linalg stage otherwise, and everywhere when spec.kernels is "linalg". Reads nothing but its arguments (the
+    environment's NSA_IREE_KERNELS is read where a spec is made, nsa_iree.api.describe)."""
+    wanted = recipe.kernel_settings.get(stage)
+    if wanted not in FAMILY_LIMITS or spec.kernels == "linalg":
+        return Choice("linalg", None)
+    crossed = tuple(FAMILY_LIMITS[wanted](stage, spec, recipe))
+    return Choice("linalg", wanted, crossed) if crossed else Choice(wanted, wanted)
 
 
 def load_recipe(target: str) -> Recipe:

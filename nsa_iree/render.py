@@ -13,7 +13,7 @@ import re
 import string
 
 from .fragments import cpu_values, kernel_values, portable_values
-from .recipes import Recipe, load_recipe
+from .recipes import Recipe, choose, load_recipe
 from .spec import KernelSpec
 
 # Package data, wherever the package is installed (a directory on disk for a wheel or a checkout).
@@ -60,8 +60,8 @@ def template_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
 def template_for(stage: str, spec: KernelSpec, recipe: Recipe) -> str:
     """The template file rendering `stage`: ``<stage>_kernel``, ``<stage>_portable`` or ``<stage>_cpu`` where
     the recipe picks a hand-written kernel, else the linalg ``<stage>``."""
-    choice = recipe.kernel_for(stage, spec)
-    return {"custom": f"{stage}_kernel", "portable": f"{stage}_portable", "cpu": f"{stage}_cpu"}.get(choice, stage)
+    family = choose(stage, spec, recipe).family
+    return {"custom": f"{stage}_kernel", "portable": f"{stage}_portable", "cpu": f"{stage}_cpu"}.get(family, stage)
 
 
 _PART_LINE = re.compile(r"^[ \t]*// part: (\w+)\n", flags=re.MULTILINE)

@@ -15,6 +15,7 @@ TARGETS = ("cpu", "gfx950", "gfx942", "cuda")
 # Backward variants: "two-pass" (inverted block lists, no atomics, bitwise reproducible) and "one-pass"
 # (one dispatch over query rows, f32 atomics for dk/dv: not bitwise reproducible).
 VARIANTS = ("two-pass", "one-pass")
+KERNEL_CHOICES = ("auto", "linalg")
 _CPU_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
@@ -37,6 +38,9 @@ class KernelSpec:
             FMA, runs on any x86-64 CPU that has them) or "x86-64-v4" (AVX-512). "host" for the GPU targets.
         dkdv_dtype: element type of the dk and dv the backward returns: None (dtype, the default) or "f32"
             (their float32 sums before the one rounding to dtype: what nsa_iree.distributed adds across ranks).
+        kernels: "auto" (the default: each stage on the target's hand-written kernel where it serves the layout,
+            else the compiler-generated linalg stage) or "linalg" (the linalg stages everywhere: the oracle the
+            hand-written kernels are checked against, and a fallback for users; $NSA_IREE_KERNELS=linalg).
     """
 
     heads: int = 16
@@ -49,6 +53,7 @@ class KernelSpec:
     target: str = "cpu"
     target_cpu: str = "host"
     dkdv_dtype: str | None = None
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("heads", "kv_heads", "head_dim", "value_dim", "block_size", "num_blocks"):
@@ -65,6 +70,8 @@ class KernelSpec:
         if not isinstance(self.target_cpu, str) or not _CPU_NAME.fullmatch(self.target_cpu):
             raise ValueError(f"target_cpu must be 'host' or an LLVM CPU name such as 'x86-64-v3', got "
                              f"{self.target_cpu!r}")
+        if self.kernels not in KERNEL_CHOICES:
+            raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {self.kernels!r}")
         if self.dkdv_dtype not in (None, "f32"):
             raise ValueError(f"dkdv_dtype must be None or 'f32', got {self.dkdv_dtype!r}")
         if self.target != "cpu" and self.target_cpu != "host":
@@ -84,8 +91,9 @@ class KernelSpec:
         """A readable tag for file names: h64g4_d192dv128_bs64t16_bf16_gfx950."""
         cpu = "" if self.target_cpu == "host" else f"-{self.target_cpu}"
         dkdv = "" if self.dkdv_dtype in (None, self.dtype) else f"_dkdv{self.dkdv_dtype}"
+        linalg = "_linalg" if self.kernels == "linalg" else ""
         return (f"h{self.heads}g{self.kv_heads}_d{self.head_dim}dv{self.value_dim}"
-                f"_bs{self.block_size}t{self.num_blocks}_{self.dtype}{dkdv}_{self.target}{cpu}")
+                f"_bs{self.block_size}t{self.num_blocks}_{self.dtype}{dkdv}_{self.target}{cpu}{linalg}")
 
 
 # The NSA paper's head layout (64 query heads in 4 groups, D 192, Dv 128, BS 64, 16 blocks), scaled to run in

@@ -124,7 +124,8 @@ def test_torch_eager_baseline_matches_the_reference(case):
 
     m, n = EAGER_CASES[case]
     gen = torch.Generator().manual_seed(7)
-    q, k, v = torch.randn(2, m, 4, 8, generator=gen), torch.randn(2, n, 2, 8, generator=gen), torch.randn(2, n, 2, 6, generator=gen)
+    q, k, v = (torch.randn(2, m, 4, 8, generator=gen), torch.randn(2, n, 2, 8, generator=gen),
+               torch.randn(2, n, 2, 6, generator=gen))
     do = torch.randn(2, m, 4, 6, generator=gen)
     idx = torch.randint(-1, -(-n // 8) + 1, (2, m, 2, 5), generator=gen, dtype=torch.int32)
     if case == "rows_without_keys":

@@ -70,9 +70,8 @@ def test_other_sequence_lengths_and_batches_hit_the_cache(fresh_cache, monkeypat
 
 @pytest.fixture
 def edit_forward_template(tmp_path_factory, monkeypatch):
-    """edit(change) renders from a copy of mlir/ whose forward.mlir is change(original text). The linalg
-    forward is selected (NSA_IREE_KERNELS=linalg: on cpu the recipe would render forward_cpu.mlir)."""
-    monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
+    """edit(change) renders from a copy of mlir/ whose forward.mlir is change(original text). Its tests select
+    the linalg forward (KernelSpec.kernels="linalg": on cpu the recipe would render forward_cpu.mlir)."""
 
     def edit(change):
         copy = tmp_path_factory.mktemp("mlir")
@@ -88,7 +87,7 @@ def edit_forward_template(tmp_path_factory, monkeypatch):
 
 def test_changed_template_never_loads_a_stale_artifact(fresh_cache, edit_forward_template):
     spec = DEMO_SPEC.replace(heads=2, kv_heads=1, head_dim=16, value_dim=16, block_size=16, num_blocks=2,
-                             dtype="f32")
+                             dtype="f32", kernels="linalg")
     first = compile_artifact(spec, "forward")
     edit_forward_template(lambda text: "// an edited comment\n" + text)
     second = compile_artifact(spec, "forward")
@@ -98,7 +97,7 @@ def test_changed_template_never_loads_a_stale_artifact(fresh_cache, edit_forward
 def test_compile_error_carries_the_diagnostic_and_the_rendered_mlir(fresh_cache, edit_forward_template):
     edit_forward_template(lambda text: text.replace("linalg.fill", "linalg.fil", 1))
     with pytest.raises(CompileError) as err:
-        compile_artifact(DEMO_SPEC.replace(dtype="f32"), "forward")
+        compile_artifact(DEMO_SPEC.replace(dtype="f32", kernels="linalg"), "forward")
     message = str(err.value)
     assert "error:" in message and "rendered MLIR kept at" in message
     kept = message.split("rendered MLIR kept at ")[1].split("\n")[0]

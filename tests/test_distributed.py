@@ -154,14 +154,16 @@ def _bad_call(name, rank, size):
 
 
 BAD = {  # name -> {rank: (error type, message regex)}; "*" for every rank
-    "chunk_lengths_differ": {"*": ("ValueError", r"different chunk lengths \(q.shape\[1\]\) \(rank 0: 16, rank 1: 12\)")},
+    "chunk_lengths_differ": {"*": ("ValueError", r"different chunk lengths \(q.shape\[1\]\) "
+                                                 r"\(rank 0: 16, rank 1: 12\)")},
     "k_chunk_is_not_q_chunk": {"*": ("ValueError", r"k has 8 tokens \(k.shape\[1\]\) but q has 16")},
     "one_rank_has_float_block_indices": {0: ("ValueError", "rank 1 of the group rejected its inputs"),
                                          1: ("TypeError", "block_indices must be int32 or int64")},
     "block_size_differs": {"*": ("ValueError", r"different block_size \(rank 0: 8, rank 1: 16\)")},
     "tensors_on_a_device_gloo_does_not_send": {"*": ("ValueError", "q is on meta, but the process group's backend "
                                                                     r"\(gloo for cpu\)")},
-    "sequence_not_divisible_by_the_ranks": {"*": ("ValueError", "33 positions along dim 1, not divisible by the 2 ranks")},
+    "sequence_not_divisible_by_the_ranks": {"*": ("ValueError", "33 positions along dim 1, "
+                                                                "not divisible by the 2 ranks")},
 }
 
 

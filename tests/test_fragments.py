@@ -67,15 +67,14 @@ def test_nv_placement_used_by_the_kernels(operand, index, where):
 
 KERNEL_CHOICE = [
     ("cuda_anchors", ANCHORS_CUDA, {}, ("forward_kernel", "dq_kernel", "dkdv_kernel")),
-    ("cuda_env_linalg", ANCHORS_CUDA, {"NSA_IREE_KERNELS": "linalg"}, ("forward", "dq", "dkdv")),
+    ("cuda_linalg", ANCHORS_CUDA.replace(kernels="linalg"), {}, ("forward", "dq", "dkdv")),
     ("cuda_32_heads_per_group", ANCHORS_CUDA.replace(heads=128), {}, ("forward", "dq", "dkdv")),
     ("cuda_head_dim_72", ANCHORS_CUDA.replace(head_dim=72), {}, ("forward", "dq", "dkdv")),
     ("gfx950_portable", ANCHORS_CUDA.replace(target="gfx950"), {},
      ("forward_portable", "dq_portable", "dkdv_portable")),
     ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), {},
      ("forward_portable", "dq_portable", "dkdv_portable")),
-    ("gfx950_env_linalg", ANCHORS_CUDA.replace(target="gfx950"), {"NSA_IREE_KERNELS": "linalg"},
-     ("forward", "dq", "dkdv")),
+    ("gfx950_linalg", ANCHORS_CUDA.replace(target="gfx950", kernels="linalg"), {}, ("forward", "dq", "dkdv")),
     # dq's K, V, K transposed and ds for BS = 128, D = 128 need 109 KB: over the 80 KB that keep 2 waves per
     # SIMD; the forward's and dk/dv's tiles still fit.
     ("gfx950_dq_over_its_lds_budget", ANCHORS_CUDA.replace(target="gfx950", block_size=128), {},
@@ -86,8 +85,7 @@ KERNEL_CHOICE = [
     ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {}, ("forward_cpu", "dq_cpu", "dkdv_cpu")),
     ("cpu_bf16_one_head_per_group", ANCHORS_CUDA.replace(target="cpu", heads=4), {},
      ("forward_cpu", "dq_cpu", "dkdv_cpu")),
-    ("cpu_env_linalg", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {"NSA_IREE_KERNELS": "linalg"},
-     ("forward", "dq", "dkdv")),
+    ("cpu_linalg", ANCHORS_CUDA.replace(target="cpu", dtype="f32", kernels="linalg"), {}, ("forward", "dq", "dkdv")),
     # 64 heads per group at D 192: the forward's and dq's stack tiles exceed 48 KiB (dk/dv's do not).
     ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), {},
      ("forward", "dq", "dkdv_cpu")),
@@ -139,9 +137,25 @@ def test_rendered_cpu_modules_hold_the_cpu_kernels(variant, executable):
 
 
 def test_unknown_kernel_choice_is_refused(monkeypatch):
+    import torch
+
+    import nsa_iree
+
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        ANCHORS_CUDA.replace(kernels="fast")
     monkeypatch.setenv("NSA_IREE_KERNELS", "fast")
-    with pytest.raises(ValueError, match="NSA_IREE_KERNELS"):
-        load_recipe("cuda").kernel_for("dq", ANCHORS_CUDA)
+    q, k, v = torch.randn(1, 8, 2, 8), torch.randn(1, 8, 1, 8), torch.randn(1, 8, 1, 8)
+    with pytest.raises(ValueError, match="NSA_IREE_KERNELS must be one of"):
+        nsa_iree.selection_attention(q, k, v, torch.zeros(1, 8, 1, 2, dtype=torch.int32), block_size=8)
+
+
+def test_kernel_choice_reads_no_environment(monkeypatch):
+    """The choice is the spec's (NSA_IREE_KERNELS is read where the spec is made, nsa_iree.api.describe):
+    rendering under any environment gives the same module."""
+    before = render_module(ANCHORS_CUDA, "two-pass")
+    monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
+    assert render_module(ANCHORS_CUDA, "two-pass") == before
+    assert render_module(ANCHORS_CUDA.replace(kernels="linalg"), "two-pass") != before
 
 
 def test_kernel_parts_are_included_whole():
@@ -242,7 +256,8 @@ def test_swizzled_ldmatrix_reads_and_staging_copies_are_conflict_free(elements):
 
     mask = swizzle_mask(elements)
     assert mask == 7
-    stored = lambda row, chunk: row * elements * 2 + ((chunk ^ (row & mask)) * 16)   # byte address
+    def stored(row, chunk):
+        return row * elements * 2 + ((chunk ^ (row & mask)) * 16)   # byte address
     for chunk in range(elements // 8):
         for base in range(0, 64, 8):                            # one 8x8 matrix: 8 aligned rows, one chunk
             groups = {(stored(base + r, chunk) // 16) % 8 for r in range(8)}

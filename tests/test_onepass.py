@@ -104,7 +104,8 @@ def test_repeated_runs_agree_within_tolerance():
 # lock never holds: 7), as a change to the kernel's text; those rows add their dk/dv with atomics.
 LOCK_REFUSED = {
     "every_row": "%refused = arith.constant 7 : i32",
-    "odd_rows": "%two = arith.constant 2 : index\n          %odd = arith.remui %m, %two : index\n          %odd_i32 = arith.index_cast %odd : index to i32\n"
+    "odd_rows": "%two = arith.constant 2 : index\n          %odd = arith.remui %m, %two : index\n"
+                "          %odd_i32 = arith.index_cast %odd : index to i32\n"
                 "          %seven = arith.constant 7 : i32\n          %refused = arith.muli %odd_i32, %seven : i32",
 }
 
@@ -146,7 +147,7 @@ def test_every_target_renders_one_template(monkeypatch):
     # With the [onepass] pieces replaced by markers, every target renders the same text: the CPU body is
     # the GPU body, not a copy of it. (The GPUs' default one-pass is the portable matrix-unit kernel,
     # onepass_portable.mlir, the cpu's the vectorised onepass_cpu.mlir; this scalar template is their
-    # fallback, rendered with NSA_IREE_KERNELS=linalg.)
+    # fallback, rendered for KernelSpec(kernels="linalg").)
     texts = set()
     for target in ("cpu", "gfx950", "gfx942", "cuda"):
         recipe = load_recipe(target)
@@ -156,8 +157,8 @@ def test_every_target_renders_one_template(monkeypatch):
     assert "%lane = gpu.thread_id" not in render.render_module(DEMO_SPEC, "one-pass")
     assert "@selection_attention_onepass_portable_exe" in render.render_module(DEMO_SPEC.replace(target="cuda"),
                                                                               "one-pass")
-    monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
-    assert "%lane = gpu.thread_id x" in render.render_module(DEMO_SPEC.replace(target="cuda"), "one-pass")
+    assert "%lane = gpu.thread_id x" in render.render_module(DEMO_SPEC.replace(target="cuda", kernels="linalg"),
+                                                            "one-pass")
 
 
 # --- native atomics in the GPU code (compile only) --------------------------------------------------------

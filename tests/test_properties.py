@@ -46,7 +46,8 @@ def problems(draw):
                                             max_size=batch * m_rows * g))).view(batch, m_rows, g)
     else:
         counts = None
-    selection = (lambda gen, p, idx=idx, counts=counts: (idx, counts))
+    def selection(gen, p, idx=idx, counts=counts):
+        return (idx, counts)
     problem = Problem(batch=batch, m_rows=m_rows, n=n, select=selection, **layout)
     return problem, draw(st.sampled_from(list(DTYPES))), draw(st.sampled_from(["two-pass", "one-pass"]))
 
