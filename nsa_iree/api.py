@@ -20,7 +20,6 @@ Shapes, masking and numerics are specified in docs/semantics.md.
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from typing import Optional, Union
 
@@ -30,7 +29,7 @@ from torch import Tensor
 from .compiler import compile_artifact, fallback_warning
 from .packing import packed_layout
 from .runtime import device_for, importable
-from .spec import KERNEL_CHOICES, KernelSpec
+from .spec import KernelSpec, kernels_from_environment, target_cpu_from_environment
 from .validate import check_backward_inputs, check_forward_inputs, check_variant
 
 __all__ = ["selection_attention", "selection_attention_fwd", "selection_attention_bwd"]
@@ -39,11 +38,6 @@ _DTYPE_NAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16
 _INT32_MAX = 2**31 - 1
 
 BlockCounts = Optional[Union[int, Tensor]]
-# The CPU that cpu kernels are compiled for: unset or "host" (this machine's CPU features), or an LLVM CPU name
-# ("x86-64-v3": AVX2 + FMA, an artifact any such x86-64 machine can load). Read where a problem's spec is made.
-CPU_TARGET_ENV = "NSA_IREE_CPU_TARGET"
-# "linalg": every stage on the compiler-generated kernels (the oracle of the hand-written ones); unset: "auto".
-KERNELS_ENV = "NSA_IREE_KERNELS"
 
 
 # --- running the compiled kernels (real tensors, eager) ------------------------------------------------
@@ -57,32 +51,14 @@ def _target_for(device: torch.device) -> str:
     return "cuda"
 
 
-def _target_cpu(target: str) -> str:
-    """``$NSA_IREE_CPU_TARGET`` for CPU tensors (default "host"): the CPU the cpu kernels are compiled for."""
-    name = (os.environ.get(CPU_TARGET_ENV, "").strip() or "host") if target == "cpu" else "host"
-    try:
-        KernelSpec(target_cpu=name)
-    except ValueError:
-        raise ValueError(f"{CPU_TARGET_ENV} must be 'host' or an LLVM CPU name such as 'x86-64-v3', got "
-                         f"{name!r}") from None
-    return name
-
-
-def _kernels() -> str:
-    """``$NSA_IREE_KERNELS``: unset or "auto" (the hand-written kernels where they serve), or "linalg"."""
-    choice = os.environ.get(KERNELS_ENV, "").strip().lower() or "auto"
-    if choice not in KERNEL_CHOICES:
-        raise ValueError(f"{KERNELS_ENV} must be one of {KERNEL_CHOICES} (or unset), got {choice!r}")
-    return choice
-
-
 def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int) -> KernelSpec:
     """The KernelSpec of a problem: everything static about it (B, M and N are not part of it), with the two
     settings the environment gives (NSA_IREE_CPU_TARGET, NSA_IREE_KERNELS), read here and nowhere else."""
     target = _target_for(q.device)
     return KernelSpec(heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
                       block_size=block_size, num_blocks=block_indices.shape[3], dtype=_DTYPE_NAME[q.dtype],
-                      target=target, target_cpu=_target_cpu(target), kernels=_kernels())
+                      target=target, target_cpu=target_cpu_from_environment() if target == "cpu" else "host",
+                      kernels=kernels_from_environment())
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .spec import DEMO_SPEC, DTYPES, TARGETS, VARIANTS, KernelSpec
+from .spec import DEMO_SPEC, DTYPES, KERNEL_CHOICES, TARGETS, VARIANTS, KernelSpec, kernels_from_environment, \
+    target_cpu_from_environment
 
 
 def _add_spec_options(parser: argparse.ArgumentParser, target_default: str = "cpu") -> None:
@@ -25,9 +26,12 @@ def _add_spec_options(parser: argparse.ArgumentParser, target_default: str = "cp
     parser.add_argument("--num-blocks", type=int, default=d.num_blocks,
                         help="T, selected blocks per row (default %(default)s)")
     parser.add_argument("--dtype", choices=DTYPES, default=d.dtype)
-    parser.add_argument("--target-cpu", default="host",
+    parser.add_argument("--target-cpu", default=None,
                         help="cpu target: the CPU to compile for, 'host' or an LLVM CPU name such as x86-64-v3 "
-                             "(AVX2, runs on any such x86-64 machine; at run time NSA_IREE_CPU_TARGET picks it)")
+                             "(AVX2, runs on any such x86-64 machine); default $NSA_IREE_CPU_TARGET, else host")
+    parser.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
+                        help="auto: the hand-written kernels where they serve the layout; linalg: the compiler-"
+                             "generated stages everywhere (default $NSA_IREE_KERNELS, else auto)")
 
 
 class UsageError(ValueError):
@@ -55,9 +59,11 @@ def _spec_from(args) -> KernelSpec:
     if args.heads % args.kv_heads:
         raise UsageError(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
     try:
+        target_cpu = args.target_cpu or (target_cpu_from_environment() if args.target == "cpu" else "host")
+        kernels = args.kernels or kernels_from_environment()
         spec = KernelSpec(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, value_dim=args.value_dim,
                           block_size=args.block_size, num_blocks=args.num_blocks, dtype=args.dtype, target=args.target,
-                          target_cpu=args.target_cpu)
+                          target_cpu=target_cpu, kernels=kernels)
     except ValueError as err:
         raise UsageError(str(err).replace("target_cpu", "--target-cpu")) from None
     try:

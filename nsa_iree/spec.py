@@ -8,6 +8,7 @@ sequence lengths M and N stay dynamic in the compiled functions, so one artifact
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 DTYPES = ("f32", "f16", "bf16")
@@ -17,6 +18,29 @@ TARGETS = ("cpu", "gfx950", "gfx942", "cuda")
 VARIANTS = ("two-pass", "one-pass")
 KERNEL_CHOICES = ("auto", "linalg")
 _CPU_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+# The two settings the environment may give a spec, read where a spec is made (nsa_iree.api.describe, the CLI's
+# defaults) and never while rendering: the CPU the cpu kernels are compiled for ("host", or an LLVM CPU name such
+# as x86-64-v3), and whether the hand-written kernels are used ("auto") or the linalg stages everywhere.
+CPU_TARGET_ENV = "NSA_IREE_CPU_TARGET"
+KERNELS_ENV = "NSA_IREE_KERNELS"
+
+
+def kernels_from_environment() -> str:
+    """``$NSA_IREE_KERNELS``: unset or "auto", or "linalg"; a ValueError naming the variable otherwise."""
+    choice = os.environ.get(KERNELS_ENV, "").strip().lower() or "auto"
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNELS_ENV} must be one of {KERNEL_CHOICES} (or unset), got {choice!r}")
+    return choice
+
+
+def target_cpu_from_environment() -> str:
+    """``$NSA_IREE_CPU_TARGET``: unset or "host", or an LLVM CPU name; a ValueError naming the variable otherwise."""
+    name = os.environ.get(CPU_TARGET_ENV, "").strip() or "host"
+    if not _CPU_NAME.fullmatch(name):
+        raise ValueError(f"{CPU_TARGET_ENV} must be 'host' or an LLVM CPU name such as 'x86-64-v3', got {name!r}")
+    return name
 
 
 @dataclasses.dataclass(frozen=True)

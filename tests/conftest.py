@@ -10,9 +10,10 @@ from typing import Callable
 
 import torch
 
-from nsa_iree.api import CPU_TARGET_ENV, backward_into, effective_block_indices, forward_into
+from nsa_iree.api import backward_into, effective_block_indices, forward_into
 from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference
 from nsa_iree.selection import realistic_block_indices
+from nsa_iree.spec import CPU_TARGET_ENV
 from nsa_iree.testing import TOLERANCE, relative_rms_error
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
