@@ -60,3 +60,14 @@ def test_the_torchrun_block_runs_on_two_processes(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in (0, 1):                                  # 128 tokens each
         assert f"rank {rank}: o (1, 128, 16, 128), k.grad (1, 128, 1, 192)" in result.stdout, result.stdout
+
+
+def test_every_result_file_the_readme_and_docs_cite_exists():
+    """A `bench/results/NAME` the README or docs/ names is in the repository (archived runs are cited by no one)."""
+    repo = README.parent
+    missing = []
+    for doc in [README, *sorted((repo / "docs").glob("*.md"))]:
+        for name in re.findall(r"bench/results/([\w.\-]+\.(?:md|json|png|txt|log))", doc.read_text()):
+            if not (repo / "bench" / "results" / name).exists():
+                missing.append(f"{doc.name}: {name}")
+    assert not missing, missing
