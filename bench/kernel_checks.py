@@ -6,8 +6,8 @@
     python3 -m bench.kernel_checks time [SEQ]   # dq stage and whole two-pass backward, custom vs linalg
     python3 -m bench.kernel_checks onepass_time [SEQ...]  # one-pass vs its atomic floor and the two-pass
 
-The linalg stages are the oracle: both modules come from the same checkout, the linalg one rendered with
-NSA_IREE_KERNELS=linalg (nsa_iree/recipes.py). Artifacts are compiled where the compiler is and carried
+The linalg stages are the oracle: both modules come from the same checkout, the linalg one rendered for
+KernelSpec(kernels="linalg") (nsa_iree/recipes.py: choose). Artifacts are compiled where the compiler is and carried
 in $NSA_IREE_CACHE_DIR (bench/run_h200.sh); `precompile` does that for every case here.
 """
 
@@ -61,15 +61,8 @@ def _spec(cfg, target="cuda"):
 
 
 def _artifact(spec, variant, kernels):
-    saved = os.environ.get("NSA_IREE_KERNELS")
-    os.environ["NSA_IREE_KERNELS"] = kernels
-    try:
-        return compile_artifact(spec, variant)
-    finally:
-        if saved is None:
-            os.environ.pop("NSA_IREE_KERNELS")
-        else:
-            os.environ["NSA_IREE_KERNELS"] = saved
+    """The artifact of `variant` with the recipe's hand-written kernels ("custom") or the linalg stages."""
+    return compile_artifact(spec.replace(kernels="linalg" if kernels == "linalg" else "auto"), variant)
 
 
 def precompile():

@@ -7,11 +7,14 @@ The contract (shapes, masking, skipped slots, dtypes, tolerances) is docs/semant
 The torch-facing modules (the functions below, their torch operators ``torch.ops.nsa_iree.*``) are imported on
 first use of any of these names, or at once when torch is already imported; the compiler side (``nsa_iree.spec``,
 ``render``, ``compiler``, ``inspect``, the ``nsa-iree compile | render | inspect`` commands) never imports torch.
+A program that imports nsa_iree before torch and then needs ``torch.ops.nsa_iree.*`` without touching a name
+(e.g. ``torch.export.load`` of an exported model) imports ``nsa_iree.api``.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 # public name -> the module that defines it
@@ -21,7 +24,6 @@ _EXPORTS = {
     "realistic_block_indices": "selection", "uniform_block_indices": "selection", "local_block_indices": "selection",
     "KernelSpec": "spec",
 }
-_SUBMODULES = ("reference", "selection", "testing", "distributed")
 
 __all__ = [*_EXPORTS, "reference", "selection", "testing"]
 __version__ = "0.1.0"
@@ -30,7 +32,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    elif name in _SUBMODULES:
+    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:     # any submodule: nsa_iree.cache, .api
         value = importlib.import_module(f".{name}", __name__)
     else:
         raise AttributeError(f"module 'nsa_iree' has no attribute {name!r}")

@@ -6,6 +6,8 @@ Layers, from the top:
   (naming the argument at fault), fold ``block_counts`` into the block indices with plain torch ops, and call
   one of the two operators below. They hold no IREE call, so ``torch.compile`` and ``torch.export`` trace
   them like any torch code.
+- ``_SelectionAttention``: the autograd.Function (with setup_context, so torch.func transforms it) the public
+  functions call, autocast applied ahead of it; its forward and backward are the two operators below.
 - ``torch.ops.nsa_iree.selection_attention_fwd`` and ``torch.ops.nsa_iree.selection_attention_bwd``:
   ``torch.library.custom_op`` operators with a fake (meta) implementation each (output shapes follow from
   the inputs), autograd registered on the forward (``register_autograd``), and an autocast rule on both
@@ -53,7 +55,8 @@ def _target_for(device: torch.device) -> str:
 
 def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int) -> KernelSpec:
     """The KernelSpec of a problem: everything static about it (B, M and N are not part of it), with the two
-    settings the environment gives (NSA_IREE_CPU_TARGET, NSA_IREE_KERNELS), read here and nowhere else."""
+    settings the environment gives (NSA_IREE_CPU_TARGET, NSA_IREE_KERNELS: nsa_iree.spec), read where a spec is
+    made (here for the operators, in the CLI for its commands), never while rendering."""
     target = _target_for(q.device)
     return KernelSpec(heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
                       block_size=block_size, num_blocks=block_indices.shape[3], dtype=_DTYPE_NAME[q.dtype],
@@ -320,16 +323,21 @@ _bwd_op.register_autograd(_not_twice_differentiable)
 # setup_context (torch.func.grad, vjp and jacrev need one; the custom op's own autograd registration serves
 # direct callers of torch.ops.nsa_iree.*), whose vmap is generated from these rules.
 
-def _fold(args, in_dims, size):
-    """Each tensor argument with the vmapped dimension first (expanded where unbatched), folded into its batch
-    dimension; other arguments as they are."""
-    out = []
-    for a, dim in zip(args, in_dims):
-        if isinstance(a, Tensor) and a.dim() and (dim is not None or a.numel()):
-            a = a.movedim(dim, 0) if dim is not None else a.expand(size, *a.shape)
-            a = a.reshape(size * a.shape[1], *a.shape[2:])
-        out.append(a)
+def _fold(args, in_dims, size, positions):
+    """The tensor arguments at `positions` with the vmapped dimension first (expanded where unbatched), folded
+    into their batch dimension; the other arguments as they are."""
+    out = list(args)
+    for i in positions:
+        a, dim = args[i], in_dims[i]
+        a = a.movedim(dim, 0) if dim is not None else a.expand(size, *a.shape)
+        out[i] = a.reshape(size * a.shape[1], *a.shape[2:])
     return out
+
+
+def _not_asked_for(t: Tensor) -> bool:
+    """The [0] placeholder the backward returns for a gradient nobody asked for (every real output has rank >= 3,
+    even when empty)."""
+    return t.dim() == 1
 
 
 def _unfold(t: Tensor, size: int) -> Tensor:
@@ -343,16 +351,16 @@ def _entries(args, in_dims, size):
 
 
 def _batched(op, info, in_dims, args, tensor_positions, cu_seqlens_position):
-    """op over the vmapped dimension: (outputs, out_dims); an empty [0] output (a gradient not asked for) stays
+    """op over the vmapped dimension: (outputs, out_dims); a placeholder output (a gradient not asked for) stays
     unbatched."""
     size = info.batch_size
     if args[cu_seqlens_position] is not None:
         results = [op(*entry) for entry in _entries(args, in_dims, size)]
-        outs = [torch.stack(parts) if parts[0].numel() else parts[0] for parts in zip(*results)]
+        outs = [parts[0] if _not_asked_for(parts[0]) else torch.stack(parts) for parts in zip(*results)]
     else:
-        dims = [d if i in tensor_positions else None for i, d in enumerate(in_dims)]
-        outs = [_unfold(t, size) if t.numel() else t for t in op(*_fold(args, dims, size))]
-    return tuple(outs), tuple(0 if t.numel() else None for t in outs)
+        outs = [t if _not_asked_for(t) else _unfold(t, size)
+                for t in op(*_fold(args, in_dims, size, tensor_positions))]
+    return tuple(outs), tuple(None if _not_asked_for(t) else 0 for t in outs)
 
 
 @_fwd_op.register_vmap

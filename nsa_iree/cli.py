@@ -29,6 +29,9 @@ def _add_spec_options(parser: argparse.ArgumentParser, target_default: str = "cp
     parser.add_argument("--target-cpu", default=None,
                         help="cpu target: the CPU to compile for, 'host' or an LLVM CPU name such as x86-64-v3 "
                              "(AVX2, runs on any such x86-64 machine); default $NSA_IREE_CPU_TARGET, else host")
+    parser.add_argument("--dkdv-dtype", choices=("f32",), default=None,
+                        help="backward variants: dk and dv left in float32 (what nsa_iree.distributed adds across "
+                             "ranks for 16-bit inputs); default: the input dtype")
     parser.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
                         help="auto: the hand-written kernels where they serve the layout; linalg: the compiler-"
                              "generated stages everywhere (default $NSA_IREE_KERNELS, else auto)")
@@ -63,7 +66,7 @@ def _spec_from(args) -> KernelSpec:
         kernels = args.kernels or kernels_from_environment()
         spec = KernelSpec(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, value_dim=args.value_dim,
                           block_size=args.block_size, num_blocks=args.num_blocks, dtype=args.dtype, target=args.target,
-                          target_cpu=target_cpu, kernels=kernels)
+                          target_cpu=target_cpu, kernels=kernels, dkdv_dtype=args.dkdv_dtype)
     except ValueError as err:
         raise UsageError(str(err).replace("target_cpu", "--target-cpu")) from None
     try:

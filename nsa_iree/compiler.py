@@ -54,10 +54,24 @@ class _UnlessConfigured(logging.StreamHandler):
         pass
 
 
+class _ConfiguredLevel(logging.Filter):
+    """Once the application configures logging, nsa_iree's INFO lines pass only where its levels let them: the
+    logger is at INFO so that they reach stderr before then, which must not override the application's root level
+    (an application that sets the nsa_iree logger's level itself gets exactly that level)."""
+
+    def filter(self, record):
+        root = logging.getLogger()
+        if not root.handlers or LOG.level != logging.INFO or not _OWN_LEVEL:
+            return True
+        return record.levelno >= root.getEffectiveLevel()
+
+
+_OWN_LEVEL = LOG.level == logging.NOTSET
 if not LOG.handlers:
     LOG.addHandler(_UnlessConfigured())
-if LOG.level == logging.NOTSET:
+if _OWN_LEVEL:
     LOG.setLevel(logging.INFO)
+    LOG.addFilter(_ConfiguredLevel())
 
 
 class CompileError(RuntimeError):

@@ -11,7 +11,7 @@ from . import selection_attention_bwd, selection_attention_fwd
 from .compiler import compile_artifact
 from .reference import selection_attention_backward_reference, selection_attention_reference
 from .selection import realistic_block_indices
-from .spec import DEMO_SPEC, VARIANTS as BACKWARD_VARIANTS
+from .spec import DEMO_SPEC, VARIANTS as BACKWARD_VARIANTS, kernels_from_environment, target_cpu_from_environment
 from .testing import TOLERANCE, relative_rms_error
 
 _TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -33,9 +33,12 @@ def run_demo(seq_len: int = 1024, seed: int = 0, repeats: int = 3) -> int:
           f"BS={spec.block_size} T={spec.num_blocks} {spec.dtype}, B=1, M=N={seq_len}, realistic selection\n")
 
     rows = []
-    for target in ("gfx950", "cpu"):
+    kernels = kernels_from_environment()           # the settings the run below reads too (nsa_iree.api.describe)
+    specs = {"gfx950": spec.replace(target="gfx950", kernels=kernels),
+             "cpu": spec.replace(kernels=kernels, target_cpu=target_cpu_from_environment())}
+    for target, target_spec in specs.items():
         for variant in ("forward",) + BACKWARD_VARIANTS:
-            art = compile_artifact(spec.replace(target=target), variant)
+            art = compile_artifact(target_spec, variant)
             how = f"{art.compile_seconds:.1f} s" if art.compile_seconds else "cached"
             rows.append((target, variant, how, f"{art.path.stat().st_size / 1024:.0f} KiB", str(art.path)))
     print(_table(("target", "module", "compile", "size", "artifact"), rows))

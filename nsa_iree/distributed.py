@@ -28,8 +28,9 @@ How it runs (docs/design.md, "Context parallelism"):
   they disagree (chunk lengths differ, say) every rank raises the same error; when a rank's inputs are invalid
   it raises its own error and the others say which rank it was: a bad input never leaves ranks waiting.
 
-Eager only (no torch.compile tracing of the collectives); every rank of the group must call it, and run the
-backward, in the same order, as with any collective.
+Under torch.compile the forward and backward are custom operators holding the collectives (traced, fullgraph
+included); every rank of the group must call it, and run the backward, in the same order, as with any
+collective.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from torch import Tensor
 
 from . import api
 from .api import BlockCounts
-from .validate import FLOAT_DTYPES, check_forward_inputs, check_variant
+from .validate import check_forward_inputs, check_variant
 
 __all__ = ["selection_attention", "sequence_chunk"]
 
@@ -349,7 +350,8 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
     Returns:
         o: [B, C, H, Dv] in q's dtype, this rank's rows. Backpropagating gives this rank's dq [B, C, H, D],
         dk [B, C, G, D] and dv [B, C, G, Dv]: dk and dv summed over the rows of every rank.
-    Raises (on every rank, before any key or value is sent): ValueError when the ranks' chunk lengths,
+    Raises (on every rank, before any key or value is sent; under torch.compile a rank's own bad input raises
+    while that rank traces, see the README): ValueError when the ranks' chunk lengths,
     layouts, dtypes or settings differ, when k's chunk is not q's, when a tensor is on a device the
     group's backend does not communicate; a rank's own invalid input raises its usual error there and a
     ValueError naming that rank on the others. RuntimeError when torch.distributed is not initialised.
@@ -360,10 +362,8 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
     _check_device(q, backends)
     if size == 1:
         return api.selection_attention(q, k, v, block_indices, block_size, block_counts, scale, variant)
-    if isinstance(q, Tensor) and api._DTYPE_NAME.get(q.dtype) and q.device.type in ("cpu", "cuda") \
-            and torch.is_autocast_enabled(q.device.type):
-        dtype = torch.get_autocast_dtype(q.device.type)
-        q, k, v = (t.to(dtype) if isinstance(t, Tensor) and t.dtype in FLOAT_DTYPES else t for t in (q, k, v))
+    if all(isinstance(t, Tensor) for t in (q, k, v)):
+        q, k, v = api._autocast(q, k, v)           # the single-process call's rule (nsa_iree.api)
     kv_need_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (k, v))
     if torch.compiler.is_compiling():
         # Traced: this rank's inputs are checked here, the ranks' shapes inside the operator when it runs.

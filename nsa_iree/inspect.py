@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from .cache import cache_dir, writable_dir
-from .compiler import cache_key
+from .compiler import CompileError, cache_key
 from .recipes import load_recipe
 from .render import render_module
 from .spec import KernelSpec
@@ -38,8 +38,13 @@ class DispatchInfo:
 
 
 def dump_executables(spec: KernelSpec, variant: str, dump_dir: Path | None = None) -> Path:
-    """Compile (spec, variant) with executable dumps, once per cache key; returns the dump directory."""
-    from iree.compiler import compile_str
+    """Compile (spec, variant) with executable dumps, once per cache key; returns the dump directory.
+    CompileError when iree-compile refuses the module or is not installed."""
+    try:
+        from iree.compiler import CompilerToolError, compile_str
+    except ImportError:
+        raise CompileError("nsa-iree inspect compiles the module: it needs iree-base-compiler, which is not "
+                           "installed here") from None
 
     recipe = load_recipe(spec.target)
     text = render_module(spec, variant)
@@ -57,7 +62,11 @@ def dump_executables(spec: KernelSpec, variant: str, dump_dir: Path | None = Non
         # --iree-hal-dump-executable-files-to also asks for (IREE remarks on every module that it made none).
         dumps = [f"--iree-hal-dump-executable-{kind}-to={target}"
                  for kind in ("sources", "configurations", "intermediates", "binaries")]
-        compile_str(text, extra_args=[*flags, *dumps])
+        try:
+            compile_str(text, extra_args=[*flags, *dumps])
+        except CompilerToolError as err:
+            raise CompileError(f"iree-compile failed for {variant} {spec.name} (module kept at "
+                               f"{target / 'module.mlir'})\n{err}") from None
         (target / ".complete").write_text(key)
     return target
 

@@ -92,6 +92,9 @@ class Recipe:
         """The iree-compile flags of spec: the recipe's, with the CPU named by spec.target_cpu (cpu target)."""
         if spec.target_cpu == "host":
             return self.flags
+        if not any(flag.startswith(CPU_FLAG) for flag in self.flags):
+            raise ValueError(f"pipelines/{self.target}.toml has no {CPU_FLAG}... flag to set to target_cpu "
+                             f"{spec.target_cpu!r}")
         return tuple(f"{CPU_FLAG}{spec.target_cpu}" if flag.startswith(CPU_FLAG) else flag for flag in self.flags)
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:

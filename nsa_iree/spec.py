@@ -28,8 +28,10 @@ KERNELS_ENV = "NSA_IREE_KERNELS"
 
 
 def kernels_from_environment() -> str:
-    """``$NSA_IREE_KERNELS``: unset or "auto", or "linalg"; a ValueError naming the variable otherwise."""
+    """``$NSA_IREE_KERNELS``: unset or "auto" ("custom", its earlier name, too), or "linalg"; a ValueError naming
+    the variable otherwise."""
     choice = os.environ.get(KERNELS_ENV, "").strip().lower() or "auto"
+    choice = "auto" if choice == "custom" else choice
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"{KERNELS_ENV} must be one of {KERNEL_CHOICES} (or unset), got {choice!r}")
     return choice
@@ -98,6 +100,8 @@ class KernelSpec:
             raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {self.kernels!r}")
         if self.dkdv_dtype not in (None, "f32"):
             raise ValueError(f"dkdv_dtype must be None or 'f32', got {self.dkdv_dtype!r}")
+        if self.dkdv_dtype == self.dtype:           # the same module: one spec, one cache entry
+            object.__setattr__(self, "dkdv_dtype", None)
         if self.target != "cpu" and self.target_cpu != "host":
             raise ValueError(f"target_cpu applies to the cpu target only; target {self.target!r} got "
                              f"target_cpu={self.target_cpu!r}")

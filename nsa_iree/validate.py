@@ -65,15 +65,19 @@ def check_cu_seqlens(q, k, cu_seqlens) -> None:
 
 
 def check_scale(scale) -> None:
-    """scale: None or a finite real number (a Python or NumPy float or int)."""
-    if scale is None:
+    """scale: None or a finite real number (a Python or NumPy float or int; a symbolic one while tracing)."""
+    if scale is None or isinstance(scale, (torch.SymFloat, torch.SymInt)):
         return
     if isinstance(scale, torch.Tensor):
         raise TypeError(f"scale must be None or a float, got a tensor ({scale.dtype} on {scale.device}): pass "
                         f"float(scale); the kernels take it as a constant and no gradient flows into it")
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be None or a float, got {type(scale).__name__} {scale!r}")
-    if not math.isfinite(scale):
+    try:
+        finite = math.isfinite(scale)
+    except OverflowError:          # an int too large for a float
+        finite = False
+    if not finite:
         raise ValueError(f"scale must be a finite float, got {scale!r}")
 
 

@@ -178,6 +178,7 @@ BAD_INPUTS = {
                      "scale must be None or a float, got str"),
     "scale_nan": (lambda q, k, v, i: (q, k, v, i, BS, None, float("nan")), ValueError, "scale must be a finite float"),
     "scale_inf": (lambda q, k, v, i: (q, k, v, i, BS, None, float("-inf")), ValueError, "scale must be a finite float"),
+    "scale_past_float": (lambda q, k, v, i: (q, k, v, i, BS, None, 10**400), ValueError, "scale must be a finite"),
     "scale_tensor": (lambda q, k, v, i: (q, k, v, i, BS, None, torch.tensor(0.25, device="meta")), TypeError,
                      "scale must be None or a float, got a tensor"),
 }
@@ -203,9 +204,13 @@ def test_tensors_on_different_devices_are_refused_before_any_launch():
         nsa_iree.selection_attention_fwd(q, k, v, idx.to("meta"), BS)
 
 
-def test_meta_tensors_take_the_shape_only_path():
+def test_meta_tensors_take_the_shape_only_path(monkeypatch):
     """Meta tensors (a model built on the meta device, shape inference): every public function returns outputs of
     the right shapes and dtypes without compiling or running anything, autograd and cu_seqlens included."""
+    import nsa_iree.api as api
+
+    monkeypatch.setattr(api, "compile_artifact", lambda *a, **k: pytest.fail("compiled for meta tensors"))
+    monkeypatch.setattr(api, "_artifact_path", lambda *a, **k: pytest.fail("looked up a kernel for meta tensors"))
     q, k, v, idx = (t.to("meta") for t in inputs())
     counts = torch.full((B, M, G), 2, device="meta")
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]

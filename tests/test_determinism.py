@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import CPU_TARGETS, DTYPES, Problem, assert_bitwise_equal, cpu_target, make_inputs, random_indices, \
-    realistic_indices, run_poisoned
+    realistic_indices, relative_rms_error, run_poisoned
+from nsa_iree.api import effective_block_indices
 
 
 def test_two_pass_is_bitwise_identical_over_20_runs():
@@ -56,3 +57,28 @@ def test_avx512_and_avx2_code_give_the_same_bits(dtype):
         with cpu_target(name):
             results.append(run_poisoned(p, *inputs))
     assert_bitwise_equal(*results)
+
+
+@pytest.mark.parametrize("variant", ("two-pass", "one-pass"))
+def test_float32_dk_dv_are_the_sums_the_input_dtype_rounds(variant):
+    """The backward that leaves dk and dv in float32 (what nsa_iree.distributed adds across ranks) holds the sums
+    the default one rounds: rounded once they are its bits (two-pass), or within the atomics' reordering
+    (one-pass); dq is the same."""
+    from nsa_iree.api import backward_into
+
+    p = Problem(batch=2, m_rows=150, n=170, heads=8, kv_heads=2, head_dim=32, value_dim=16, block_size=16,
+                num_blocks=5, select=realistic_indices)
+    inputs = make_inputs(p, DTYPES["bf16"], seed=13)
+    o, lse, dq, dk, dv = run_poisoned(p, *inputs, variant=variant)
+    q, k, v, do, block_indices, counts = inputs
+    idx = effective_block_indices(block_indices, counts)
+    dq32 = torch.full_like(q, float("nan"))
+    dk32, dv32 = (torch.full(t.shape, float("nan")) for t in (k, v))
+    backward_into(dq32, dk32, dv32, q, k, v, o, lse, do, idx, p.block_size, p.head_dim ** -0.5, variant)
+    assert not any(torch.isnan(t).any() for t in (dq32, dk32, dv32))
+    assert_bitwise_equal([dq32], [dq], names=("dq",))
+    if variant == "two-pass":
+        assert_bitwise_equal([dk32.to(dk.dtype), dv32.to(dv.dtype)], [dk, dv], names=("dk", "dv"))
+    else:
+        for wide, narrow in ((dk32, dk), (dv32, dv)):
+            assert relative_rms_error(wide.to(narrow.dtype), narrow) < 1e-2

@@ -32,7 +32,9 @@ import torch
 
 import nsa_iree
 from nsa_iree import distributed
+from nsa_iree.compiler import compile_artifact
 from nsa_iree.reference import selection_attention_reference
+from nsa_iree.spec import KernelSpec
 from nsa_iree.testing import TOLERANCE, relative_rms_error
 
 from conftest import cpu_target
@@ -78,6 +80,7 @@ CASES = {
     "2ranks-only_v_requires_grad": Case(2, 1, 20, grads="v"),
     "2ranks-autocast_bf16": Case(2, 1, 16, autocast=True),
     "2ranks-autocast_bf16-chunk512": Case(2, 1, 512, autocast=True, seed=6),
+    "2ranks-one_pass-autocast_bf16": Case(2, 2, 20, counts="tensor", variant="one-pass", autocast=True, seed=10),
     "2ranks-chunk500-dv64": Case(2, 1, 500, value_dim=64, seed=7),
     "2ranks-chunk500-dv64-avx2": Case(2, 1, 500, value_dim=64, target_cpu="x86-64-v3", seed=7),
     "2ranks-B2-chunk20-avx2": Case(2, 2, 20, counts="tensor", target_cpu="x86-64-v3"),
@@ -213,12 +216,17 @@ _RUNS: dict = {}
 def ranks_results(world, tmp_path_factory) -> list[dict]:
     """Spawn `world` ranks once (per test session) and return what each recorded.
 
-    The single-process calls of every case run first, here: they compile whatever the cache lacks (f32 and
-    bf16, two-pass and one-pass), so the ranks only load artifacts, never compile them side by side."""
+    The single-process calls of every case run first, here, and the ranks' own bf16 backward modules (dk/dv in
+    f32) are compiled: the cache then holds everything (f32 and bf16, two-pass and one-pass), so the ranks only
+    load artifacts, never compile them side by side."""
     if world not in _RUNS:
         for case in [SINGLETON, *CASES.values()]:
             if case.world == world:
                 _one_process(case)
+                if case.autocast:     # the ranks' bf16 backward, with dk/dv left in f32 for the reduce-scatter
+                    spec = KernelSpec(heads=H, kv_heads=G, head_dim=D, value_dim=case.value_dim, block_size=BS,
+                                      num_blocks=T, dtype="bf16", target_cpu=case.target_cpu, dkdv_dtype="f32")
+                    compile_artifact(spec, case.variant)
         directory = tmp_path_factory.mktemp(f"ranks{world}")
         saved = os.environ.get("NSA_IREE_CPU_THREADS")
         os.environ["NSA_IREE_CPU_THREADS"] = "1"            # the ranks share this machine's cores

@@ -302,3 +302,18 @@ def test_torch_func_grad_of_grad_raises_the_double_backward_error():
 
     with pytest.raises(RuntimeError, match="not twice differentiable"):
         torch.func.grad(lambda q: torch.func.grad(loss)(q).sum())(q)
+
+
+@pytest.mark.parametrize("empty", ("no_rows", "no_batch"))
+def test_torch_func_vmap_over_empty_problems_keeps_the_shapes(empty):
+    """Empty outputs are outputs, not placeholders: vmap over 3 entries of problems with M = 0 or B = 0."""
+    q, k, v, idx, _ = inputs()
+    if empty == "no_rows":
+        q, idx = q[:, :0], idx[:, :0]
+    else:
+        q, k, v, idx = (t[:0] for t in (q, k, v, idx))
+    qs = torch.stack([q, q, q])
+    o = torch.func.vmap(lambda q: attend(q, k, v, idx))(qs)
+    assert o.shape == (3, *q.shape[:3], DV)
+    grad = torch.func.grad(lambda q: torch.func.vmap(lambda q: attend(q, k, v, idx))(q).sum())(qs)
+    assert grad.shape == qs.shape
