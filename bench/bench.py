@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 import nsa_iree
+from nsa_iree.spec import target_cpu_from_environment
 from nsa_iree.testing import relative_rms_error
 from nsa_iree.reference import selection_attention_reference
 from nsa_iree.selection import local_block_indices, realistic_block_indices, uniform_block_indices
@@ -463,7 +464,7 @@ def profile(args, out):
 def _machine(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    cpu = os.environ.get("NSA_IREE_CPU_TARGET", "").strip() or "host"
+    cpu = target_cpu_from_environment()
     vectors = "AVX-512" if "avx512f" in _cpu_flags() else "AVX2" if "avx2" in _cpu_flags() else "no AVX2"
     code = f"kernels for {cpu}" + (f", {vectors} host" if cpu == "host" else f" on an {vectors} host")
     return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads, {code})"

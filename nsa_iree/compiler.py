@@ -55,22 +55,22 @@ class _UnlessConfigured(logging.StreamHandler):
 
 
 class _ConfiguredLevel(logging.Filter):
-    """Once the application configures logging, nsa_iree's INFO lines pass only where its levels let them: the
-    logger is at INFO so that they reach stderr before then, which must not override the application's root level
-    (an application that sets the nsa_iree logger's level itself gets exactly that level)."""
+    """Once the application configures logging, nsa_iree's INFO lines pass only where its levels let them. The
+    logger starts at _OWN_LEVEL (just below INFO) so that they reach stderr before then; that must not override
+    the application's root level, while a level the application gives the nsa_iree logger itself is obeyed."""
 
     def filter(self, record):
         root = logging.getLogger()
-        if not root.handlers or LOG.level != logging.INFO or not _OWN_LEVEL:
+        if not root.handlers or LOG.level != _OWN_LEVEL:
             return True
         return record.levelno >= root.getEffectiveLevel()
 
 
-_OWN_LEVEL = LOG.level == logging.NOTSET
+_OWN_LEVEL = logging.INFO - 1         # told apart from an application's own setLevel(logging.INFO)
 if not LOG.handlers:
     LOG.addHandler(_UnlessConfigured())
-if _OWN_LEVEL:
-    LOG.setLevel(logging.INFO)
+if LOG.level == logging.NOTSET:
+    LOG.setLevel(_OWN_LEVEL)
     LOG.addFilter(_ConfiguredLevel())
 
 

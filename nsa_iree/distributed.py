@@ -59,9 +59,8 @@ _MUST_AGREE = ("B", "q chunk", "H", "D", "G", "Dv", "T", "dtype", "block_size", 
 _BACKEND_DEVICES = {"gloo": ("cpu",), "nccl": ("cuda",)}
 
 # Whether the backward starts the reduce-scatter of dk/dv before dq is computed (True) or after (False). On 2 x H200
-# (anchors layout, bench/results/distributed_2xH200.md) the overlapped collective slowed the dq pass more than it
-# hid: backward 61.7 against 60.9 ms at 128k tokens, 30.4 / 29.4 at 64k, 126.5 / 125.0 at 256k (two runs at
-# 128k: 62.1 / 60.2). bench/distributed_bench.py measures both.
+# the overlapped collective slowed the dq pass more than it hid (bench/results/distributed_2xH200.md,
+# docs/performance.md); bench/distributed_bench.py measures both.
 OVERLAP_BACKWARD = False
 
 

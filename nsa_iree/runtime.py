@@ -18,8 +18,8 @@ synchronisation and maps it again on the next call (bench/results/experiments_H2
 
 The results IREE still allocates itself (delta and the inverted block lists, handed from one stage to the
 next) are small. Wrapping IREE's allocator in its caching allocator for them (``--cuda_async_allocations=false``)
-gained about 1 ms of a 102 ms backward at 64k and, as IREE 3.13 cannot trim that cache, held its memory until
-exit; it is not offered (bench/results/experiments_H200.md).
+gained about 1% of the backward and, as IREE 3.13 cannot trim that cache, held its memory until exit; it is not
+offered (bench/results/experiments_H200.md).
 
 Loading: a module is made from the bytes of its vmfb after they are checked against the sha256 digest stored
 beside it (cache.read_verified), never from an unchecked file, and never through a writable mapping (so a

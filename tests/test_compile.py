@@ -225,3 +225,23 @@ def test_a_layout_past_the_hand_written_kernels_warns_once_with_the_limit_and_th
             api._artifact_path(DEMO_SPEC, "two-pass")       # served by the CPU kernels: no warning
     finally:
         api._artifact_path.cache_clear()
+
+
+def test_compile_lines_go_to_stderr_until_the_application_configures_logging():
+    """Before the application configures logging, nsa_iree's INFO lines are printed on stderr; after it configures
+    the root logger at WARNING, they follow that level (none printed anywhere); a level the application gives the
+    nsa_iree logger itself is obeyed."""
+    script = textwrap.dedent("""
+        import logging, sys
+        from nsa_iree.compiler import LOG
+        LOG.info("first")
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="root: %(message)s")
+        LOG.info("second")
+        LOG.warning("third")
+        logging.getLogger("nsa_iree").setLevel(logging.INFO)
+        LOG.info("fourth")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "nsa_iree: first\n"
+    assert result.stdout == "root: third\nroot: fourth\n"

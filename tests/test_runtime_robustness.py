@@ -42,6 +42,7 @@ import torch
 
 import nsa_iree
 from nsa_iree import cache, cli
+from nsa_iree.spec import target_cpu_from_environment
 from nsa_iree.compiler import compile_artifact
 from nsa_iree.demo import relative_rms_error
 from nsa_iree.reference import selection_attention_reference
@@ -117,7 +118,7 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
 def built(tmp_path_factory) -> Path:
     """A directory holding the verified forward and two-pass artifacts of SPEC (copied into each test's cache)."""
     directory = tmp_path_factory.mktemp("built")
-    spec = SPEC.replace(target_cpu=os.environ.get("NSA_IREE_CPU_TARGET", "").strip() or "host")   # the children's
+    spec = SPEC.replace(target_cpu=target_cpu_from_environment())   # what the children will look for
     for variant in ("forward", "two-pass"):
         compile_artifact(spec, variant, out_dir=directory)
     return directory

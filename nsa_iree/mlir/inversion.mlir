@@ -11,8 +11,8 @@
 // A row that lists a block twice appears once here; the dk/dv pass counts its multiplicity.
 //
 // Cost shape (64k tokens, 4 groups: 4096 blocks x 65536 rows). IREE lowers iree_linalg_ext.scan to one
-// sequential walk per scanned line, so a scan over all M rows of every block walks 65536 steps (150 ms on
-// the H200). Rows are instead cut into chunks of 64 (the literal 64 in the shapes below); 1.9 ms in all:
+// sequential walk per scanned line, so a scan over all M rows of every block walks 65536 steps. Rows are
+// instead cut into chunks of 64 (the literal 64 in the shapes below; docs/performance.md, 'Recipe and template values'):
 //   selected   [b, g, i, chunk, r] i8: 1 where row chunk*64 + r lists block i, written by a 1-D scatter
 //                                      of the slots (a 2-D scatter of these flags gave wrong lists on the
 //                                      H200; tests/lit/dispatch_count.test keeps every scatter 1-D);
@@ -123,7 +123,7 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   // chunks), in two levels: the chunks summed in groups of 32 (in parallel), an inclusive scan of the group
   // sums (line_chunks / 32 steps per line), then each chunk adds the earlier chunks of its own group (at
   // most 31 loads). One scan over all the chunks walks them one after the other per line: 1025 steps at
-  // 64k tokens, 2.3 ms on the H200.
+  // 64k tokens.
   %group = arith.constant 32 : index
   %groups = arith.ceildivui %line_chunks, %group : index
   %group_sum_init = tensor.empty(%batch, %num_blocks, %groups) : tensor<?x${G}x?x?xi32>
