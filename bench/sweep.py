@@ -108,22 +108,23 @@ def prepare(args):
     spec = KernelSpec(heads=cfg["heads"], kv_heads=cfg["kv_heads"], head_dim=cfg["head_dim"],
                       value_dim=cfg["value_dim"], block_size=cfg["block_size"], num_blocks=cfg["num_blocks"],
                       dtype=cfg["dtype"], target=args.target)
-    base = (PIPELINES_DIR / f"{args.target}.toml").read_text()
+    recipes = {p.name: p.read_text() for p in PIPELINES_DIR.glob("*.toml")}   # the target's and any base it names
     root = Path(args.dir)
     os.environ["NSA_IREE_CACHE_DIR"] = str(root / "artifacts")
     for name, (edit, rows_per_piece) in VARIANTS.items():
         if args.variants and name != "baseline" and name not in args.variants:
             continue
-        lines = []
-        for line in base.splitlines():
-            if edit is not None and line.startswith(BACKWARD_SLOTS):
-                line = edit(line)
-            if rows_per_piece is not None and line.startswith("rows_per_piece ="):
-                line = f"rows_per_piece = {rows_per_piece}"
-            lines.append(line)
         recipe_dir = root / "recipes" / _slug(name)
         recipe_dir.mkdir(parents=True, exist_ok=True)
-        (recipe_dir / f"{args.target}.toml").write_text("\n".join(lines) + "\n")
+        for file_name, text in recipes.items():
+            lines = []
+            for line in text.splitlines():
+                if edit is not None and line.startswith(BACKWARD_SLOTS):
+                    line = edit(line)
+                if rows_per_piece is not None and line.startswith("rows_per_piece ="):
+                    line = f"rows_per_piece = {rows_per_piece}"
+                lines.append(line)
+            (recipe_dir / file_name).write_text("\n".join(lines) + "\n")
         (recipe_dir / "name").write_text(name)
         os.environ["NSA_IREE_PIPELINES_DIR"] = str(recipe_dir)
         try:

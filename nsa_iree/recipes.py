@@ -87,6 +87,7 @@ class Recipe:
     block_sizes: tuple[int, ...] | None = None  # None: any block size (the CPU)
     onepass_templates: dict = dataclasses.field(default_factory=dict)
     kernel_settings: dict = dataclasses.field(default_factory=dict)
+    values: dict = dataclasses.field(default_factory=dict)      # [values]: ${NAME}s the recipe's own text uses
 
     def flags_for(self, spec: KernelSpec) -> tuple[str, ...]:
         """The iree-compile flags of spec: the recipe's, with the CPU named by spec.target_cpu (cpu target)."""
@@ -99,7 +100,8 @@ class Recipe:
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
-        values = {"MMA_DTYPE": _MMA_DTYPE[spec.dtype], "H": str(spec.heads), "HPG": str(spec.heads_per_group),
+        values = {**self.values, "MMA_DTYPE": _MMA_DTYPE[spec.dtype], "H": str(spec.heads),
+                  "HPG": str(spec.heads_per_group),
                   "D": str(spec.head_dim), "DV": str(spec.value_dim), "BS": str(spec.block_size),
                   "T": str(spec.num_blocks), "ROWS_PER_PIECE": str(self.rows_per_piece),
                   "HEAD_TILE": "2" if spec.heads_per_group % 2 == 0 else "1"}
@@ -162,10 +164,26 @@ def choose(stage: str, spec: KernelSpec, recipe: Recipe) -> Choice:
     return Choice("linalg", wanted, crossed) if crossed else Choice(wanted, wanted)
 
 
+_TABLES = ("attributes", "onepass", "kernels", "values")
+
+
+def _read(name: str) -> dict:
+    """pipelines/<name>.toml, over the base it names (``base = "amd"``): the target's keys replace the base's,
+    its tables add to and replace the base's tables key by key."""
+    data = tomllib.loads((pipelines_dir() / f"{name}.toml").read_text())
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    merged = _read(base)
+    for key, value in data.items():
+        merged[key] = {**merged.get(key, {}), **value} if key in _TABLES else value
+    return merged
+
+
 def load_recipe(target: str) -> Recipe:
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    data = tomllib.loads((pipelines_dir() / f"{target}.toml").read_text())
+    data = _read(target)
     unknown = set(data.get("attributes", {})) - set(ATTRIBUTE_SLOTS)
     if unknown:
         raise ValueError(f"pipelines/{target}.toml: unknown attribute slots {sorted(unknown)}")
@@ -178,4 +196,4 @@ def load_recipe(target: str) -> Recipe:
                   attribute_templates=dict(data.get("attributes", {})), onepass_templates=dict(onepass),
                   dtypes=tuple(data.get("dtypes", ("f32", "f16", "bf16"))),
                   block_sizes=tuple(data["block_sizes"]) if "block_sizes" in data else None,
-                  kernel_settings=dict(data.get("kernels", {})))
+                  kernel_settings=dict(data.get("kernels", {})), values=dict(data.get("values", {})))

@@ -245,3 +245,20 @@ def test_compile_lines_go_to_stderr_until_the_application_configures_logging():
     assert result.returncode == 0, result.stderr
     assert result.stderr == "nsa_iree: first\n"
     assert result.stdout == "root: third\nroot: fourth\n"
+
+
+def test_the_amd_recipes_are_one_base_and_their_differences():
+    """gfx950 and gfx942 read pipelines/amd.toml under their own few keys: the same driver, tuning, attribute and
+    one-pass text, apart from the matrix intrinsic each names; the rendered modules are those frozen before the
+    split (tests/test_frozen_modules.py)."""
+    gfx950, gfx942 = load_recipe("gfx950"), load_recipe("gfx942")
+    assert (gfx950.driver, gfx950.rows_per_piece, gfx950.dtypes) == (gfx942.driver, gfx942.rows_per_piece,
+                                                                     gfx942.dtypes)
+    assert gfx950.onepass_templates == gfx942.onepass_templates
+    assert gfx950.attribute_templates == gfx942.attribute_templates
+    assert (gfx950.values["MFMA"], gfx942.values["MFMA"]) == ("MFMA_F32_16x16x32", "MFMA_F32_16x16x16")
+    assert gfx950.block_sizes == (64, 128) and gfx942.block_sizes == (64,)
+    assert "onepass" in gfx950.kernel_settings and not gfx942.kernel_settings
+    spec = DEMO_SPEC.replace(dtype="bf16")
+    assert "MFMA_F32_16x16x32_BF16" in load_recipe("gfx950").attributes(spec.replace(target="gfx950"))[
+        "DQ_SCORES_CONFIG"]
