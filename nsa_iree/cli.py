@@ -121,15 +121,8 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_bench(rest) -> int:
-    """bench/bench.py of the source checkout; results go to its --out (default ./nsa_iree_results)."""
-    # The benchmarks are not part of the installed package: they need a source checkout (bench/).
-    checkout = Path(__file__).resolve().parent.parent
-    if not (checkout / "bench" / "bench.py").is_file():
-        raise UsageError("bench needs a source checkout of nsa_iree (its bench/ directory is not installed): "
-                         "run it from an editable install (pip install -e .) or `python -m bench.bench` in the "
-                         "checkout")
-    sys.path.insert(0, str(checkout))
-    from bench.bench import main as bench_main
+    """nsa_iree.benchmark (installed with the package); results go to its --out (default ./nsa_iree_results)."""
+    from .benchmark import main as bench_main
 
     bench_main(rest)
     return 0
@@ -173,7 +166,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=_cmd_demo)
 
-    sub.add_parser("bench", help="benchmarks against dense attention and fla (see bench/bench.py --help)",
+    sub.add_parser("bench", help="benchmarks against dense attention and fla (nsa-iree bench --help)",
                    add_help=False)
 
     from .cache import ArtifactError

@@ -1,0 +1,613 @@
+"""Benchmarks: nsa_iree's selection attention against dense SDPA, fla's parallel_nsa (when fla is importable) and a
+torch-eager version. Installed with the package: `nsa-iree bench`; the lab scripts under bench/ build on it.
+
+    nsa-iree bench --device cuda --seq 8192 16384 32768 65536      # the H200 run
+    nsa-iree bench --device cpu --config cpu --seq 1024 4096 --selection realistic --repeats 5  # the CPU run
+    nsa-iree bench --smoke                                          # tiny CPU run (the CI smoke test)
+    nsa-iree bench --device cuda --seq 65536 --selection realistic packed  # packed documents (cu_seqlens)
+
+Selection "packed": each problem of `seq` tokens is documents of --doc-lengths MIN MAX tokens (uniform draws,
+the last one cut to fit) packed into one sequence with cu_seqlens, a realistic selection inside every
+document; nsa_iree and fla get the same cu_seqlens (dense SDPA would attend across documents: not run). The
+row "nsa_iree two-pass, padded given" times the same kernels on inputs already in nsa_iree's block-aligned
+layout: the difference to "nsa_iree two-pass" is what the packed call adds (its gathers and scatters).
+
+Every configuration is checked for correctness at a small size (against fla when importable, else the f64
+reference) before it is timed. Timings: warm-up, then the median of --repeats runs, each synchronised
+(IREE runs on its own CUDA stream: the runtime waits for torch's stream before a call, and a call returns
+when its results are ready). Results go to --out (default ./nsa_iree_results, under the current directory;
+the checked-in tables are in bench/results/): a Markdown table and a JSON record stamped with date, machine
+and versions, and a PNG plot (time against sequence length) when matplotlib is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import nsa_iree
+from nsa_iree.spec import target_cpu_from_environment
+from nsa_iree.testing import relative_rms_error
+from nsa_iree.reference import selection_attention_reference
+from nsa_iree.selection import local_block_indices, realistic_block_indices, uniform_block_indices
+
+DEFAULT_OUT = "nsa_iree_results"                # relative: under the current directory
+
+CONFIGS = {
+    # anchors.md: the configuration fla and dense SDPA were measured in on the H200.
+    "anchors": dict(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    # The NSA paper's head layout.
+    "paper": dict(heads=64, kv_heads=4, head_dim=192, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    # Fewer heads per group than the MMA tile's 16 rows (the anchors layout with 32, 16 and 4 query heads):
+    # what the padded tiles cost on GPUs.
+    "hpg8": dict(heads=32, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    "hpg4": dict(heads=16, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    "hpg1": dict(heads=4, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    # What fits this project's 2-core CPU (anchors.md, CPU baseline).
+    "cpu": dict(heads=16, kv_heads=1, head_dim=64, value_dim=64, block_size=64, num_blocks=16, dtype="f32"),
+    "tiny": dict(heads=16, kv_heads=1, head_dim=32, value_dim=32, block_size=16, num_blocks=4, dtype="f32"),
+}
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SELECTIONS = {"realistic": realistic_block_indices, "uniform": uniform_block_indices, "local": local_block_indices}
+PACKED = "packed"                               # documents packed with cu_seqlens (make_packed_problem)
+DOC_LENGTHS = (1024, 16384)
+
+
+def selection_flops(cfg, seq):
+    """Forward FLOPs of the selection branch (anchors.md): 2 * M * H * (D + Dv) * T * BS; backward ~2.5x."""
+    return 2 * seq * cfg["heads"] * (cfg["head_dim"] + cfg["value_dim"]) * cfg["num_blocks"] * cfg["block_size"]
+
+
+def dense_flops(cfg, seq):
+    return 2 * cfg["heads"] * (cfg["head_dim"] + cfg["value_dim"]) * seq * seq / 2
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeats, warmup=2):
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class PeakMemory:
+    """Peak device memory in use (all allocators: torch's and IREE's), sampled from cudaMemGetInfo."""
+
+    def __init__(self, device):
+        self.device, self.peak, self._stop = device, 0, threading.Event()
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.base = total - free
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def _poll(self):
+        while not self._stop.is_set():
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.peak = max(self.peak, total - free - self.base)
+            time.sleep(0.0005)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.device.type == "cuda":
+            self._thread.join()
+
+
+def make_problem(cfg, seq, selection, device, seed=0, batch=1, generate_on_device=False):
+    """q, k, v, do (cfg's dtype) and block indices [batch, seq, G, T] on `device`.
+
+    generate_on_device draws them with a generator on `device` instead of the host: the selection's scores
+    are [B, M, G, NB] (2G floats at 128k tokens with B = 2), too slow to rank on the host.
+    """
+    where = device if generate_on_device else "cpu"
+    gen = torch.Generator(device=where).manual_seed(seed)
+    dtype = DTYPES[cfg["dtype"]]
+    h, g, d, dv = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["value_dim"]
+    q, k, v, do = (torch.randn(batch, seq, heads, dim, generator=gen, device=where).to(device=device, dtype=dtype)
+                   for heads, dim in ((h, d), (g, d), (g, dv), (h, dv)))
+    idx = SELECTIONS[selection](batch, seq, seq, g, cfg["num_blocks"], cfg["block_size"], generator=gen,
+                                device=where).to(device)
+    return q, k, v, do, idx
+
+
+def document_lengths(total, shortest, longest, generator):
+    """Lengths drawn uniformly in [shortest, longest] until they cover `total` tokens, the last one cut."""
+    lengths = []
+    while sum(lengths) < total:
+        n = int(torch.randint(shortest, longest + 1, (1,), generator=generator))
+        lengths.append(min(n, total - sum(lengths)))
+    return lengths
+
+
+def make_packed_problem(cfg, seq, device, doc_lengths=DOC_LENGTHS, seed=0):
+    """q, k, v, do [1, seq, ...], block indices [1, seq, G, T] (realistic inside each document, ids relative to
+    it) and cu_seqlens [S + 1] int32, for documents of doc_lengths (min, max) tokens packed into `seq` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = document_lengths(seq, *doc_lengths, gen)
+    dtype = DTYPES[cfg["dtype"]]
+    h, g, d, dv = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["value_dim"]
+    q, k, v, do = (torch.randn(1, seq, heads, dim, generator=gen).to(device=device, dtype=dtype)
+                   for heads, dim in ((h, d), (g, d), (g, dv), (h, dv)))
+    idx = torch.cat([realistic_block_indices(1, n, n, g, cfg["num_blocks"], cfg["block_size"], generator=gen)
+                     for n in lengths], dim=1).to(device)
+    cu_seqlens = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))], dtype=torch.int32,
+                              device=device)
+    return q, k, v, do, idx, cu_seqlens
+
+
+def fla_function():
+    try:
+        from fla.ops.nsa.parallel import ParallelNSAFunction
+    except Exception:  # noqa: BLE001 - fla is optional
+        return None
+    return ParallelNSAFunction
+
+
+# --- implementations: each returns (forward callable, backward callable) --------------------------------
+
+def nsa_iree_impl(variant):
+    def build(cfg, q, k, v, do, idx, cu_seqlens=None):
+        bs = cfg["block_size"]
+        state = {}
+
+        def fwd():
+            state["o"], state["lse"] = nsa_iree.selection_attention_fwd(q, k, v, idx, bs, cu_seqlens=cu_seqlens)
+
+        fwd()
+
+        def bwd():
+            nsa_iree.selection_attention_bwd(q, k, v, state["o"], state["lse"], do, idx, bs, variant=variant,
+                                             cu_seqlens=cu_seqlens)
+        return fwd, bwd
+    return build
+
+
+def nsa_iree_padded_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
+    """The two-pass kernels on inputs already laid out as a packed call lays them out (nsa_iree.packing), the
+    unpacked call: what a packed call costs without its gathers and scatters. Packed problems only."""
+    from nsa_iree.api import effective_block_indices
+    from nsa_iree.packing import packed_layout
+
+    if cu_seqlens is None:
+        raise ValueError("only for the packed selection")
+    bs = cfg["block_size"]
+    layout = packed_layout(cu_seqlens, q.shape[1], bs)
+    global_idx = layout.block_indices(effective_block_indices(idx, None), bs)
+    qp, kp, vp, dop = (layout.to_padded(t) for t in (q, k, v, do))
+    return nsa_iree_impl("two-pass")(cfg, qp, kp, vp, dop, global_idx)
+
+
+def sdpa_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
+    if cu_seqlens is not None:
+        raise ValueError("dense SDPA would attend across the packed documents")
+    hpg = cfg["heads"] // cfg["kv_heads"]
+    qt = q.transpose(1, 2).detach().requires_grad_(True)
+    kt = k.transpose(1, 2).repeat_interleave(hpg, dim=1).detach().requires_grad_(True)
+    vt = v.transpose(1, 2).repeat_interleave(hpg, dim=1).detach().requires_grad_(True)
+    dot = do.transpose(1, 2)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            sdpa(qt, kt, vt, is_causal=True)
+
+    def bwd():
+        if "o" not in state:
+            state["o"] = sdpa(qt, kt, vt, is_causal=True)
+        state["o"].backward(dot, retain_graph=True)
+    bwd()
+    return fwd, bwd
+
+
+def fla_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
+    fn = fla_function()
+    idx_fla = idx.to(torch.int32)
+    scale = cfg["head_dim"] ** -0.5
+    cu_fla = None if cu_seqlens is None else cu_seqlens.to(torch.int64)     # fla documents a LongTensor
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], scale, cu_fla)
+
+    def bwd():
+        if "o" not in state:
+            state["o"] = fn.apply(qg, kg, vg, idx_fla, cfg["num_blocks"], cfg["block_size"], scale, cu_fla)
+        state["o"].backward(do, retain_graph=True)
+    bwd()
+    return fwd, bwd
+
+
+def torch_eager_selection_attention(q, k, v, block_indices, block_size, scale=None):
+    """Selection attention the way a torch user would write it (the "what a user would write" baseline):
+    gather the selected K/V blocks of every (row, group), mask future keys and skipped slots, softmax, and
+    let autograd do the backward.
+
+    q [B, M, H, D], k [B, N, G, D], v [B, N, G, Dv] (any float dtype, computed in it), block_indices
+    [B, M, G, T] (negative and future blocks skipped; a block listed twice counts twice). Returns o
+    [B, M, H, Dv] (0 for a row that sees no key). Memory: the gathered K and V, [B, M, G, T * BS, D + Dv].
+    """
+    batch, m_rows, heads, dim = q.shape
+    n, groups = k.shape[1], k.shape[2]
+    scale = dim ** -0.5 if scale is None else scale
+    dev = q.device
+    keys = block_indices.long().unsqueeze(-1) * block_size + torch.arange(block_size, device=dev)  # [B, M, G, T, BS]
+    position = torch.arange(m_rows, device=dev) + (n - m_rows)                                      # bottom-right
+    visible = (block_indices >= 0).unsqueeze(-1) & (keys <= position.view(1, -1, 1, 1, 1))
+    keys, visible = keys.clamp(0, n - 1).flatten(-2), visible.flatten(-2)                         # [B, M, G, T*BS]
+    b = torch.arange(batch, device=dev).view(-1, 1, 1, 1)
+    g = torch.arange(groups, device=dev).view(1, 1, -1, 1)
+    k_sel, v_sel = k[b, keys, g], v[b, keys, g]                                                   # [B, M, G, T*BS, D]
+    qg = q.view(batch, m_rows, groups, heads // groups, dim)
+    s = (qg @ k_sel.transpose(-1, -2)) * scale                                                    # [B, M, G, HPG, T*BS]
+    s = s.masked_fill(~visible.unsqueeze(-2), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                                                  # empty rows: 0
+    return (p @ v_sel).reshape(batch, m_rows, heads, v.shape[-1])
+
+
+def torch_eager_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
+    """torch_eager_selection_attention, forward without autograd, backward through autograd."""
+    if cu_seqlens is not None:
+        raise ValueError("the torch-eager baseline takes no packed documents (cu_seqlens)")
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            torch_eager_selection_attention(*leaves, idx, cfg["block_size"])
+
+    def bwd():
+        if "o" not in state:
+            state["o"] = torch_eager_selection_attention(*leaves, idx, cfg["block_size"])
+        state["o"].backward(do, retain_graph=True)
+    bwd()
+    return fwd, bwd
+
+
+def torch_reference_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
+    """The package's dense torch reference in f32 (CPU comparisons; it is O(M * N) in memory)."""
+    leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            selection_attention_reference(*leaves, idx, cfg["block_size"], compute_dtype=torch.float32,
+                                          cu_seqlens=cu_seqlens)
+
+    def bwd():
+        if "o" not in state:
+            state["o"], _ = selection_attention_reference(*leaves, idx, cfg["block_size"], compute_dtype=torch.float32,
+                                                          cu_seqlens=cu_seqlens)
+        state["o"].backward(do.float(), retain_graph=True)
+    return fwd, bwd
+
+
+IMPLS = {
+    "nsa_iree two-pass": nsa_iree_impl("two-pass"),
+    "nsa_iree one-pass": nsa_iree_impl("one-pass"),
+    "nsa_iree two-pass, padded given": nsa_iree_padded_impl,
+    "dense sdpa": sdpa_impl,
+    "torch eager": torch_eager_impl,
+    "fla parallel_nsa": fla_impl,
+    "torch reference f32": torch_reference_impl,
+}
+
+
+def problem(cfg, seq, selection, device, seed=0, doc_lengths=DOC_LENGTHS):
+    """q, k, v, do, idx and cu_seqlens (None unless the selection is "packed")."""
+    if selection == PACKED:
+        return make_packed_problem(cfg, seq, device, doc_lengths, seed)
+    return (*make_problem(cfg, seq, selection, device, seed), None)
+
+
+def check(cfg, device, selection):
+    """Correctness at a small size before timing: nsa_iree's o and grads against fla or the f64 reference.
+    Packed: documents of 1 to seq / 3 tokens (odd lengths and partial blocks included)."""
+    seq = 512 if device.type == "cuda" else 128
+    q, k, v, do, idx, cu = problem(cfg, seq, selection, device, seed=1, doc_lengths=(1, seq // 3))
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o = nsa_iree.selection_attention(*leaves, idx, block_size=cfg["block_size"], cu_seqlens=cu)
+    o.backward(do)
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    o_ref, _ = selection_attention_reference(*ref_leaves, idx, cfg["block_size"], cu_seqlens=cu)
+    o_ref.backward(do.double())
+    errors = {"o": relative_rms_error(o.detach(), o_ref.detach())}
+    for name, a, b in zip(("dq", "dk", "dv"), leaves, ref_leaves):
+        errors[name] = relative_rms_error(a.grad, b.grad)
+    result = {"against": "f64 reference", "errors": errors}
+    fn = fla_function()
+    if fn is not None and device.type == "cuda" and cfg["heads"] // cfg["kv_heads"] >= 16:
+        try:
+            fl = [t.detach().requires_grad_(True) for t in (q, k, v)]
+            o_fla = fn.apply(*fl, idx.to(torch.int32), cfg["num_blocks"], cfg["block_size"], cfg["head_dim"] ** -0.5,
+                             None if cu is None else cu.to(torch.int64))
+            o_fla.backward(do)
+            result["fla_errors"] = {"o": relative_rms_error(o_fla.detach(), o_ref.detach()),
+                                    **{n: relative_rms_error(a.grad, b.grad)
+                                       for n, a, b in zip(("dq", "dk", "dv"), fl, ref_leaves)}}
+        except Exception as err:  # noqa: BLE001 - fla is a baseline, not the thing under test
+            result["fla_error"] = repr(err)[:300]
+    for variant in ("one-pass",):
+        vl = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        nsa_iree.selection_attention(*vl, idx, block_size=cfg["block_size"], variant=variant,
+                                     cu_seqlens=cu).backward(do)
+        result[f"{variant}_errors"] = {n: relative_rms_error(a.grad, b.grad)
+                                       for n, a, b in zip(("dq", "dk", "dv"), vl, ref_leaves)}
+    return result
+
+
+# Relative RMS error above which a variant's check fails (bf16 results sit near 2.5e-3 on the H200).
+CHECK_TOLERANCE = 1e-2
+
+
+def wrong_variants(result) -> set[str]:
+    """The nsa_iree variants whose check failed (a wrong kernel is reported, never timed)."""
+    wrong = set()
+    for variant, key in (("two-pass", "errors"), ("one-pass", "one-pass_errors")):
+        errors = result.get(key)
+        if key in result and (not errors or not all(e < CHECK_TOLERANCE for e in errors.values())):
+            wrong.add(variant)
+    if "error" in result:
+        wrong.update({"two-pass", "one-pass"})
+    return wrong
+
+
+def run(args, on_row=None):
+    """Check, then time every (selection, seq, impl); on_row(record) after each row (partial results survive a
+    run that is cut short)."""
+    device = torch.device(args.device)
+    cfg = CONFIGS[args.config]
+    impls = [i for i in args.impl if i in IMPLS]
+    if device.type == "cuda":
+        impls = [i for i in impls if i != "torch reference f32"]
+    if fla_function() is None or device.type != "cuda" or cfg["heads"] // cfg["kv_heads"] < 16:
+        impls = [i for i in impls if not i.startswith("fla")]
+    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(device),
+              "versions": _versions(), "config": {"name": args.config, **cfg}, "rows": [], "checks": {},
+              "load_average": list(os.getloadavg())}    # other processes on the machine, at the start
+    for selection in args.selection:
+        try:
+            record["checks"][selection] = check(cfg, device, selection)
+        except Exception as err:  # noqa: BLE001 - a failed check is reported, the timings still run
+            record["checks"][selection] = {"against": "f64 reference", "errors": {}, "error": repr(err)[:500]}
+        print(f"check ({selection}):", json.dumps(record["checks"][selection]), flush=True)
+        wrong = wrong_variants(record["checks"][selection])
+        for seq in args.seq:
+            for impl in impls:
+                packed_only = impl == "nsa_iree two-pass, padded given"
+                if (selection == PACKED) != packed_only and (packed_only or impl == "dense sdpa"):
+                    continue                                     # not meaningful for this selection
+                if impl.startswith("nsa_iree") and impl.split(",")[0].split()[-1] in wrong:
+                    row = dict(selection=selection, seq=seq, impl=impl, error="not timed: failed the correctness check")
+                    record["rows"].append(row)
+                    print(json.dumps(row), flush=True)
+                    continue
+                fwd = bwd = None
+                try:
+                    q, k, v, do, idx, cu = problem(cfg, seq, selection, device, doc_lengths=args.doc_lengths)
+                    with PeakMemory(device) as mem:
+                        fwd, bwd = IMPLS[impl](cfg, q, k, v, do, idx, cu)
+                        t_fwd = timed(fwd, device, args.repeats)
+                        t_bwd = timed(bwd, device, args.repeats)
+                    row = dict(selection=selection, seq=seq, impl=impl, fwd_ms=t_fwd * 1e3, bwd_ms=t_bwd * 1e3,
+                               peak_mem_gb=mem.peak / 1e9,
+                               input_gb=sum(t.numel() * t.element_size() for t in (q, k, v, do, idx)) / 1e9)
+                    if cu is not None:
+                        row["documents"] = cu.numel() - 1
+                except Exception as err:  # noqa: BLE001 - record and go on (e.g. out of memory)
+                    row = dict(selection=selection, seq=seq, impl=impl, error=f"{type(err).__name__}: {err}"[:300])
+                finally:
+                    # The closures hold their outputs: drop them too, so that the next row's baseline is clean.
+                    q = k = v = do = idx = cu = fwd = bwd = None
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                record["rows"].append(row)
+                print(json.dumps(row), flush=True)
+                if on_row:
+                    on_row(record)
+    return record
+
+
+def profile(args, out):
+    """Per-kernel device time of one nsa_iree forward and backward of each variant (CUPTI sees IREE's kernels)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    device, cfg = torch.device(args.device), CONFIGS[args.config]
+    tables = {}
+    for impl in ("nsa_iree two-pass", "nsa_iree one-pass"):
+        q, k, v, do, idx = make_problem(cfg, args.profile, "realistic", device)
+        fwd, bwd = IMPLS[impl](cfg, q, k, v, do, idx)
+        for name, fn in (("forward", fwd), ("backward", bwd)):
+            if name == "forward" and impl != "nsa_iree two-pass":
+                continue
+            fn()
+            _sync(device)
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                _sync(device)
+            rows = sorted(((e.key, e.device_time_total / 1e3, e.count) for e in prof.key_averages()
+                           if e.device_time_total > 0), key=lambda r: -r[1])
+            tables[f"{impl} {name}"] = [dict(kernel=k, ms=ms, calls=c) for k, ms, c in rows[:25]]
+            print(f"## {impl} {name} at {args.profile}")
+            for k, ms, c in rows[:25]:
+                print(f"  {ms:9.3f} ms  x{c:<3} {k[:110]}")
+    (out / "profile.json").write_text(json.dumps(tables, indent=1))
+    return tables
+
+
+def _machine(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = target_cpu_from_environment()
+    vectors = "AVX-512" if "avx512f" in _cpu_flags() else "AVX2" if "avx2" in _cpu_flags() else "no AVX2"
+    code = f"kernels for {cpu}" + (f", {vectors} host" if cpu == "host" else f" on an {vectors} host")
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads, {code})"
+
+
+def _cpu_flags() -> set:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _versions():
+    out = {"torch": torch.__version__, "nsa_iree": nsa_iree.__version__}
+    try:
+        import importlib.metadata as md
+        for name in ("iree-base-runtime", "iree-base-compiler", "fla-core", "triton"):
+            try:
+                out[name] = md.version(name)
+            except md.PackageNotFoundError:
+                pass
+    except ImportError:
+        pass
+    return out
+
+
+def markdown(record) -> str:
+    cfg = record["config"]
+    lines = [f"# Selection attention benchmark: {cfg['name']} ({record['machine']}, {record['date']})", "",
+             f"H={cfg['heads']} G={cfg['kv_heads']} D={cfg['head_dim']} Dv={cfg['value_dim']} BS={cfg['block_size']} "
+             f"T={cfg['num_blocks']} {cfg['dtype']}, B=1. Versions: "
+             + ", ".join(f"{k} {v}" for k, v in record["versions"].items()), "",
+             "Times in ms (median). 'x dense' = dense SDPA time / this time, same run, same selection. "
+             "TFLOP/s use the selection FLOP count of anchors.md (backward = 2.5 x forward)."
+             + (" Load average at the start (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in record["load_average"])
+                + "." if "load_average" in record else ""), ""]
+    for selection, check in record["checks"].items():
+        lines.append(f"Check ({selection}): " + ", ".join(f"{k} {v:.1e}" for k, v in check["errors"].items())
+                     + f" vs {check['against']}"
+                     + ("; fla: " + ", ".join(f"{k} {v:.1e}" for k, v in check["fla_errors"].items())
+                        if "fla_errors" in check else ""))
+    lines += ["", "| selection | seq | implementation | fwd ms | bwd ms | bwd x dense | bwd TFLOP/s | "
+              "peak GB (inputs GB) |",
+              "|---|---|---|---|---|---|---|---|"]
+    dense = {(r["selection"], r["seq"]): r for r in record["rows"] if r["impl"] == "dense sdpa" and "bwd_ms" in r}
+    for r in record["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['selection']} | {r['seq']} | {r['impl']} | {r['error']} | | | | |")
+            continue
+        d = dense.get((r["selection"], r["seq"]))
+        speed = f"{d['bwd_ms'] / r['bwd_ms']:.2f}x" if d else ""
+        flops = 2.5 * (dense_flops if r["impl"] == "dense sdpa" else selection_flops)(cfg, r["seq"])
+        seq = f"{r['seq']} ({r['documents']} documents)" if "documents" in r else r["seq"]
+        lines.append(f"| {r['selection']} | {seq} | {r['impl']} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | {speed} "
+                     f"| {flops / (r['bwd_ms'] * 1e-3) / 1e12:.1f} | {r['peak_mem_gb']:.2f} ({r['input_gb']:.2f}) |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(record, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    selections = list(record["checks"])
+    # One column per selection; forward times on the first row, backward on the second, each point of a
+    # non-dense curve labelled with dense's time over its own ("x dense").
+    fig, axes = plt.subplots(2, len(selections), figsize=(6 * len(selections), 9), squeeze=False)
+    for row_axes, key, what in ((axes[0], "fwd_ms", "forward"), (axes[1], "bwd_ms", "backward")):
+        for ax, selection in zip(row_axes, selections):
+            rows = [r for r in record["rows"] if r["selection"] == selection and key in r]
+            dense = {r["seq"]: r[key] for r in rows if r["impl"] == "dense sdpa"}
+            labelled = 0
+            for impl in dict.fromkeys(r["impl"] for r in rows):
+                pts = sorted((r["seq"], r[key]) for r in rows if r["impl"] == impl)
+                (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+                if impl != "dense sdpa":
+                    # Labels alternate above and below their points, so close curves stay readable.
+                    offset = (4, 5) if labelled % 2 == 0 else (4, -11)
+                    labelled += 1
+                    for seq, ms in pts:
+                        if seq in dense:
+                            ax.annotate(f"{dense[seq] / ms:.1f}x", (seq, ms), textcoords="offset points",
+                                        xytext=offset, fontsize=7, color=line.get_color())
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel(f"{what} ms")
+            ax.set_title(f"{record['config']['name']}, {selection} selection, {what} ({record['machine']})", fontsize=9)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def device_is_cuda(args) -> bool:
+    return torch.device(args.device).type == "cuda"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="nsa-iree bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--config", choices=CONFIGS, default="anchors")
+    parser.add_argument("--seq", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
+    parser.add_argument("--selection", nargs="+", choices=[*SELECTIONS, PACKED], default=["realistic", "uniform"])
+    parser.add_argument("--doc-lengths", type=int, nargs=2, default=list(DOC_LENGTHS), metavar=("MIN", "MAX"),
+                        help="document lengths of the packed selection (default %(default)s)")
+    parser.add_argument("--impl", nargs="+", default=list(IMPLS))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="directory for the table, record and plot (default ./%(default)s)")
+    parser.add_argument("--profile", type=int, default=0, metavar="SEQ",
+                        help="also record per-kernel GPU times (torch.profiler) of nsa_iree at this length")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny CPU run: the harness works, nothing is timed seriously")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.device, args.config, args.seq, args.repeats, args.selection = "cpu", "tiny", [256], 1, ["realistic"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save(record):
+        machine = record["machine"].split("(")[0].strip().split()[-1] if device_is_cuda(args) else "cpu"
+        stem = f"{record['config']['name']}_{re.sub(r'[^A-Za-z0-9]+', '_', machine)}"
+        (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+        (out / f"{stem}.md").write_text(markdown(record))
+        return stem
+
+    record = run(args, on_row=save)
+    if args.profile:
+        record["profile"] = profile(args, out)
+    stem = save(record)
+    png = plot(record, out / f"{stem}.png")
+    print(markdown(record))
+    print(f"wrote {out / (stem + '.md')}" + (f" and {png}" if png else ""))
+    return record
+
+
+if __name__ == "__main__":
+    main()
