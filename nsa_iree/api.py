@@ -22,6 +22,7 @@ Shapes, masking and numerics are specified in docs/semantics.md.
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from typing import Optional, Union
 
@@ -64,13 +65,22 @@ def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size:
                       kernels=kernels_from_environment())
 
 
+def _callers_level() -> int:
+    """The warnings stacklevel of the first frame outside nsa_iree and torch (the user's call), seen from the
+    function that calls this one."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in ("nsa_iree", "torch"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 @functools.lru_cache(maxsize=None)
 def _artifact_path(spec: KernelSpec, variant: str):
     """The verified vmfb of (spec, variant), once per process; the first lookup warns when a stage falls back to
     the linalg kernels (compiler.fallback_warning)."""
     warning = fallback_warning(spec, variant)
     if warning:
-        warnings.warn(warning, RuntimeWarning, stacklevel=4)
+        warnings.warn(warning, RuntimeWarning, stacklevel=_callers_level())
     return compile_artifact(spec, variant).path
 
 
