@@ -411,6 +411,13 @@ _AUTOCAST_LIB = torch.library.Library("nsa_iree", "FRAGMENT")
 _CAST_POSITIONS = {"selection_attention_fwd": (0, 1, 2), "selection_attention_bwd": (0, 1, 2, 3, 4)}
 
 
+def _autocast_cast(t, device_type: str, dtype: torch.dtype):
+    """The one autocast rule: a floating tensor of the autocast's device other than float64 takes its dtype."""
+    if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64 and t.device.type == device_type:
+        return t.to(dtype)
+    return t
+
+
 def _register_autocast(name: str, device_type: str) -> None:
     key = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}[device_type]
     exclude = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
@@ -419,8 +426,7 @@ def _register_autocast(name: str, device_type: str) -> None:
 
     def kernel(_keyset, *args):
         dtype = torch.get_autocast_dtype(device_type)
-        args = tuple(a.to(dtype) if i in positions and a.is_floating_point() and a.dtype != torch.float64
-                     and a.device.type == device_type else a for i, a in enumerate(args))
+        args = tuple(_autocast_cast(a, device_type, dtype) if i in positions else a for i, a in enumerate(args))
         with torch._C._ExcludeDispatchKeyGuard(exclude):
             return op(*args)
 
@@ -433,8 +439,7 @@ def _autocast(*tensors: Tensor) -> tuple[Tensor, ...]:
     if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
-    return tuple([t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 and t.device.type == device_type
-                  else t for t in tensors])
+    return tuple([_autocast_cast(t, device_type, dtype) for t in tensors])
 
 
 for _name in _CAST_POSITIONS:

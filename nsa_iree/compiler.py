@@ -31,7 +31,7 @@ LOG = logging.getLogger("nsa_iree")
 
 # What the compiler-generated (linalg) stages cost against the hand-written kernels they stand in for, per target
 # (measured: README, Limitations; docs/performance.md).
-LINALG_COST = {"cpu": "about 10x the time of the CPU kernels",
+LINALG_COST = {"cpu": "14x (forward, dq) to 34x (dk/dv) the time of the CPU kernels",
                "cuda": "on an H200 at 64k tokens the forward takes 3.4x and the backward 2.3x the time",
                "gfx950": "unmeasured on gfx950 (no MI350 here); on an H200 the forward takes 3.4x and the backward "
                          "2.3x the time"}

@@ -374,7 +374,8 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
         resolved = _exchange_and_check(q, k, v, block_indices, block_size, block_counts, scale, variant,
                                        kv_need_grad, rank, size, backends, group)
         checked = True
-    if q.shape[0] == 0 or q.shape[1] == 0:      # nothing to send: every rank holds an empty chunk
+    if checked and (q.shape[0] == 0 or q.shape[1] == 0):   # exchanged: every rank holds an empty chunk
+        # (traced calls go through the operator, whose exchange every rank joins, empty or not)
         return api.selection_attention(q, k, v, block_indices, block_size, block_counts, scale, variant)
     idx = api.effective_block_indices(block_indices, block_counts)
     o, _, _, _ = _sharded_fwd_op(q, k, v, idx, block_size, resolved, variant, kv_need_grad, _name_of(group), rank,

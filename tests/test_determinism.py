@@ -8,7 +8,7 @@ import torch
 
 from conftest import CPU_TARGETS, DTYPES, Problem, assert_bitwise_equal, cpu_target, make_inputs, random_indices, \
     realistic_indices, relative_rms_error, run_poisoned
-from nsa_iree.api import effective_block_indices
+from nsa_iree.api import describe, effective_block_indices
 
 
 def test_two_pass_is_bitwise_identical_over_20_runs():
@@ -44,6 +44,17 @@ def test_two_pass_is_bitwise_identical_across_cpu_thread_counts(tmp_path):
         assert_bitwise_equal(results[0], other)
 
 
+ONE_PASS_REORDERING = 1e-4     # measured up to 1.3e-5 here (5 runs), 2.7e-5 to 3.8e-5 on the H200 (dkdv_f32_H200.log)
+
+
+def _has_avx512() -> bool:
+    try:
+        return "avx512f" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx512(), reason="the host's code is AVX2 code here: nothing to compare")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_avx512_and_avx2_code_give_the_same_bits(dtype):
     """The kernels compiled for this host and for x86-64-v3 (AVX2: 256-bit vectors, two per AVX-512 register)
@@ -55,6 +66,8 @@ def test_avx512_and_avx2_code_give_the_same_bits(dtype):
     results = []
     for name in CPU_TARGETS:
         with cpu_target(name):
+            q, k, v, _, idx, _ = inputs
+            assert describe(q, k, v, idx, p.block_size).target_cpu == name      # two different artifacts
             results.append(run_poisoned(p, *inputs))
     assert_bitwise_equal(*results)
 
@@ -80,5 +93,5 @@ def test_float32_dk_dv_are_the_sums_the_input_dtype_rounds(variant):
     if variant == "two-pass":
         assert_bitwise_equal([dk32.to(dk.dtype), dv32.to(dv.dtype)], [dk, dv], names=("dk", "dv"))
     else:
-        for wide, narrow in ((dk32, dk), (dv32, dv)):
-            assert relative_rms_error(wide.to(narrow.dtype), narrow) < 1e-2
+        for wide, narrow in ((dk32, dk), (dv32, dv)):      # atomics reorder the sums: a few bf16 roundings flip
+            assert relative_rms_error(wide.to(narrow.dtype), narrow) < ONE_PASS_REORDERING
