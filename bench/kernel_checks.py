@@ -24,7 +24,7 @@ from nsa_iree.api import effective_block_indices
 from nsa_iree.compiler import compile_artifact
 from nsa_iree.testing import relative_rms_error
 from nsa_iree.recipes import load_recipe
-from nsa_iree.render import template_for
+from nsa_iree.kernels import choose
 from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference
 from nsa_iree.runtime import device_for
 from nsa_iree.selection import local_block_indices, realistic_block_indices, uniform_block_indices
@@ -174,7 +174,7 @@ def check(seed=0):
                                                          idx.cpu(), cfg["block_size"])
         o_ref, lse_ref = selection_attention_reference(q.cpu(), k.cpu(), v.cpu(), idx.cpu(), cfg["block_size"])
         row = {"case": name,
-               "kernels": [template_for(s, spec, recipe) for s in ("forward", "dq", "dkdv", "onepass")]}
+               "kernels": [choose(s, spec, recipe).family for s in ("forward", "dq", "dkdv", "onepass")]}
         for out, a, b, r in (("o", o_mine, o, o_ref), ("lse", lse_mine, lse, lse_ref)):
             row[f"{out}_custom_vs_linalg"] = relative_rms_error(a.float(), b.float())
             row[f"{out}_custom_vs_f64"] = relative_rms_error(a.cpu(), r)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from .cache import ArtifactError, atomic_write, cache_dir, describe_dir, fallback_dirs, problem_with, \
     probe_writable, tool_tmpdir, write_artifact, writable_dir
-from .recipes import HOST_CPU_FLAG, choose, load_recipe
+from .kernels import choose
+from .recipes import HOST_CPU_FLAG, load_recipe
 from .render import render_module
 from .spec import KernelSpec
 

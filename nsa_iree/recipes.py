@@ -22,7 +22,6 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, packaged as tomli (a dependency there)
     import tomli as tomllib
 
-from .fragments import cpu_kernel_limits, custom_kernel_limits, portable_limits
 from .spec import TARGETS, KernelSpec
 
 PIPELINES_DIR = importlib.resources.files(__package__) / "pipelines"   # package data
@@ -135,33 +134,6 @@ class Recipe:
         for key, text in self.onepass_templates.items():
             out[f"ONEPASS_{key}"] = string.Template(str(text)).substitute(values)
         return out
-
-
-# The hand-written kernel families a recipe's [kernels] table may name for a stage, each with the function that
-# says which shapes it cannot serve: "custom" (NVIDIA-only matrix-unit kernels, mlir/<stage>_kernel.mlir),
-# "portable" (one text for MFMA and mma.sync, <stage>_portable.mlir), "cpu" (vectorised CPU kernels,
-# <stage>_cpu.mlir). "linalg" (the fused-region templates, <stage>.mlir) serves every shape.
-FAMILY_LIMITS = {"custom": custom_kernel_limits, "portable": portable_limits, "cpu": cpu_kernel_limits}
-
-
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    """The kernel family that renders a stage, and why not the recipe's hand-written one where it is linalg."""
-
-    family: str                      # "custom", "portable", "cpu" or "linalg"
-    wanted: str | None               # the recipe's [kernels] entry for the stage (None: linalg by design)
-    crossed: tuple[str, ...] = ()    # the limits of `wanted` that spec crosses (empty unless it fell back)
-
-
-def choose(stage: str, spec: KernelSpec, recipe: Recipe) -> Choice:
-    """The one place that picks the kernel of a stage: the recipe's hand-written family where it serves spec, the
-    linalg stage otherwise, and everywhere when spec.kernels is "linalg". Reads nothing but its arguments (the
-    environment's NSA_IREE_KERNELS is read where a spec is made, nsa_iree.api.describe)."""
-    wanted = recipe.kernel_settings.get(stage)
-    if wanted not in FAMILY_LIMITS or spec.kernels == "linalg":
-        return Choice("linalg", None)
-    crossed = tuple(FAMILY_LIMITS[wanted](stage, spec, recipe))
-    return Choice("linalg", wanted, crossed) if crossed else Choice(wanted, wanted)
 
 
 _TABLES = ("attributes", "onepass", "kernels", "values")

@@ -1,25 +1,32 @@
-"""Render the MLIR templates under ``nsa_iree/mlir/`` (package data) for one :class:`~nsa_iree.spec.KernelSpec`.
+"""Render the MLIR templates under ``nsa_iree/kernels/`` (package data) for one :class:`~nsa_iree.spec.KernelSpec`.
 
-Templates are plain ``.mlir`` files with ``${NAME}`` placeholders for the few per-configuration values
-(head counts and dims, block size, T, element type) and for target-specific attributes, which come from
-the target's recipe in ``pipelines/`` (empty on CPU; the one-pass dispatch's ``ONEPASS_*`` pieces have CPU
-values too). Nothing else in the package writes MLIR.
+Templates are ``.mlir`` files read by Jinja2 with MLIR-friendly delimiters: ``${NAME}`` is a value, ``<% ... %>``
+a statement (on a line of its own, the line is dropped), ``<# ... #>`` a comment. The values are the
+configuration's (head counts and dims, block size, T, element types: :func:`configuration_values`), the
+recipe's target attributes (empty on CPU) and the rendering family's own (``Family.values``). A name without a
+value is an error naming it. Macro files (the ``<% macro %>`` libraries a template imports) may use their
+arguments and the configuration's names only: :func:`check_macro_library` enforces it, so a macro states what it
+takes. Nothing else in the package writes MLIR.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import re
-import string
 
-from .fragments import cpu_values, kernel_values, portable_values
-from .recipes import Recipe, choose, load_recipe
+import jinja2
+import jinja2.meta
+
+from .kernels import family_for
+from .kernels.family import Family
+from .recipes import Recipe, load_recipe
 from .spec import KernelSpec
 
 # Package data, wherever the package is installed (a directory on disk for a wheel or a checkout).
-MLIR_DIR = importlib.resources.files(__package__) / "mlir"
+KERNELS_DIR = importlib.resources.files(__package__) / "kernels"
 
-# Every variant's module: the stage templates it needs, in order (helpers first).
+# Every variant's module: the stages it runs, in order (helpers first).
 STAGES = {
     "forward": ("kv_blocks", "selected_slots", "forward"),
     "two-pass": ("kv_blocks", "selected_slots", "delta", "dq", "inversion", "piece_sums", "dkdv"),
@@ -29,75 +36,119 @@ STAGES = {
 _MLIR_TYPE = {"f32": "f32", "f16": "f16", "bf16": "bf16"}
 
 
-def template_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
-    """The substitutions for one specialisation: configuration values, then the recipe's attributes."""
+def configuration_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
+    """The values every template and macro may use: the spec's sizes and element types."""
     wide = spec.dtype == "f32"
+    dkdv = spec.dkdv_dtype or spec.dtype
     values = {
-        "H": spec.heads,
-        "G": spec.kv_heads,
-        "HPG": spec.heads_per_group,
-        "D": spec.head_dim,
-        "DV": spec.value_dim,
-        "BS": spec.block_size,
-        "T": spec.num_blocks,
-        "E": _MLIR_TYPE[spec.dtype],
+        "H": spec.heads, "G": spec.kv_heads, "HPG": spec.heads_per_group, "D": spec.head_dim, "DV": spec.value_dim,
+        "BS": spec.block_size, "T": spec.num_blocks, "E": _MLIR_TYPE[spec.dtype],
         # f32 -> E and E -> f32 conversions; for f32 inputs a same-type bitcast that folds away.
         "TRUNCF": "arith.bitcast" if wide else "arith.truncf",
         "EXTF": "arith.bitcast" if wide else "arith.extf",
         "ROWS_PER_PIECE": recipe.rows_per_piece,
         # dk and dv: in E, or in f32 (spec.dkdv_dtype) where their sums are added to others before rounding.
-        "DKV_E": _MLIR_TYPE[spec.dkdv_dtype or spec.dtype],
-        "DKV_TRUNCF": "arith.bitcast" if (spec.dkdv_dtype or spec.dtype) == "f32" else "arith.truncf",
+        "DKV_E": _MLIR_TYPE[dkdv],
+        "DKV_TRUNCF": "arith.bitcast" if dkdv == "f32" else "arith.truncf",
     }
-    values = {k: str(v) for k, v in values.items()}
-    values.update(recipe.attributes(spec))
-    values.update(kernel_values(spec, recipe))
-    values.update(portable_values(spec, recipe))
-    values.update(cpu_values(spec))
+    return {key: str(value) for key, value in values.items()}
+
+
+CONFIGURATION_NAMES = frozenset(configuration_values(KernelSpec(), load_recipe("cpu")))
+
+
+def template_values(spec: KernelSpec, recipe: Recipe, family: Family) -> dict[str, str]:
+    """The values of one template of `family`: the configuration's, the recipe's attributes, the family's own."""
+    values = configuration_values(spec, recipe)
+    for more in (recipe.attributes(spec), family.values(spec, recipe)):
+        clash = {key for key in more if key in values and more[key] != values[key]}
+        if clash:
+            raise ValueError(f"{family.name} values redefine {sorted(clash)}")
+        values.update(more)
     return values
 
 
-def template_for(stage: str, spec: KernelSpec, recipe: Recipe) -> str:
-    """The template file rendering `stage`: ``<stage>_kernel``, ``<stage>_portable`` or ``<stage>_cpu`` where
-    the recipe picks a hand-written kernel, else the linalg ``<stage>``."""
-    family = choose(stage, spec, recipe).family
-    return {"custom": f"{stage}_kernel", "portable": f"{stage}_portable", "cpu": f"{stage}_cpu"}.get(family, stage)
+def _source(name: str) -> str:
+    return (KERNELS_DIR / name).read_text()
 
 
-_PART_LINE = re.compile(r"^[ \t]*// part: (\w+)\n", flags=re.MULTILINE)
+def _load(name: str):
+    """Jinja's loader: the template's text, and a check that it is unchanged (templates compile once)."""
+    source = _source(name)
+    return source, None, lambda: _source(name) == source
 
 
-def _with_parts(text: str) -> str:
-    """Each line `// part: NAME` replaced by nsa_iree/mlir/parts/NAME.mlir without its leading comment lines
-    (which say what the part uses and defines): text the hand-written kernels share, written once."""
-    def part(match):
-        lines = (MLIR_DIR / "parts" / f"{match.group(1)}.mlir").read_text().splitlines(keepends=True)
-        while lines and lines[0].startswith("//"):
-            lines.pop(0)
-        return "".join(lines)
-    return _PART_LINE.sub(part, text)
+ENVIRONMENT = jinja2.Environment(
+    loader=jinja2.FunctionLoader(_load),
+    variable_start_string="${", variable_end_string="}",
+    block_start_string="<%", block_end_string="%>",
+    comment_start_string="<#", comment_end_string="#>",
+    trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+    undefined=jinja2.StrictUndefined, autoescape=False)
+
+_IMPORT = re.compile(r"""<%\s*(?:from|import)\s+["']([\w/.]+)["']""")
 
 
-def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None) -> str:
-    """One template, rendered. Raises KeyError naming any placeholder left without a value."""
+def _macro_or_comment(node) -> bool:
+    if isinstance(node, (jinja2.nodes.Macro, jinja2.nodes.Import, jinja2.nodes.FromImport)):
+        return True
+    text = "".join(n.data for n in node.nodes if isinstance(n, jinja2.nodes.TemplateData)) \
+        if isinstance(node, jinja2.nodes.Output) and all(isinstance(n, jinja2.nodes.TemplateData) for n in node.nodes) \
+        else None
+    return text is not None and all(not line.strip() or line.strip().startswith("//") for line in text.splitlines())
+
+
+@functools.lru_cache(maxsize=None)
+def check_macro_library(name: str) -> None:
+    """Raise ValueError if macro file `name` uses a name that is neither an argument of its macros nor a
+    configuration value (its macros then take all they use as arguments), or holds text outside its macros."""
+    source = _source(name)
+    tree = ENVIRONMENT.parse(source)
+    free = jinja2.meta.find_undeclared_variables(tree) - CONFIGURATION_NAMES
+    if free:
+        raise ValueError(f"kernels/{name}: its macros use {sorted(free)}, neither arguments nor configuration values")
+    outside = [node.lineno for node in tree.body if not _macro_or_comment(node)]
+    if outside:
+        raise ValueError(f"kernels/{name}: a macro file holds macros and comments only, not line {outside[0]}")
+    for library in _IMPORT.findall(source):
+        check_macro_library(library)
+
+
+def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None, family: Family | None = None) -> str:
+    """One template (a path under nsa_iree/kernels/), rendered with `family`'s values (default: the family whose
+    folder holds it). Raises KeyError naming any name left without a value."""
+    from .kernels import COMMON, FAMILIES
+
     recipe = recipe or load_recipe(spec.target)
-    text = _with_parts((MLIR_DIR / f"{name}.mlir").read_text())
-    values = template_values(spec, recipe)
-    # The shared host-function parts (parts/host_*.mlir) dispatch the executable their template declares.
-    executables = re.findall(r"hal\.executable\.source private @(\w+)", text)
-    if len(executables) == 1:
-        values["EXECUTABLE"] = executables[0]
+    if family is None:
+        folder = name.rsplit("/", 1)[0]
+        family = next(f for f in (COMMON, *FAMILIES.values()) if f.folder == folder)
+    source = _source(name)
+    for library in _IMPORT.findall(source):
+        check_macro_library(library)
+    values = template_values(spec, recipe, family)
+    # The configuration's values are the template's globals, which the macro files it imports see too (Jinja
+    # passes an importing template's globals on); the rest only the template itself sees.
+    configuration = {key: values.pop(key) for key in CONFIGURATION_NAMES}
     try:
-        return string.Template(text).substitute(values)
-    except KeyError as err:
-        raise KeyError(f"mlir/{name}.mlir: no value for placeholder {err}") from None
+        return ENVIRONMENT.get_template(name, globals=configuration).render(values)
+    except jinja2.UndefinedError as err:
+        raise KeyError(f"kernels/{name}: no value for {err.message}") from None
+
+
+def module_templates(spec: KernelSpec, variant: str, recipe: Recipe | None = None) -> list[tuple[str, Family]]:
+    """The templates of (spec, variant)'s module, in order, each with the family that renders it."""
+    recipe = recipe or load_recipe(spec.target)
+    chosen = [(stage, family_for(stage, spec, recipe)) for stage in STAGES[variant]]
+    helpers = []
+    for _, family in chosen:
+        helpers += [(helper, family) for helper in family.helpers if (helper, family) not in helpers]
+    return [(family.template(stage), family) for stage, family in helpers + chosen]
 
 
 def render_module(spec: KernelSpec, variant: str) -> str:
     """The whole module compiled for (spec, variant): its stage templates, rendered and concatenated."""
     recipe = load_recipe(spec.target)
     header = f"// nsa_iree: {variant} for {spec.name}\n"
-    names = [template_for(name, spec, recipe) for name in STAGES[variant]]
-    if any(name.endswith("_cpu") for name in names):
-        names.insert(0, "cpu_blocks")          # the transposed K/V blocks the CPU kernels read
-    return header + "\n".join(render_template(name, spec, recipe) for name in names)
+    return header + "\n".join(render_template(name, spec, recipe, family)
+                              for name, family in module_templates(spec, variant, recipe))

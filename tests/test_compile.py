@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import shutil
 import warnings
 
 import pytest
@@ -29,7 +30,8 @@ def _without_attributes(spec, variant):
     """The module with the target's attributes left out and its tuning values (rows_per_piece) the CPU's."""
     recipe = load_recipe(spec.target)
     blank = type(recipe)(recipe.target, recipe.driver, recipe.flags, load_recipe("cpu").rows_per_piece, {})
-    return "\n".join(render.render_template(name, spec, blank) for name in render.STAGES[variant])
+    return "\n".join(render.render_template(name, spec, blank, family)
+                     for name, family in render.module_templates(spec, variant, blank))
 
 
 @pytest.mark.parametrize("variant", ["forward", "two-pass"])
@@ -70,18 +72,15 @@ def test_other_sequence_lengths_and_batches_hit_the_cache(fresh_cache, monkeypat
 
 @pytest.fixture
 def edit_forward_template(tmp_path_factory, monkeypatch):
-    """edit(change) renders from a copy of mlir/ whose forward.mlir is change(original text). Its tests select
-    the linalg forward (KernelSpec.kernels="linalg": on cpu the recipe would render forward_cpu.mlir)."""
+    """edit(change) renders from a copy of kernels/ whose linalg/forward.mlir is change(original text). Its tests
+    select the linalg forward (KernelSpec.kernels="linalg": on cpu the recipe would render cpu/forward.mlir)."""
 
     def edit(change):
-        copy = tmp_path_factory.mktemp("mlir")
-        for f in render.MLIR_DIR.glob("*.mlir"):
-            (copy / f.name).write_text(f.read_text())
-        (copy / "parts").mkdir()
-        for f in (render.MLIR_DIR / "parts").glob("*.mlir"):
-            (copy / "parts" / f.name).write_text(f.read_text())
-        (copy / "forward.mlir").write_text(change((copy / "forward.mlir").read_text()))
-        monkeypatch.setattr(render, "MLIR_DIR", copy)
+        copy = tmp_path_factory.mktemp("kernels") / "kernels"
+        shutil.copytree(render.KERNELS_DIR, copy)
+        forward = copy / "linalg" / "forward.mlir"
+        forward.write_text(change(forward.read_text()))
+        monkeypatch.setattr(render, "KERNELS_DIR", copy)
     return edit
 
 

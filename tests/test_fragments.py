@@ -13,7 +13,8 @@ import pytest
 
 from nsa_iree.fragments import LAYOUTS, Unit, covers_tile, element_position, evaluate_map
 from nsa_iree.recipes import load_recipe
-from nsa_iree.render import render_module, template_for
+from nsa_iree.kernels import choose
+from nsa_iree.render import render_module
 from nsa_iree.spec import KernelSpec
 
 ANCHORS_CUDA = KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16,
@@ -66,29 +67,30 @@ def test_nv_placement_used_by_the_kernels(operand, index, where):
 
 
 KERNEL_CHOICE = [
-    ("cuda_anchors", ANCHORS_CUDA, {}, ("forward_kernel", "dq_kernel", "dkdv_kernel")),
-    ("cuda_linalg", ANCHORS_CUDA.replace(kernels="linalg"), {}, ("forward", "dq", "dkdv")),
-    ("cuda_32_heads_per_group", ANCHORS_CUDA.replace(heads=128), {}, ("forward", "dq", "dkdv")),
-    ("cuda_head_dim_72", ANCHORS_CUDA.replace(head_dim=72), {}, ("forward", "dq", "dkdv")),
+    ("cuda_anchors", ANCHORS_CUDA, {}, ("nvidia", "nvidia", "nvidia")),
+    ("cuda_linalg", ANCHORS_CUDA.replace(kernels="linalg"), {}, ("linalg", "linalg", "linalg")),
+    ("cuda_32_heads_per_group", ANCHORS_CUDA.replace(heads=128), {}, ("linalg", "linalg", "linalg")),
+    ("cuda_head_dim_72", ANCHORS_CUDA.replace(head_dim=72), {}, ("linalg", "linalg", "linalg")),
     ("gfx950_portable", ANCHORS_CUDA.replace(target="gfx950"), {},
-     ("forward_portable", "dq_portable", "dkdv_portable")),
+     ("portable", "portable", "portable")),
     ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), {},
-     ("forward_portable", "dq_portable", "dkdv_portable")),
-    ("gfx950_linalg", ANCHORS_CUDA.replace(target="gfx950", kernels="linalg"), {}, ("forward", "dq", "dkdv")),
+     ("portable", "portable", "portable")),
+    ("gfx950_linalg", ANCHORS_CUDA.replace(target="gfx950", kernels="linalg"), {}, ("linalg", "linalg", "linalg")),
     # dq's K, V, K transposed and ds for BS = 128, D = 128 need 109 KB: over the 80 KB that keep 2 waves per
     # SIMD; the forward's and dk/dv's tiles still fit.
     ("gfx950_dq_over_its_lds_budget", ANCHORS_CUDA.replace(target="gfx950", block_size=128), {},
-     ("forward_portable", "dq", "dkdv_portable")),
+     ("portable", "linalg", "portable")),
     # The MFMA's K is 32: a head dim of 48 is not whole units.
     ("gfx950_head_dim_48", ANCHORS_CUDA.replace(target="gfx950", head_dim=48, value_dim=48), {},
-     ("forward", "dq", "dkdv")),
-    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {}, ("forward_cpu", "dq_cpu", "dkdv_cpu")),
+     ("linalg", "linalg", "linalg")),
+    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), {}, ("cpu", "cpu", "cpu")),
     ("cpu_bf16_one_head_per_group", ANCHORS_CUDA.replace(target="cpu", heads=4), {},
-     ("forward_cpu", "dq_cpu", "dkdv_cpu")),
-    ("cpu_linalg", ANCHORS_CUDA.replace(target="cpu", dtype="f32", kernels="linalg"), {}, ("forward", "dq", "dkdv")),
+     ("cpu", "cpu", "cpu")),
+    ("cpu_linalg", ANCHORS_CUDA.replace(target="cpu", dtype="f32", kernels="linalg"), {},
+     ("linalg", "linalg", "linalg")),
     # 64 heads per group at D 192: the forward's and dq's stack tiles exceed 48 KiB (dk/dv's do not).
     ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), {},
-     ("forward", "dq", "dkdv_cpu")),
+     ("linalg", "linalg", "cpu")),
 ]
 
 
@@ -97,13 +99,13 @@ def test_kernel_choice(monkeypatch, case, spec, env, expected):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     recipe = load_recipe(spec.target)
-    assert tuple(template_for(stage, spec, recipe) for stage in ("forward", "dq", "dkdv")) == expected
+    assert tuple(choose(stage, spec, recipe).family for stage in ("forward", "dq", "dkdv")) == expected
 
 
 def test_a_kernel_over_the_targets_workgroup_memory_falls_back(monkeypatch):
     spec = ANCHORS_CUDA.replace(head_dim=192, block_size=128)      # dq would need 164.25 KiB, sm_80 has 163 KiB
     recipe = load_recipe("cuda")                                   # (the forward's 160 KiB fit)
-    assert [template_for(s, spec, recipe) for s in ("forward", "dq", "dkdv")] == ["forward_kernel", "dq", "dkdv_kernel"]
+    assert [choose(s, spec, recipe).family for s in ("forward", "dq", "dkdv")] == ["nvidia", "linalg", "nvidia"]
 
 
 def test_a_recipe_without_the_kernels_instructions_gets_the_linalg_stages():
@@ -112,8 +114,8 @@ def test_a_recipe_without_the_kernels_instructions_gets_the_linalg_stages():
     recipe = load_recipe("cuda")
     settings = {k: v for k, v in recipe.kernel_settings.items() if k != "vote_any"}
     recipe = dataclasses.replace(recipe, kernel_settings=settings)         # forward needs vote_any, dq dk/dv not
-    assert [template_for(s, ANCHORS_CUDA, recipe) for s in ("forward", "dq", "dkdv")] == [
-        "forward", "dq_kernel", "dkdv_kernel"]
+    assert [choose(s, ANCHORS_CUDA, recipe).family for s in ("forward", "dq", "dkdv")] == [
+        "linalg", "nvidia", "nvidia"]
 
 
 def test_rendered_cuda_modules_hold_the_kernels():
@@ -158,19 +160,7 @@ def test_kernel_choice_reads_no_environment(monkeypatch):
     assert render_module(ANCHORS_CUDA.replace(kernels="linalg"), "two-pass") != before
 
 
-def test_kernel_parts_are_included_whole():
-    """The shared parts of the kernels render in place of their `// part:` lines, without their header."""
-    from nsa_iree.render import MLIR_DIR, render_template
-
-    text = render_template("dq_kernel", ANCHORS_CUDA)
-    assert "// part:" not in text
-    for part in ("q_fragments", "kv_staging", "scores"):
-        body = [line for line in (MLIR_DIR / "parts" / f"{part}.mlir").read_text().splitlines()
-                if not line.startswith("//")]
-        assert body and body[0].strip() in text, part
-
-
-# The portable kernels (nsa_iree/mlir/*_portable.mlir) see the placement only through a unit's fragment shapes
+# The portable kernels (nsa_iree/kernels/gpu/portable/) see the placement only through a unit's fragment shapes
 # and affine maps: each map must say what the table says, for every lane.
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_unit_maps_are_the_table(name):
@@ -216,18 +206,18 @@ def test_unit_fragment_shapes(name, lhs, rhs, acc):
 
 
 ONEPASS_CHOICE = [
-    ("gfx950_anchors", ANCHORS_CUDA.replace(target="gfx950"), "onepass_portable"),
+    ("gfx950_anchors", ANCHORS_CUDA.replace(target="gfx950"), "portable"),
     # D = 192: the dq tiles, p^T and ds^T need 83 KB, over the 80 KB that keep 2 waves per SIMD.
-    ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), "onepass"),
-    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "onepass_cpu"),
+    ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), "linalg"),
+    ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "cpu"),
     # HPG 64 at D 192: the row's tiles (q, do, S, dP, DS^T, dq) exceed 48 KiB of stack.
-    ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), "onepass"),
+    ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), "linalg"),
 ]
 
 
 @pytest.mark.parametrize("case,spec,expected", ONEPASS_CHOICE, ids=[c[0] for c in ONEPASS_CHOICE])
 def test_onepass_kernel_choice(case, spec, expected):
-    assert template_for("onepass", spec, load_recipe(spec.target)) == expected
+    assert choose("onepass", spec, load_recipe(spec.target)).family == expected
 
 
 # The NVIDIA kernels' K/V (and q/do) tiles: unpadded rows with 16-byte chunks XOR-swizzled by row.
@@ -236,9 +226,9 @@ SWIZZLE_ROWS = [16 * i for i in range(1, 17)]
 
 @pytest.mark.parametrize("elements", SWIZZLE_ROWS, ids=[f"row{e}" for e in SWIZZLE_ROWS])
 def test_swizzle_permutes_each_row_and_matches_the_templates_additive_form(elements):
-    from nsa_iree.fragments import kernel_values
+    from nsa_iree.kernels.gpu import nvidia
 
-    values = kernel_values(ANCHORS_CUDA.replace(head_dim=elements), load_recipe("cuda"))
+    values = nvidia.values(ANCHORS_CUDA.replace(head_dim=elements), load_recipe("cuda"))
     mask, high, chunks = int(values["K_SWIZZLE_MASK"]), int(values["K_SWIZZLE_HIGH"]), elements // 8
     assert chunks % (mask + 1) == 0 and mask in (1, 3, 7)
     for row in range(64):
@@ -282,7 +272,7 @@ OCCUPANCY = [
 
 @pytest.mark.parametrize("case,spec,stage,expected", OCCUPANCY, ids=[c[0] for c in OCCUPANCY])
 def test_min_workgroups_per_sm(case, spec, stage, expected):
-    from nsa_iree.fragments import min_workgroups_per_sm
+    from nsa_iree.kernels.gpu.nvidia import min_workgroups_per_sm
 
     assert min_workgroups_per_sm(stage, spec, load_recipe("cuda")) == expected
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 
 import pytest
 import torch
@@ -115,21 +116,20 @@ def test_cpu_kernel_adds_with_atomics_when_a_lock_stays_taken(rows, tmp_path, mo
     # The cpu one-pass kernel adds a row's dk/dv under its block's lock; after CPU_LOCK_TRIES failed attempts
     # (a descheduled holder) it adds them with f32 atomics into an accumulator of their own, while other rows
     # may hold the lock. Here the rows of LOCK_REFUSED never get it (even rows do, with "odd_rows").
-    from nsa_iree import api, fragments
+    from nsa_iree import api
+    from nsa_iree.kernels import cpu
 
-    copy = tmp_path / "mlir"
-    (copy / "parts").mkdir(parents=True)
-    for f in [*render.MLIR_DIR.glob("*.mlir"), *(render.MLIR_DIR / "parts").glob("*.mlir")]:
-        (copy / f.relative_to(render.MLIR_DIR)).write_text(f.read_text())
-    kernel = copy / "onepass_cpu.mlir"
+    copy = tmp_path / "kernels"
+    shutil.copytree(render.KERNELS_DIR, copy)
+    kernel = copy / "cpu" / "onepass.mlir"
     text = kernel.read_text()
     cas, loop = "llvm.cmpxchg %lock, %c0_i32, %c1_i32", "          %tries, %taken = scf.while"
     assert text.count(cas) == 1 and text.count(loop) == 1
     text = text.replace(cas, "llvm.cmpxchg %lock, %refused, %c1_i32")
     text = text.replace(loop, "          " + LOCK_REFUSED[rows] + "\n" + loop)
     kernel.write_text(text)
-    monkeypatch.setattr(render, "MLIR_DIR", copy)
-    monkeypatch.setattr(fragments, "CPU_LOCK_TRIES", 2)
+    monkeypatch.setattr(render, "KERNELS_DIR", copy)
+    monkeypatch.setattr(cpu, "CPU_LOCK_TRIES", 2)
     monkeypatch.setenv("NSA_IREE_CACHE_DIR", str(tmp_path / "cache"))
     api._artifact_path.cache_clear()
     try:
@@ -146,13 +146,13 @@ def test_cpu_kernel_adds_with_atomics_when_a_lock_stays_taken(rows, tmp_path, mo
 def test_every_target_renders_one_template(monkeypatch):
     # With the [onepass] pieces replaced by markers, every target renders the same text: the CPU body is
     # the GPU body, not a copy of it. (The GPUs' default one-pass is the portable matrix-unit kernel,
-    # onepass_portable.mlir, the cpu's the vectorised onepass_cpu.mlir; this scalar template is their
+    # gpu/portable/onepass.mlir, the cpu's the vectorised cpu/onepass.mlir; this scalar template is their
     # fallback, rendered for KernelSpec(kernels="linalg").)
     texts = set()
     for target in ("cpu", "gfx950", "gfx942", "cuda"):
         recipe = load_recipe(target)
         marked = dataclasses.replace(recipe, onepass_templates={k: f"<{k}>" for k in recipe.onepass_templates})
-        texts.add(render.render_template("onepass", DEMO_SPEC.replace(target=target), marked))
+        texts.add(render.render_template("linalg/onepass.mlir", DEMO_SPEC.replace(target=target), marked))
     assert len(texts) == 1
     assert "%lane = gpu.thread_id" not in render.render_module(DEMO_SPEC, "one-pass")
     assert "@selection_attention_onepass_portable_exe" in render.render_module(DEMO_SPEC.replace(target="cuda"),

@@ -80,11 +80,12 @@ def installed(tmp_path_factory):
 def test_wheel_holds_the_templates_and_recipes_and_nothing_of_the_checkout(installed):
     wheel, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
-    templates = {str(p.relative_to(ROOT / "nsa_iree" / "mlir")) for p in (ROOT / "nsa_iree" / "mlir").rglob("*.mlir")}
+    kernels = ROOT / "nsa_iree" / "kernels"
+    templates = {p.relative_to(kernels).as_posix() for p in kernels.rglob("*.mlir")}
     recipes = {p.name for p in (ROOT / "nsa_iree" / "pipelines").glob("*.toml")}
-    assert {f"nsa_iree/mlir/{n}" for n in templates} <= names
+    assert templates and {f"nsa_iree/kernels/{n}" for n in templates} <= names
     assert {f"nsa_iree/pipelines/{n}" for n in recipes} <= names
-    assert not any(n.startswith(("bench/", "tests/", "mlir/", "pipelines/")) for n in names), sorted(names)
+    assert not any(n.startswith(("bench/", "tests/", "kernels/", "pipelines/")) for n in names), sorted(names)
 
 
 def _run(target, *args, cwd):

@@ -28,6 +28,7 @@
 // pos(m) = m + N - M (tested as i <= floor(pos / BS), which cannot overflow); key i * BS + j is visible
 // when j < min(pos - i * BS + 1, BS). Keys past that are staged as zeros and their ds is 0, so a NaN in an
 // unread key reaches nothing.
+<% import "common/host.mlir" as host %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 #dq_kernel_layout = #hal.pipeline.layout<constants = 4, bindings = [
@@ -194,7 +195,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
 
       // q and do as lhs fragments over all of D (Dv), loaded once: element [2 i + k'][e] of step s is
       // row 8 i + r, column 16 s + 8 k' + 2 c + e.
-      // part: q_fragments
+      <% include "gpu/nvidia/q_fragments.mlir" %>
       // do as a [16 heads, Dv] tile in workgroup memory (padding heads zero), read with ldmatrix per block:
       // keeping it in registers like q would leave too few registers for 3 workgroups per multiprocessor.
       scf.for %item = %tid to %do_items step %lanes {
@@ -244,7 +245,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       // while those copies are in flight.
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
       %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
-        // part: kv_staging
+        <% include "gpu/nvidia/kv_staging.mlir" %>
         %has_previous = arith.cmpi uge, %t, %lag : index
         %previous = arith.select %has_previous, %t, %lag : index
         %slot = arith.subi %previous, %lag : index
@@ -263,7 +264,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
           // s and dp over this subgroup's 16 keys: per 16-d step one ldmatrix (two rhs fragments: matrix q
           // is key tile q / 2, k' = q mod 2) and two mma, so only one step's fragments are live at a time.
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-          // part: scores
+          <% include "gpu/nvidia/scores.mlir" %>
           %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
             %col0 = arith.muli %s, %c16 : index
             %col = arith.addi %col0, %lo8 : index
@@ -415,4 +416,4 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
 }
 
 // Host side: one dispatch, dq written into the caller's tensor.
-// part: host_dq
+${ host.dq("selection_attention_dq_kernel_exe") }

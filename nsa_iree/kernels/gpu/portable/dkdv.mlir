@@ -15,6 +15,7 @@
 //   dk  += ds^T q
 // Each subgroup writes its [16 keys, D] and [16 keys, Dv] f32 partials of the piece once; @dkdv_piece_sums adds
 // the pieces of a block in piece order, so dk and dv stay bitwise reproducible.
+<% import "common/host.mlir" as host %>
 
 // Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
 #dkdv_portable_layout = #hal.pipeline.layout<constants = 5, bindings = [
@@ -182,7 +183,7 @@ hal.executable.source private @selection_attention_dkdv_portable_exe {
         %h0 = arith.muli %g, %heads_per_group : index
         %offset = arith.subi %n, %m_rows : index
 
-        // part: piece_rows
+        <% include "gpu/piece_rows.mlir" %>
 
         // This subgroup's 16 keys of K and V as lhs fragments, read once from global memory: read j of unit u
         // is key key_base + run_major(l, j), columns u K + run_k(l, j) ...; keys past N are zeros.
@@ -592,4 +593,4 @@ hal.executable.source private @selection_attention_dkdv_portable_exe {
 }
 
 // Host side: the kernel writes every used piece's partials, @dkdv_piece_sums adds them per block.
-// part: host_dkdv
+${ host.dkdv("selection_attention_dkdv_portable_exe") }

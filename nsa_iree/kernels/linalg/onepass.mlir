@@ -18,6 +18,7 @@
 // never written; the test is i <= floor(pos / BS), which cannot overflow. Inside the diagonal block only
 // keys <= pos(m) are read. A block listed twice is processed twice (multiplicity). An empty row selects
 // nothing, so it never touches lse (-inf there), writes dq = 0 and adds nothing.
+<% import "common/host.mlir" as host %>
 
 // Push constants: B, M, N (i32: sequence lengths and batch stay dynamic), then the bits of scale (f32).
 #onepass_layout = #hal.pipeline.layout<constants = 4, bindings = [
@@ -275,4 +276,4 @@ hal.executable.source private @selection_attention_onepass_exe {
 // Host side: zero the accumulator, run the dispatch, cast dk and dv to the input type.
 // dk and dv share ONE zero-filled accumulator: two separately zero-filled tied operands are CSE'd into one
 // value, and both results would then alias one buffer.
-// part: host_onepass
+${ host.onepass("selection_attention_onepass_exe") }

@@ -136,7 +136,7 @@ hal.executable.source private @selection_attention_dq_cpu_exe {
           %visible = arith.minsi %to_pos_inclusive, %block_size : index
           %ragged = arith.remui %visible, %rows_step : index
           %full = arith.subi %visible, %ragged : index
-// part: cpu_scores
+<% include "cpu/scores.mlir" %>
           // dpT[j, :] = sum_e vT[f, e, j] * doT[e, :], as the scores.
           scf.for %j0 = %c0 to %full step %rows_step {
             %acc = scf.for %e = %c0 to %value_dim step %c1 iter_args(%acc = %zero_rows) -> (vector<${CPU_ROWS}x${HPG}xf32>) {

@@ -14,6 +14,7 @@
 // in subgroup order (the forward_combine part, shared with forward_kernel.mlir): lse = M + log(L) (natural
 // log); a row that sees no key gets o = 0 and lse = -inf. p is rounded to the input type for the matrix units,
 // as in the linalg forward. Visibility as in dq_portable.mlir (semantics.md).
+<% import "common/host.mlir" as host %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 #fwd_portable_layout = #hal.pipeline.layout<constants = 4, bindings = [
@@ -473,11 +474,11 @@ hal.executable.source private @selection_attention_fwd_portable_exe {
       } {unroll_loop}
       gpu.barrier
 
-      // part: forward_combine
+      <% include "gpu/forward_combine.mlir" %>
       return
     }
   }
 }
 
 // Host side: one dispatch, o and lse written into the caller's tensors.
-// part: host_forward
+${ host.forward("selection_attention_fwd_portable_exe") }

@@ -122,7 +122,7 @@ hal.executable.source private @selection_attention_fwd_cpu_exe {
           %visible = arith.minsi %to_pos_inclusive, %block_size : index
           %ragged = arith.remui %visible, %rows_step : index
           %full = arith.subi %visible, %ragged : index
-// part: cpu_scores
+<% include "cpu/scores.mlir" %>
           %mx = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %neg_inf_h) -> (vector<${HPG}xf32>) {
             %s = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
             %bigger = arith.maximumf %acc, %s : vector<${HPG}xf32>

@@ -18,6 +18,7 @@
 // Fragments are those of dq_kernel.mlir (${MMA_KIND}, IREE's placement, nsa_iree/fragments.py): the
 // accumulator element [tile][o][e] of s^T is (key 8 o + r, head 8 tile + 2 c + e) with r = lane / 4,
 // c = lane % 4, which is element [2 o + tile][e] of the lhs fragment of p^T do and ds^T q.
+<% import "common/host.mlir" as host %>
 
 // Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
 #dkdv_kernel_layout = #hal.pipeline.layout<constants = 5, bindings = [
@@ -173,7 +174,7 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
         %h0 = arith.muli %g, %heads_per_group : index
         %offset = arith.subi %n, %m_rows : index
 
-        // part: piece_rows
+        <% include "gpu/piece_rows.mlir" %>
 
         // The block's K and V rows (keys past N zero-filled, never read).
         %in_range = arith.subi %n, %key0 : index
@@ -508,4 +509,4 @@ hal.executable.source private @selection_attention_dkdv_kernel_exe {
 }
 
 // Host side: the kernel writes every used piece's partials, @dkdv_piece_sums adds them per block.
-// part: host_dkdv
+${ host.dkdv("selection_attention_dkdv_kernel_exe") }

@@ -16,6 +16,7 @@
 // lse = -inf. p is rounded to the input type for the matrix units, as in the linalg forward.
 //
 // Fragments and visibility as in dq_kernel.mlir (${MMA_KIND}, nsa_iree/fragments.py; semantics.md).
+<% import "common/host.mlir" as host %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 #fwd_kernel_layout = #hal.pipeline.layout<constants = 4, bindings = [
@@ -154,7 +155,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
 
       // q as lhs fragments over all of D, loaded once: element [2 i + k'][e] of step s is row 8 i + r,
       // column 16 s + 8 k' + 2 c + e.
-      // part: q_fragments
+      <% include "gpu/nvidia/q_fragments.mlir" %>
 
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
       %offset = arith.subi %n, %m_rows : index
@@ -187,7 +188,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       %o_acc, %max_0, %max_1, %sum_0, %sum_1 = scf.for %t = %c0 to %steps step %c1
           iter_args(%o_iter = %o_init, %mx0 = %minus_inf, %mx1 = %minus_inf, %l0 = %zero, %l1 = %zero)
           -> (!fwk_o_acc, f32, f32, f32, f32) {
-        // part: kv_staging
+        <% include "gpu/nvidia/kv_staging.mlir" %>
         %has_previous = arith.cmpi uge, %t, %lag : index
         %previous = arith.select %has_previous, %t, %lag : index
         %slot = arith.subi %previous, %lag : index
@@ -204,7 +205,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
           %visible = arith.addi %to_pos, %c1 : index
 
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-          // part: scores
+          <% include "gpu/nvidia/scores.mlir" %>
           // Scores in base-2 units, x = s scale log2(e), -inf where the key is invisible or the head is
           // padding: [tile][i][e] is head 8 i + r, key key_base + 8 tile + 2 c + e.
           %x_init = arith.constant dense<0.0> : !dqk_scores
@@ -393,11 +394,11 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       } {unroll_loop}
       gpu.barrier
 
-      // part: forward_combine
+      <% include "gpu/forward_combine.mlir" %>
       return
     }
   }
 }
 
 // Host side: one dispatch, o and lse written into the caller's tensors.
-// part: host_forward
+${ host.forward("selection_attention_fwd_kernel_exe") }

@@ -17,6 +17,7 @@
 // Visibility (semantics.md): slot t of row m names block i; it is skipped when i < 0 or i * BS > pos(m),
 // pos(m) = m + N - M (tested as i <= floor(pos / BS)); key i * BS + j is visible when j < pos - i * BS + 1.
 // Keys past that are staged as zeros and their ds is 0, so a NaN in an unread key reaches nothing.
+<% import "common/host.mlir" as host %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 #dq_portable_layout = #hal.pipeline.layout<constants = 4, bindings = [
@@ -30,7 +31,7 @@
   #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
 ]>
 
-// part: dq_portable_types
+<% include "gpu/portable/dq_types.mlir" %>
 
 hal.executable.source private @selection_attention_dq_portable_exe {
   hal.executable.export public @selection_attention_dq_row ordinal(0) layout(#dq_portable_layout)
@@ -114,7 +115,7 @@ hal.executable.source private @selection_attention_dq_portable_exe {
       %key_base = arith.muli %subgroup, %c16 : index
       %h0 = arith.muli %g, %heads_per_group : index
 
-      // part: dq_portable_prologue
+      <% include "gpu/portable/dq_prologue.mlir" %>
       // Iteration t loads slot t's K and V rows into registers (zeros for keys past the last visible one),
       // computes slot t - 1 from workgroup memory, then stores the registers there for iteration t + 1.
       %dq_init = arith.constant dense<0.0> : !dqp_dq_units
@@ -123,11 +124,11 @@ hal.executable.source private @selection_attention_dq_portable_exe {
       %block_none = arith.constant -1 : index
       %dq_acc, %last_block = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init, %previous = %block_none)
           -> (!dqp_dq_units, index) {
-        // part: dq_portable_stage_load
+        <% include "gpu/portable/dq_stage_load.mlir" %>
         // Slot t - 1 (its rows are in workgroup memory).
         %compute = arith.cmpi sge, %previous, %c0 : index
         %dq_next = scf.if %compute -> (!dqp_dq_units) {
-          // part: dq_portable_scores
+          <% include "gpu/portable/dq_scores.mlir" %>
           // ds, element by element: element i is head acc_row(l, i), key key_base + acc_col(l, i).
           %s_flat = vector.shape_cast %s_acc : !dqp_acc to !dqp_acc_flat
           %dp_flat = vector.shape_cast %dp_acc : !dqp_acc to !dqp_acc_flat
@@ -154,21 +155,21 @@ hal.executable.source private @selection_attention_dq_portable_exe {
           } {unroll_loop}
           gpu.barrier
 
-          // part: dq_portable_update
+          <% include "gpu/portable/dq_update.mlir" %>
           scf.yield %dq_new : !dqp_dq_units
         } else {
           scf.yield %dq_iter : !dqp_dq_units
         }
 
-        // part: dq_portable_stage_store
+        <% include "gpu/portable/dq_stage_store.mlir" %>
         scf.yield %dq_next, %block : !dqp_dq_units, index
       }
 
-      // part: dq_portable_write
+      <% include "gpu/portable/dq_write.mlir" %>
       return
     }
   }
 }
 
 // Host side: one dispatch, dq written into the caller's tensor.
-// part: host_dq
+${ host.dq("selection_attention_dq_portable_exe") }

@@ -10,6 +10,7 @@
 // The atomic is llvm.atomicrmw fadd through a raw pointer, as in onepass.mlir (the recipe's [onepass]
 // pieces: global_atomic_add_f32 on gfx9 with rocdl.no_fine_grained_memory, red.global.add.f32 on NVIDIA).
 // Visibility as in dq_portable.mlir: keys past the row's position contribute nothing and are never written.
+<% import "common/host.mlir" as host %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 #onepass_portable_layout = #hal.pipeline.layout<constants = 4, bindings = [
@@ -24,7 +25,7 @@
   #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
 ]>
 
-// part: dq_portable_types
+<% include "gpu/portable/dq_types.mlir" %>
 !opp_smem = memref<${OPP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // p^T and ds^T of the block ([key][head], K heads per row), q and do transposed ([d][head]).
 !opp_key_heads = memref<${BS}x${UNIT_K_PADDED}x${E}, #gpu.address_space<workgroup>>
@@ -146,7 +147,7 @@ hal.executable.source private @selection_attention_onepass_portable_exe {
       %key_base = arith.muli %subgroup, %c16 : index
       %h0 = arith.muli %g, %heads_per_group : index
 
-      // part: dq_portable_prologue
+      <% include "gpu/portable/dq_prologue.mlir" %>
 
       // q and do transposed into workgroup memory (heads past HPG, up to K, zero), then their rhs fragments
       // into registers: read j of column tile x is row (d) 16 x + run_major(l, j), heads run_k(l, j) ...
@@ -244,11 +245,11 @@ hal.executable.source private @selection_attention_onepass_portable_exe {
       %block_none = arith.constant -1 : index
       %dq_acc, %last_block = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init, %previous = %block_none)
           -> (!dqp_dq_units, index) {
-        // part: dq_portable_stage_load
+        <% include "gpu/portable/dq_stage_load.mlir" %>
         // Slot t - 1 (its rows are in workgroup memory).
         %compute = arith.cmpi sge, %previous, %c0 : index
         %dq_next = scf.if %compute -> (!dqp_dq_units) {
-          // part: dq_portable_scores
+          <% include "gpu/portable/dq_scores.mlir" %>
           // p and ds, element by element: element i is head acc_row(l, i), key key_base + acc_col(l, i);
           // ds into the [head][key] tile (for dq), p and ds into the [key][head] tiles (for dv and dk).
           %s_flat = vector.shape_cast %s_acc : !dqp_acc to !dqp_acc_flat
@@ -280,7 +281,7 @@ hal.executable.source private @selection_attention_onepass_portable_exe {
           } {unroll_loop}
           gpu.barrier
 
-          // part: dq_portable_update
+          <% include "gpu/portable/dq_update.mlir" %>
 
           // dv and dk of this subgroup's 16 keys, one [16 keys x 16 columns] unit per column tile: lhs read j
           // is key key_base + run_major(l, j), heads run_k(l, j) ...; element i of the result is key
@@ -372,11 +373,11 @@ hal.executable.source private @selection_attention_onepass_portable_exe {
           scf.yield %dq_iter : !dqp_dq_units
         }
 
-        // part: dq_portable_stage_store
+        <% include "gpu/portable/dq_stage_store.mlir" %>
         scf.yield %dq_next, %block : !dqp_dq_units, index
       }
 
-      // part: dq_portable_write
+      <% include "gpu/portable/dq_write.mlir" %>
       return
     }
   }
@@ -385,4 +386,4 @@ hal.executable.source private @selection_attention_onepass_portable_exe {
 // Host side: zero the accumulator, run the dispatch, cast dk and dv to the input type.
 // dk and dv share ONE zero-filled accumulator: two separately zero-filled tied operands are CSE'd into one
 // value, and both results would then alias one buffer.
-// part: host_onepass
+${ host.onepass("selection_attention_onepass_portable_exe") }

@@ -1,0 +1,60 @@
+"""The kernel layer: MLIR templates (package data), one folder per kernel family, and the one place that picks
+the family rendering a stage (:func:`choose`).
+
+    common/         the helper stages every family uses (delta, the block lists and their inversion, the
+                    piece sums) and the macros shared by all (host functions, dispatch openings)
+    linalg/         the fused-region stages IREE tiles itself: every shape, every target (the oracle the
+                    hand-written kernels are checked against, and the fallback)
+    cpu/            hand-written vectorised CPU kernels
+    gpu/            what the GPU families share (the skeleton of a stage: its bindings, ids, slot loop)
+    gpu/nvidia/     mma.sync kernels with ldmatrix, cp.async and PTX instructions (NVIDIA only)
+    gpu/portable/   one text for MFMA and mma.sync (the AMD targets' kernels)
+
+A family is a :class:`~nsa_iree.kernels.family.Family`: its folder, the stages it has, the shapes it serves
+(``limits``) and its templates' values (``values``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .cpu import FAMILY as CPU
+from .family import Family
+from .gpu.nvidia import FAMILY as NVIDIA
+from .gpu.portable import FAMILY as PORTABLE
+
+# The helper stages: one template each, in common/, whichever family renders the kernels around them.
+COMMON = Family("common", "common", stages=("kv_blocks", "selected_slots", "delta", "inversion", "piece_sums"))
+# The fused-region (linalg) stages; the one-pass has no linalg form, its fallback is one scalar dispatch with the
+# recipe's [onepass] pieces (linalg/onepass.mlir).
+LINALG = Family("linalg", "linalg", stages=("forward", "dq", "dkdv", "onepass"))
+
+# The families a recipe's [kernels] table may name for a stage.
+FAMILIES = {family.name: family for family in (LINALG, CPU, NVIDIA, PORTABLE)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The kernel family that renders a stage, and why not the recipe's hand-written one where it is linalg."""
+
+    family: str                      # "nvidia", "portable", "cpu" or "linalg"
+    wanted: str | None               # the recipe's [kernels] entry for the stage (None: linalg by design)
+    crossed: tuple[str, ...] = ()    # the limits of `wanted` that spec crosses (empty unless it fell back)
+
+
+def choose(stage: str, spec, recipe) -> Choice:
+    """The one place that picks the kernel of a stage: the recipe's hand-written family where it serves spec, the
+    linalg stage otherwise, and everywhere when spec.kernels is "linalg". Reads nothing but its arguments (the
+    environment's NSA_IREE_KERNELS is read where a spec is made, nsa_iree.api.describe)."""
+    wanted = recipe.kernel_settings.get(stage)
+    if wanted not in FAMILIES or wanted == "linalg" or spec.kernels == "linalg":
+        return Choice("linalg", None)
+    crossed = tuple(FAMILIES[wanted].limits(stage, spec, recipe))
+    return Choice("linalg", wanted, crossed) if crossed else Choice(wanted, wanted)
+
+
+def family_for(stage: str, spec, recipe) -> Family:
+    """The family whose template renders `stage` for spec: common/ for the helper stages, else choose()'s."""
+    if stage in COMMON.stages:
+        return COMMON
+    return FAMILIES[choose(stage, spec, recipe).family]

@@ -1,0 +1,174 @@
+// The host functions' text that every kernel family shares, as macros (the templates import this file):
+// each stage's signature (the ABI nsa_iree/runtime.py calls, the same whichever kernel runs the stage), the
+// sizes a host function reads off its arguments, the push constants of a per-row dispatch, and the whole host
+// function of the families whose dispatch takes q, k, v as they are (nvidia, portable, linalg's one-pass).
+
+<% macro forward_signature() %>
+func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
+    %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
+    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
+<% endmacro %>
+
+<% macro dq_signature() %>
+func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
+    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
+<% endmacro %>
+
+<% macro dkdv_signature() %>
+func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
+    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
+<% endmacro %>
+
+<% macro onepass_signature() %>
+func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
+    %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
+<% endmacro %>
+
+<# %c0, %c1, what a call block adds, and %batch, %m_rows, %n read off q [B, M, H, D] and k [B, N, G, D]. #>
+<% macro sizes() %>
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+<% if caller is defined %>
+${ caller() }
+<%- endif %>
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+<% endmacro %>
+
+<# The push constants of a dispatch: B, M, N (and the piece count when `pieces`) as i32, then scale's bits. #>
+<% macro push_constants(pieces=false) %>
+  %batch_i32 = arith.index_cast %batch : index to i32
+  %m_rows_i32 = arith.index_cast %m_rows : index to i32
+  %n_i32 = arith.index_cast %n : index to i32
+<% if pieces %>
+  %pieces_i32 = arith.index_cast %pieces : index to i32
+<% endif %>
+  %scale_bits = arith.bitcast %scale : f32 to i32
+<% endmacro %>
+
+<# The types of a stage's operands as a dispatch lists them, with their dynamic sizes. #>
+<% macro row_operand_types() %>
+tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
+         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}
+<%- endmacro %>
+<% macro backward_operand_types() %>
+${ row_operand_types() },
+         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows},
+         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
+<%- endmacro %>
+
+<# The forward's host function: one dispatch of `executable`'s @selection_attention_fwd_row per (m, g, b). #>
+<% macro forward(executable) %>
+${ forward_signature() }
+<% call sizes() %>
+  %kv_heads = arith.constant ${G} : index
+<% endcall %>
+${ push_constants() }
+  %o, %lse = flow.dispatch @${executable}::@selection_attention_fwd_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices)
+      : (i32, i32, i32, i32, ${ row_operand_types() })
+      -> (tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows})
+  return %o, %lse : tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>
+}
+<% endmacro %>
+
+<# dq's host function: one dispatch of `executable`'s @selection_attention_dq_row per (m, g, b). #>
+<% macro dq(executable) %>
+${ dq_signature() }
+<% call sizes() %>
+  %kv_heads = arith.constant ${G} : index
+<% endcall %>
+${ push_constants() }
+  %dq = flow.dispatch @${executable}::@selection_attention_dq_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do)
+      : (i32, i32, i32, i32, ${ backward_operand_types() })
+      -> tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+  return %dq : tensor<?x?x${H}x${D}x${E}>
+}
+<% endmacro %>
+
+<# dk/dv's host function: one dispatch of `executable`'s @selection_attention_dkdv_piece per piece, then the
+   pieces summed per block in order (common/piece_sums.mlir). #>
+<% macro dkdv(executable) %>
+${ dkdv_signature() }
+${ sizes() }
+  %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
+${ push_constants(pieces=true) }
+  %dk_pieces, %dv_pieces = flow.dispatch @${executable}::@selection_attention_dkdv_piece[%pieces](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %pieces_i32, %q, %k, %v, %block_indices, %lse, %delta, %do, %entries)
+      : (i32, i32, i32, i32, i32, ${ backward_operand_types() }, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces})
+      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces})
+  %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
+      : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
+      -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)
+  return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
+}
+<% endmacro %>
+
+<# `name` [B, N, G, `dim`] in DKV_E: the f32 `name`_f32 rounded (the one-pass's dk and dv). #>
+<% macro round_accumulator(name, dim, index) %>
+  %${name}_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${dim}x${DKV_E}>
+  %${name} = linalg.generic {
+      indexing_maps = [affine_map<(b, n, g, ${index}) -> (b, n, g, ${index})>, affine_map<(b, n, g, ${index}) -> (b, n, g, ${index})>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%${name}_f32 : tensor<?x?x${G}x${dim}xf32>) outs(%${name}_init : tensor<?x?x${G}x${dim}x${DKV_E}>) {
+  ^bb0(%x: f32, %out: ${DKV_E}):
+    %x_e = ${DKV_TRUNCF} %x : f32 to ${DKV_E}
+    linalg.yield %x_e : ${DKV_E}
+  } -> tensor<?x?x${G}x${dim}x${DKV_E}>
+<% endmacro %>
+
+<# The one-pass backward's host function: one dispatch of `executable`'s @selection_attention_onepass_row per
+   (m, g, b), adding dk and dv into one zeroed f32 accumulator, then both rounded. #>
+<% macro onepass(executable) %>
+${ onepass_signature() }
+<% call sizes() %>
+  %zero = arith.constant 0.0 : f32
+  %kv_heads = arith.constant ${G} : index
+  %head_dim = arith.constant ${D} : index
+  %value_dim = arith.constant ${DV} : index
+<% endcall %>
+  %kv_rows = arith.muli %batch, %n : index
+  %kv_group_rows = arith.muli %kv_rows, %kv_heads : index
+  %dk_size = arith.muli %kv_group_rows, %head_dim : index
+  %dv_size = arith.muli %kv_group_rows, %value_dim : index
+  %dkv_size = arith.addi %dk_size, %dv_size : index
+
+  %acc_init = tensor.empty(%dkv_size) : tensor<?xf32>
+  %acc_zero = linalg.fill ins(%zero : f32) outs(%acc_init : tensor<?xf32>) -> tensor<?xf32>
+${ push_constants() }
+  %acc, %dq = flow.dispatch @${executable}::@selection_attention_onepass_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do, %acc_zero)
+      : (i32, i32, i32, i32, ${ backward_operand_types() }, tensor<?xf32>{%dkv_size})
+      -> (%acc_zero{%dkv_size}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
+
+  %dk_flat = tensor.extract_slice %acc[0] [%dk_size] [1] : tensor<?xf32> to tensor<?xf32>
+  %dv_flat = tensor.extract_slice %acc[%dk_size] [%dv_size] [1] : tensor<?xf32> to tensor<?xf32>
+  %dk_f32 = tensor.expand_shape %dk_flat [[0, 1, 2, 3]] output_shape [%batch, %n, ${G}, ${D}]
+      : tensor<?xf32> into tensor<?x?x${G}x${D}xf32>
+  %dv_f32 = tensor.expand_shape %dv_flat [[0, 1, 2, 3]] output_shape [%batch, %n, ${G}, ${DV}]
+      : tensor<?xf32> into tensor<?x?x${G}x${DV}xf32>
+${ round_accumulator("dk", D, "d") }
+${ round_accumulator("dv", DV, "e") }
+  return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
+}
+<% endmacro %>

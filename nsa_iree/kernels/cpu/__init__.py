@@ -1,0 +1,65 @@
+"""The CPU kernel family (nsa_iree/kernels/cpu/): vectorised dispatches with their tiles on the stack; which
+shapes it serves and the values its templates are rendered with."""
+
+from __future__ import annotations
+
+from ...spec import KernelSpec
+from ..family import Family
+
+# The CPU kernels keep their tiles on the stack; the cpu recipe allows 64 KiB
+# (--iree-llvmcpu-stack-allocation-limit) and these tiles stay within 48 KiB of it.
+CPU_STACK_BYTES = 48 * 1024
+CPU_VECTOR_REGISTERS = 16   # accumulator registers of one register block (of the 32 AVX-512 registers)
+# Compare-and-swap attempts on a kv block's lock before the one-pass CPU kernel adds with atomics instead:
+# a lock is held for one row's dk/dv products of one block (microseconds), so this many failed attempts mean
+# a descheduled holder.
+CPU_LOCK_TRIES = 20000
+
+
+def cpu_stack_bytes(stage: str, spec: KernelSpec) -> int:
+    """Bytes of f32 stack tiles the CPU kernel of `stage` allocates for spec."""
+    hpg, d, dv, bs = spec.heads_per_group, spec.head_dim, spec.value_dim, spec.block_size
+    if stage == "forward":                       # qT, oT, sT (p in place)
+        return (d + dv + bs) * hpg * 4
+    if stage == "dq":                            # qT, doT, dqT, sT (p), dpT (ds)
+        return (2 * d + dv + 2 * bs) * hpg * 4
+    if stage == "onepass":                       # qT, doT, S (P), dP (DS), DS transposed, dq
+        return ((d + dv) * hpg + 3 * hpg * bs + hpg * d) * 4
+    return 2 * hpg * bs * 4                      # dkdv: S (then P) and dP (then DS)
+
+
+def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
+    """Why the CPU kernel of `stage` cannot serve spec (empty: it can)."""
+    if stage not in ("forward", "dq", "dkdv", "onepass"):
+        return [f"no CPU kernel for stage {stage!r}"]
+    need = cpu_stack_bytes(stage, spec)
+    return [f"needs {need} bytes of stack tiles, more than {CPU_STACK_BYTES}"] if need > CPU_STACK_BYTES else []
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    return max(c for c in range(1, min(n, cap) + 1) if n % c == 0)
+
+
+def values(spec: KernelSpec, recipe) -> dict[str, str]:
+    """Register-block sizes of the CPU kernels: CPU_ROWS keys (or value/head elements) share one vector of
+    heads per step, each row's accumulator a vector of HPG floats; CPU_ROWS * ceil(HPG / 16) accumulators stay
+    within CPU_VECTOR_REGISTERS. CPU_COLS and CPU_DCOLS divide Dv and D (the o, dq column steps)."""
+    per_row = -(-spec.heads_per_group // 16)
+    rows = max(1, CPU_VECTOR_REGISTERS // per_row)
+    # The dk/dv kernel: CPU_SROWS heads of S (each a vector of BS keys), and CPU_KROWS keys times CPU_VCOLS
+    # (CPU_KCOLS) elements of dv (dk), up to 64 floats (4 registers) a row.
+    per_keys = -(-spec.block_size // 16)
+    return {"CPU_ROWS": str(rows), "CPU_COLS": str(_largest_divisor(spec.value_dim, rows)),
+            "CPU_DCOLS": str(_largest_divisor(spec.head_dim, rows)),
+            "CPU_SROWS": str(_largest_divisor(spec.heads_per_group, max(1, CPU_VECTOR_REGISTERS // per_keys))),
+            "CPU_VCOLS": str(_largest_divisor(spec.value_dim, 64)),
+            "CPU_KCOLS": str(_largest_divisor(spec.head_dim, 64)),
+            "CPU_KROWS": str(_largest_divisor(spec.block_size, 4)), "CPU_DKV": str(spec.head_dim + spec.value_dim),
+            "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES)}
+
+
+
+
+# Every CPU kernel reads K and V as transposed blocks (blocks.mlir), made once per call.
+FAMILY = Family("cpu", "cpu", stages=("forward", "dq", "dkdv", "onepass"), limits=limits, values=values,
+                helpers=("blocks",))

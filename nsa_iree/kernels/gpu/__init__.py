@@ -1,0 +1,1 @@
+"""The GPU kernel families (nvidia/, portable/) and the text they share."""
