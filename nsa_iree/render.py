@@ -86,11 +86,18 @@ ENVIRONMENT = jinja2.Environment(
     trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
     undefined=jinja2.StrictUndefined, autoescape=False)
 
+
+def _fail(message: str):
+    raise ValueError(message)
+
+
+ENVIRONMENT.globals["fail"] = _fail      # ${ fail("...") }: a template's own error, raised while rendering
+
 _IMPORT = re.compile(r"""<%\s*(?:from|import)\s+["']([\w/.]+)["']""")
 
 
 def _macro_or_comment(node) -> bool:
-    if isinstance(node, (jinja2.nodes.Macro, jinja2.nodes.Import, jinja2.nodes.FromImport)):
+    if isinstance(node, (jinja2.nodes.Macro, jinja2.nodes.Import, jinja2.nodes.FromImport, jinja2.nodes.Assign)):
         return True
     text = "".join(n.data for n in node.nodes if isinstance(n, jinja2.nodes.TemplateData)) \
         if isinstance(node, jinja2.nodes.Output) and all(isinstance(n, jinja2.nodes.TemplateData) for n in node.nodes) \
@@ -104,7 +111,7 @@ def check_macro_library(name: str) -> None:
     configuration value (its macros then take all they use as arguments), or holds text outside its macros."""
     source = _source(name)
     tree = ENVIRONMENT.parse(source)
-    free = jinja2.meta.find_undeclared_variables(tree) - CONFIGURATION_NAMES
+    free = jinja2.meta.find_undeclared_variables(tree) - CONFIGURATION_NAMES - set(ENVIRONMENT.globals)
     if free:
         raise ValueError(f"kernels/{name}: its macros use {sorted(free)}, neither arguments nor configuration values")
     outside = [node.lineno for node in tree.body if not _macro_or_comment(node)]

@@ -8,32 +8,14 @@
 //   dv[j, :] += sum_h P[h, j] * do[row, h, :];  dk[j, :] += sum_h DS[h, j] * q[row, h, :]
 // (CPU_KROWS keys times CPU_VCOLS / CPU_KCOLS head elements per register block.) dk and dv accumulate in an
 // f32 scratch row of the block, and are written once, as scale * dk and dv in the input type.
+<% import "common/dispatch.mlir" as dispatch %>
 
 // Push constants: B, M, N, the number of pieces (i32), then the bits of scale (f32).
-#dkdv_cpu_layout = #hal.pipeline.layout<constants = 5, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // qT [B * M * G, D, HPG] f32, scaled
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // doT [B * M * G, Dv, HPG] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // value_blocks_t [B * G * NB, Dv, BS]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // entries [P, ROWS_PER_PIECE, 2] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // piece_start [B * G * NB] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // piece_count [B * G * NB] i32
-  #hal.pipeline.binding<storage_buffer>,            // f32 scratch [B * G * NB, BS, D + Dv]
-  #hal.pipeline.binding<storage_buffer>,            // dk [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer>             // dv [B, N, G, Dv]
-]>
+<% set inputs = ['q', 'do', ("qT", "memref<?x" ~ D ~ "x" ~ HPG ~ "xf32>{%row_groups}", "qT [B * M * G, D, HPG] f32, scaled"), ("doT", "memref<?x" ~ DV ~ "x" ~ HPG ~ "xf32>{%row_groups}", "doT [B * M * G, Dv, HPG] f32"), ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'block_indices', 'lse', 'delta', 'entries', ("piece_start", "memref<?xi32>{%flat_blocks}", "piece_start [B * G * NB] i32"), ("piece_count", "memref<?xi32>{%flat_blocks}", "piece_count [B * G * NB] i32")] %>
+<% set outputs = [("acc", "memref<?x" ~ BS ~ "x" ~ CPU_DKV ~ "xf32>{%flat_blocks}", "f32 scratch [B * G * NB, BS, D + Dv]"), ("dk", "memref<?x?x" ~ G ~ "x" ~ D ~ "x" ~ DKV_E ~ ">{%batch, %n}", "dk [B, N, G, D]"), ("dv", "memref<?x?x" ~ G ~ "x" ~ DV ~ "x" ~ DKV_E ~ ">{%batch, %n}", "dv [B, N, G, Dv]")] %>
+${ dispatch.layout("dkdv_cpu_layout", 5, inputs, outputs) }
 
-hal.executable.source private @selection_attention_dkdv_cpu_exe {
-  hal.executable.export public @selection_attention_dkdv_cpu_block ordinal(0) layout(#dkdv_cpu_layout)
-      count(%device: !hal.device, %num_blocks: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %num_blocks, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [1 : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_dkdv_cpu_exe", "selection_attention_dkdv_cpu_block", "dkdv_cpu_layout", ['num_blocks', 'kv_heads', 'batch']) %>
     func.func @selection_attention_dkdv_cpu_block() {
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
@@ -57,9 +39,7 @@ hal.executable.source private @selection_attention_dkdv_cpu_exe {
       %zero_s = arith.constant dense<0.0> : vector<${CPU_SROWS}x${BS}xf32>
       %key_iota = vector.step : vector<${BS}xindex>
 
-      %i = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
+${ dispatch.ids(['i', 'g', 'b']) }
       %batch_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(0) : i32
       %m_rows_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(1) : i32
       %n_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(2) : i32
@@ -74,36 +54,7 @@ hal.executable.source private @selection_attention_dkdv_cpu_exe {
       %rows_total = arith.muli %batch, %m_rows : index
       %row_groups = arith.muli %rows_total, %kv_heads : index
 
-      %q = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
-      %do = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
-      %qT = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${D}x${HPG}xf32>{%row_groups}
-      %doT = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${DV}x${HPG}xf32>{%row_groups}
-      %kT = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${D}x${BS}x${E}>{%flat_blocks}
-      %vT = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${DV}x${BS}x${E}>{%flat_blocks}
-      %block_indices = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(7) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
-      %delta = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(8) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}xf32>{%batch, %m_rows}
-      %entries = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(9) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${ROWS_PER_PIECE}x2xi32>{%pieces}
-      %piece_start = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(10) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?xi32>{%flat_blocks}
-      %piece_count = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(11) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?xi32>{%flat_blocks}
-      %acc = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(12) alignment(64) offset(%c0)
-          : memref<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}
-      %dk = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(13) alignment(64) offset(%c0)
-          : memref<?x?x${G}x${D}x${DKV_E}>{%batch, %n}
-      %dv = hal.interface.binding.subspan layout(#dkdv_cpu_layout) binding(14) alignment(64) offset(%c0)
-          : memref<?x?x${G}x${DV}x${DKV_E}>{%batch, %n}
+${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
 
       %s_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
       %dp_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
@@ -253,8 +204,7 @@ hal.executable.source private @selection_attention_dkdv_cpu_exe {
       }
       return
     }
-  }
-}
+<% endcall %>
 
 func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,

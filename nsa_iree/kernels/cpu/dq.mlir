@@ -8,25 +8,13 @@
 // and dq = scale * dqT, written once. f32 throughout; bf16 and f16 inputs are extended as they are loaded.
 // Skipped slots are never read, only keys <= pos(m) are, a block listed twice counts twice; a row without
 // visible keys gets dq = 0.
+<% import "common/dispatch.mlir" as dispatch %>
 
-#dq_cpu_layout = #hal.pipeline.layout<constants = 4, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // value_blocks_t [B * G * NB, Dv, BS]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
-]>
+<% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
+<% set outputs = ['dq'] %>
+${ dispatch.layout("dq_cpu_layout", 4, inputs, outputs) }
 
-hal.executable.source private @selection_attention_dq_cpu_exe {
-  hal.executable.export public @selection_attention_dq_cpu_row ordinal(0) layout(#dq_cpu_layout)
-      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %m_rows, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [1 : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_dq_cpu_exe", "selection_attention_dq_cpu_row", "dq_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
     func.func @selection_attention_dq_cpu_row() {
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
@@ -44,39 +32,13 @@ hal.executable.source private @selection_attention_dq_cpu_exe {
       %zero_h = arith.constant dense<0.0> : vector<${HPG}xf32>
       %zero_rows = arith.constant dense<0.0> : vector<${CPU_ROWS}x${HPG}xf32>
 
-      %m = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
-      %batch_i32 = hal.interface.constant.load layout(#dq_cpu_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#dq_cpu_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#dq_cpu_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#dq_cpu_layout) ordinal(3) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("dq_cpu_layout", ['batch', 'm_rows', 'n', 'scale']) }
       %num_blocks = arith.ceildivui %n, %block_size : index
       %bg_count = arith.muli %batch, %kv_heads : index
       %flat_blocks = arith.muli %bg_count, %num_blocks : index
 
-      %q = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
-      %kT = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${D}x${BS}x${E}>{%flat_blocks}
-      %vT = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${DV}x${BS}x${E}>{%flat_blocks}
-      %k = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${D}x${E}>{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
-      %delta = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}xf32>{%batch, %m_rows}
-      %do = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(7) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
-      %dq = hal.interface.binding.subspan layout(#dq_cpu_layout) binding(8) alignment(64) offset(%c0)
-          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+${ dispatch.bindings("dq_cpu_layout", inputs, outputs) }
 
       %qT = memref.alloca() : memref<${D}x${HPG}xf32>
       %doT = memref.alloca() : memref<${DV}x${HPG}xf32>
@@ -198,8 +160,7 @@ hal.executable.source private @selection_attention_dq_cpu_exe {
       }
       return
     }
-  }
-}
+<% endcall %>
 
 func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,

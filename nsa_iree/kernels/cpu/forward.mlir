@@ -15,22 +15,13 @@
 // Skipped slots (i < 0, i * BS > pos(m), which covers i * BS >= N since pos(m) < N) are never read. Inside
 // the diagonal block only keys <= pos(m) are read. A block listed twice is processed twice (multiplicity).
 // A row with no visible key gets o = 0 and lse = -inf.
+<% import "common/dispatch.mlir" as dispatch %>
 
-#fwd_cpu_layout = #hal.pipeline.layout<constants = 4, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer>,            // o [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer>             // lse [B, H, M] f32
-]>
+<% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), 'v', 'block_indices'] %>
+<% set outputs = ['o', 'lse'] %>
+${ dispatch.layout("fwd_cpu_layout", 4, inputs, outputs) }
 
-hal.executable.source private @selection_attention_fwd_cpu_exe {
-  hal.executable.export public @selection_attention_fwd_cpu_row ordinal(0) layout(#fwd_cpu_layout)
-      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %m_rows, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [1 : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_fwd_cpu_exe", "selection_attention_fwd_cpu_row", "fwd_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
     func.func @selection_attention_fwd_cpu_row() {
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
@@ -51,33 +42,14 @@ hal.executable.source private @selection_attention_fwd_cpu_exe {
       %neg_inf_h = arith.constant dense<0xFF800000> : vector<${HPG}xf32>
       %zero_rows = arith.constant dense<0.0> : vector<${CPU_ROWS}x${HPG}xf32>
 
-      %m = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
-      %batch_i32 = hal.interface.constant.load layout(#fwd_cpu_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#fwd_cpu_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#fwd_cpu_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#fwd_cpu_layout) ordinal(3) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("fwd_cpu_layout", ['batch', 'm_rows', 'n', 'scale']) }
 
-      %q = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+${ dispatch.bindings("fwd_cpu_layout", inputs, outputs, only=['q']) }
       %num_blocks = arith.ceildivui %n, %block_size : index
       %bg_count = arith.muli %batch, %kv_heads : index
       %flat_blocks = arith.muli %bg_count, %num_blocks : index
-      %kT = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${D}x${BS}x${E}>{%flat_blocks}
-      %v = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${DV}x${E}>{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %o = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(4) alignment(64) offset(%c0)
-          : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#fwd_cpu_layout) binding(5) alignment(64) offset(%c0)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
+${ dispatch.bindings("fwd_cpu_layout", inputs, outputs, only=['kT', 'v', 'block_indices', 'o', 'lse']) }
 
       %qT = memref.alloca() : memref<${D}x${HPG}xf32>
       %oT = memref.alloca() : memref<${DV}x${HPG}xf32>
@@ -186,8 +158,7 @@ hal.executable.source private @selection_attention_fwd_cpu_exe {
           : vector<${HPG}xf32>, memref<?x${H}x?xf32>
       return
     }
-  }
-}
+<% endcall %>
 
 func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,

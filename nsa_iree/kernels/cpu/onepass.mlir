@@ -12,28 +12,14 @@
 // the OS) adds with f32 atomics instead, into a second accumulator that only atomics touch; dk and dv are the
 // sums of the two. Rows run in any order, so dk/dv vary run to run within rounding, as on GPUs.
 // Skipped slots are never read, only keys <= pos(m) are, a block listed twice counts twice.
+<% import "common/dispatch.mlir" as dispatch %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
-#onepass_cpu_layout = #hal.pipeline.layout<constants = 4, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // value_blocks_t [B * G * NB, Dv, BS]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer>,            // dk/dv f32 accumulator [B * G * NB, BS, D + Dv] (tied, 0)
-  #hal.pipeline.binding<storage_buffer>,            // locks [B * G * NB] i32 (tied, 0: free)
-  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
-]>
+<% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
+<% set outputs = [("acc", "memref<?x" ~ BS ~ "x" ~ CPU_DKV ~ "xf32>{%acc_rows}", "dk/dv f32 accumulator [B * G * NB, BS, D + Dv] (tied, 0)"), ("locks", "memref<?xi32>{%flat_blocks}", "locks [B * G * NB] i32 (tied, 0: free)"), 'dq'] %>
+${ dispatch.layout("onepass_cpu_layout", 4, inputs, outputs) }
 
-hal.executable.source private @selection_attention_onepass_cpu_exe {
-  hal.executable.export public @selection_attention_onepass_cpu_row ordinal(0) layout(#onepass_cpu_layout)
-      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %m_rows, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [1 : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_onepass_cpu_exe", "selection_attention_onepass_cpu_row", "onepass_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
     func.func @selection_attention_onepass_cpu_row() {
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
@@ -60,44 +46,15 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
       %zero_s = arith.constant dense<0.0> : vector<${CPU_SROWS}x${BS}xf32>
       %key_iota = vector.step : vector<${BS}xindex>
 
-      %m = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
-      %batch_i32 = hal.interface.constant.load layout(#onepass_cpu_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#onepass_cpu_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#onepass_cpu_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#onepass_cpu_layout) ordinal(3) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("onepass_cpu_layout", ['batch', 'm_rows', 'n', 'scale']) }
       %num_blocks = arith.ceildivui %n, %block_size : index
       %bg_count = arith.muli %batch, %kv_heads : index
       %flat_blocks = arith.muli %bg_count, %num_blocks : index
 
-      %q = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
-      %kT = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${D}x${BS}x${E}>{%flat_blocks}
-      %vT = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${DV}x${BS}x${E}>{%flat_blocks}
-      %k = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${D}x${E}>{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
-      %delta = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}xf32>{%batch, %m_rows}
-      %do = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(7) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
+${ dispatch.bindings("onepass_cpu_layout", inputs, outputs, only=['q', 'kT', 'vT', 'k', 'block_indices', 'lse', 'delta', 'do']) }
       %acc_rows = arith.muli %flat_blocks, %c2 : index
-      %acc = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(8) alignment(64) offset(%c0)
-          : memref<?x${BS}x${CPU_DKV}xf32>{%acc_rows}
-      %locks = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(9) alignment(64) offset(%c0)
-          : memref<?xi32>{%flat_blocks}
-      %dq = hal.interface.binding.subspan layout(#onepass_cpu_layout) binding(10) alignment(64) offset(%c0)
-          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+${ dispatch.bindings("onepass_cpu_layout", inputs, outputs, only=['acc', 'locks', 'dq']) }
       %locks_address = memref.extract_aligned_pointer_as_index %locks : memref<?xi32> -> index
       %acc_address = memref.extract_aligned_pointer_as_index %acc : memref<?x${BS}x${CPU_DKV}xf32> -> index
       %acc_address_i64 = arith.index_cast %acc_address : index to i64
@@ -369,8 +326,7 @@ hal.executable.source private @selection_attention_onepass_cpu_exe {
       %ptr = llvm.getelementptr %base[%at_i64] : (!llvm.ptr, i64) -> !llvm.ptr, f32
       return %ptr : !llvm.ptr
     }
-  }
-}
+<% endcall %>
 
 // Host side: the transposed K/V blocks, the row dispatch (zeroed accumulators and locks, tied), then dk and dv:
 // scale * (locked + atomic)[:, :, :D] and (locked + atomic)[:, :, D:] for the keys below N, in the input type.

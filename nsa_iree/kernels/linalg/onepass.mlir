@@ -19,19 +19,12 @@
 // keys <= pos(m) are read. A block listed twice is processed twice (multiplicity). An empty row selects
 // nothing, so it never touches lse (-inf there), writes dq = 0 and adds nothing.
 <% import "common/host.mlir" as host %>
+<% import "common/dispatch.mlir" as dispatch %>
 
 // Push constants: B, M, N (i32: sequence lengths and batch stay dynamic), then the bits of scale (f32).
-#onepass_layout = #hal.pipeline.layout<constants = 4, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer>,            // dk/dv f32 accumulator (tied, zero on entry)
-  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
-]>
+<% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
+<% set outputs = ['dkv', 'dq'] %>
+${ dispatch.layout("onepass_layout", 4, inputs, outputs) }
 // Tiles shared by the lanes of a workgroup: the group's q and do rows (every key of a block reads them),
 // p and ds of the current block (computed per (head, key), read per (head, d) and per (key, d)), and the
 // dq accumulator (each lane owns the same (head, d) items throughout, so it needs no barrier).
@@ -40,12 +33,7 @@
 !onepass_score_tile = memref<${HPG}x${BS}xf32${ONEPASS_WORKGROUP_SPACE}>
 !onepass_dq_tile = memref<${HPG}x${D}xf32${ONEPASS_WORKGROUP_SPACE}>
 
-hal.executable.source private @selection_attention_onepass_exe {
-  hal.executable.export public @selection_attention_onepass_row ordinal(0) layout(#onepass_layout)
-      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %m_rows, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [${ONEPASS_LANES} : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_onepass_exe", "selection_attention_onepass_row", "onepass_layout", ['m_rows', 'kv_heads', 'batch'], lanes=ONEPASS_LANES) %>
     func.func @selection_attention_onepass_row() ${ONEPASS_FUNC_ATTRIBUTES} {
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
@@ -62,17 +50,8 @@ hal.executable.source private @selection_attention_onepass_exe {
 
       %lane = ${ONEPASS_LANE_ID}
       %lanes = arith.constant ${ONEPASS_LANES} : index
-      %m = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
-      %batch_i32 = hal.interface.constant.load layout(#onepass_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#onepass_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#onepass_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#onepass_layout) ordinal(3) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("onepass_layout", ['batch', 'm_rows', 'n', 'scale']) }
 
       // The accumulator is flat: dk [B, N, G, D] then dv [B, N, G, Dv]; the atomics address it by offset.
       %kv_rows = arith.muli %batch, %n : index
@@ -81,24 +60,7 @@ hal.executable.source private @selection_attention_onepass_exe {
       %dv_size = arith.muli %kv_group_rows, %value_dim : index
       %dkv_size = arith.addi %dk_size, %dv_size : index
 
-      %q = hal.interface.binding.subspan layout(#onepass_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
-      %k = hal.interface.binding.subspan layout(#onepass_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${D}x${E}>{%batch, %n}
-      %v = hal.interface.binding.subspan layout(#onepass_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${DV}x${E}>{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#onepass_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#onepass_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
-      %delta = hal.interface.binding.subspan layout(#onepass_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}xf32>{%batch, %m_rows}
-      %do = hal.interface.binding.subspan layout(#onepass_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
-      %dkv = hal.interface.binding.subspan layout(#onepass_layout) binding(7) alignment(64) offset(%c0)
-          : memref<?xf32>{%dkv_size}
-      %dq = hal.interface.binding.subspan layout(#onepass_layout) binding(8) alignment(64) offset(%c0)
-          : memref<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+${ dispatch.bindings("onepass_layout", inputs, outputs) }
       %dkv_address = memref.extract_aligned_pointer_as_index %dkv : memref<?xf32> -> index
       %dkv_address_i64 = arith.index_cast %dkv_address : index to i64
       %dkv_ptr = llvm.inttoptr %dkv_address_i64 : i64 to ${ONEPASS_GLOBAL_PTR}
@@ -270,8 +232,7 @@ hal.executable.source private @selection_attention_onepass_exe {
       }
       return
     }
-  }
-}
+<% endcall %>
 
 // Host side: zero the accumulator, run the dispatch, cast dk and dv to the input type.
 // dk and dv share ONE zero-filled accumulator: two separately zero-filled tied operands are CSE'd into one

@@ -29,18 +29,12 @@
 // when j < min(pos - i * BS + 1, BS). Keys past that are staged as zeros and their ds is 0, so a NaN in an
 // unread key reaches nothing.
 <% import "common/host.mlir" as host %>
+<% import "common/dispatch.mlir" as dispatch %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
-#dq_kernel_layout = #hal.pipeline.layout<constants = 4, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
-]>
+<% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
+<% set outputs = ['dq'] %>
+${ dispatch.layout("dq_kernel_layout", 4, inputs, outputs) }
 
 !dqk_q = memref<?x?x${H}x${D}x${E}>
 !dqk_k = memref<?x?x${G}x${D}x${E}>
@@ -67,12 +61,7 @@
 
 #dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
-hal.executable.source private @selection_attention_dq_kernel_exe {
-  hal.executable.export public @selection_attention_dq_row ordinal(0) layout(#dq_kernel_layout)
-      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %m_rows, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_dq_kernel_exe", "selection_attention_dq_row", "dq_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
     func.func @selection_attention_dq_row() attributes {translation_info = #iree_codegen.translation_info<
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
         workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>,
@@ -114,34 +103,10 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       %subgroups = arith.constant ${SUBGROUPS} : index
       %head_dim = arith.constant ${D} : index
 
-      %m = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
-      %batch_i32 = hal.interface.constant.load layout(#dq_kernel_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#dq_kernel_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#dq_kernel_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#dq_kernel_layout) ordinal(3) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("dq_kernel_layout", ['batch', 'm_rows', 'n', 'scale']) }
 
-      %q = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqk_q{%batch, %m_rows}
-      %k = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqk_k{%batch, %n}
-      %v = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqk_v{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
-      %delta = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}xf32>{%batch, %m_rows}
-      %do = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqk_do{%batch, %m_rows}
-      %dq = hal.interface.binding.subspan layout(#dq_kernel_layout) binding(7) alignment(64) offset(%c0)
-          : !dqk_q{%batch, %m_rows}
+${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
 
       // One workgroup allocation: K rows, V rows, the do tile; the dq sum reuses the K rows after the loop.
       %smem = memref.alloc() : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
@@ -412,8 +377,7 @@ hal.executable.source private @selection_attention_dq_kernel_exe {
       }
       return
     }
-  }
-}
+<% endcall %>
 
 // Host side: one dispatch, dq written into the caller's tensor.
 ${ host.dq("selection_attention_dq_kernel_exe") }

@@ -17,16 +17,12 @@
 //
 // Fragments and visibility as in dq_kernel.mlir (${MMA_KIND}, nsa_iree/fragments.py; semantics.md).
 <% import "common/host.mlir" as host %>
+<% import "common/dispatch.mlir" as dispatch %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
-#fwd_kernel_layout = #hal.pipeline.layout<constants = 4, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer>,            // o [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer>             // lse [B, H, M] f32
-]>
+<% set inputs = ['q', 'k', 'v', 'block_indices'] %>
+<% set outputs = ['o', 'lse'] %>
+${ dispatch.layout("fwd_kernel_layout", 4, inputs, outputs) }
 
 !dqk_q = memref<?x?x${H}x${D}x${E}>
 !dqk_k = memref<?x?x${G}x${D}x${E}>
@@ -52,12 +48,7 @@
 
 #dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
-hal.executable.source private @selection_attention_fwd_kernel_exe {
-  hal.executable.export public @selection_attention_fwd_row ordinal(0) layout(#fwd_kernel_layout)
-      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %m_rows, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_fwd_kernel_exe", "selection_attention_fwd_row", "fwd_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
     func.func @selection_attention_fwd_row() attributes {translation_info = #iree_codegen.translation_info<
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
         workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>,
@@ -103,31 +94,11 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       %k_swizzle_high = arith.constant ${K_SWIZZLE_HIGH} : index
       %v_swizzle_high = arith.constant ${V_SWIZZLE_HIGH} : index
 
-      %m = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
-      %batch_i32 = hal.interface.constant.load layout(#fwd_kernel_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#fwd_kernel_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#fwd_kernel_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#fwd_kernel_layout) ordinal(3) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("fwd_kernel_layout", ['batch', 'm_rows', 'n', 'scale']) }
       %scale_log2 = arith.mulf %scale, %log2e : f32
 
-      %q = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqk_q{%batch, %m_rows}
-      %k = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqk_k{%batch, %n}
-      %v = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqk_v{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %o = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(4) alignment(64) offset(%c0)
-          : !fwk_o{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#fwd_kernel_layout) binding(5) alignment(64) offset(%c0)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
+${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
 
       %smem = memref.alloc() : !fwk_smem
       %v_offset = arith.constant ${DQ_K_BYTES} : index
@@ -397,8 +368,7 @@ hal.executable.source private @selection_attention_fwd_kernel_exe {
       <% include "gpu/forward_combine.mlir" %>
       return
     }
-  }
-}
+<% endcall %>
 
 // Host side: one dispatch, o and lse written into the caller's tensors.
 ${ host.forward("selection_attention_fwd_kernel_exe") }

@@ -16,20 +16,12 @@
 // Each subgroup writes its [16 keys, D] and [16 keys, Dv] f32 partials of the piece once; @dkdv_piece_sums adds
 // the pieces of a block in piece order, so dk and dv stay bitwise reproducible.
 <% import "common/host.mlir" as host %>
+<% import "common/dispatch.mlir" as dispatch %>
 
 // Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
-#dkdv_portable_layout = #hal.pipeline.layout<constants = 5, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // entries [pieces, ROWS_PER_PIECE, 2] i32
-  #hal.pipeline.binding<storage_buffer>,            // dk pieces [pieces, BS, D] f32
-  #hal.pipeline.binding<storage_buffer>             // dv pieces [pieces, BS, Dv] f32
-]>
+<% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do', 'entries'] %>
+<% set outputs = ['dk_pieces', 'dv_pieces'] %>
+${ dispatch.layout("dkdv_portable_layout", 5, inputs, outputs) }
 
 !dkv_q = memref<?x?x${H}x${D}x${E}>
 !dkv_k = memref<?x?x${G}x${D}x${E}>
@@ -67,13 +59,7 @@
 #dkv_acc_col = ${ACC_COL_MAP}
 #dkv_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
-hal.executable.source private @selection_attention_dkdv_portable_exe {
-  hal.executable.export public @selection_attention_dkdv_piece ordinal(0) layout(#dkdv_portable_layout)
-      count(%device: !hal.device, %pieces: index) -> (index, index, index) {
-    %c1 = arith.constant 1 : index
-    hal.return %pieces, %c1, %c1 : index, index, index
-  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_dkdv_portable_exe", "selection_attention_dkdv_piece", "dkdv_portable_layout", ['pieces'], lanes=LANES) %>
     func.func @selection_attention_dkdv_piece() attributes {translation_info = #iree_codegen.translation_info<
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
         workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
@@ -111,38 +97,10 @@ hal.executable.source private @selection_attention_dkdv_portable_exe {
       %q_per_lane = arith.constant ${Q_STEP_ITEMS_PER_LANE} : index
       %do_per_lane = arith.constant ${DO_STEP_ITEMS_PER_LANE} : index
 
-      %piece = hal.interface.workgroup.id[0] : index
-      %batch_i32 = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(3) : i32
-      %pieces_i32 = hal.interface.constant.load layout(#dkdv_portable_layout) ordinal(4) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
-      %pieces = arith.index_castui %pieces_i32 : i32 to index
+${ dispatch.ids(['piece']) }
+${ dispatch.push_constants("dkdv_portable_layout", ['batch', 'm_rows', 'n', 'scale', 'pieces']) }
 
-      %q = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dkv_q{%batch, %m_rows}
-      %k = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dkv_k{%batch, %n}
-      %v = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dkv_v{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
-      %delta = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}xf32>{%batch, %m_rows}
-      %do = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dkv_do{%batch, %m_rows}
-      %entries = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(7) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dkv_entries{%pieces}
-      %dk_pieces = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(8) alignment(64) offset(%c0)
-          : !dkv_dk_pieces{%pieces}
-      %dv_pieces = hal.interface.binding.subspan layout(#dkdv_portable_layout) binding(9) alignment(64) offset(%c0)
-          : !dkv_dv_pieces{%pieces}
+${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
 
       // A padding piece (no rows) is never read by the piece sums: nothing to do. Uniform per workgroup.
       %first_row_i32 = memref.load %entries[%piece, %c0, %c0] : !dkv_entries
@@ -589,8 +547,7 @@ hal.executable.source private @selection_attention_dkdv_portable_exe {
       }
       return
     }
-  }
-}
+<% endcall %>
 
 // Host side: the kernel writes every used piece's partials, @dkdv_piece_sums adds them per block.
 ${ host.dkdv("selection_attention_dkdv_portable_exe") }

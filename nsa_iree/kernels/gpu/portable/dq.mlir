@@ -18,27 +18,16 @@
 // pos(m) = m + N - M (tested as i <= floor(pos / BS)); key i * BS + j is visible when j < pos - i * BS + 1.
 // Keys past that are staged as zeros and their ds is 0, so a NaN in an unread key reaches nothing.
 <% import "common/host.mlir" as host %>
+<% import "common/dispatch.mlir" as dispatch %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
-#dq_portable_layout = #hal.pipeline.layout<constants = 4, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
-]>
+<% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
+<% set outputs = ['dq'] %>
+${ dispatch.layout("dq_portable_layout", 4, inputs, outputs) }
 
 <% include "gpu/portable/dq_types.mlir" %>
 
-hal.executable.source private @selection_attention_dq_portable_exe {
-  hal.executable.export public @selection_attention_dq_row ordinal(0) layout(#dq_portable_layout)
-      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %m_rows, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_dq_portable_exe", "selection_attention_dq_row", "dq_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
     func.func @selection_attention_dq_row() attributes {translation_info = #iree_codegen.translation_info<
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
         workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
@@ -71,34 +60,10 @@ hal.executable.source private @selection_attention_dq_portable_exe {
       %k_per_lane = arith.constant ${K_ITEMS_PER_LANE} : index
       %v_per_lane = arith.constant ${V_ITEMS_PER_LANE} : index
 
-      %m = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
-      %batch_i32 = hal.interface.constant.load layout(#dq_portable_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#dq_portable_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#dq_portable_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#dq_portable_layout) ordinal(3) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("dq_portable_layout", ['batch', 'm_rows', 'n', 'scale']) }
 
-      %q = hal.interface.binding.subspan layout(#dq_portable_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqp_q{%batch, %m_rows}
-      %k = hal.interface.binding.subspan layout(#dq_portable_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqp_k{%batch, %n}
-      %v = hal.interface.binding.subspan layout(#dq_portable_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqp_v{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#dq_portable_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#dq_portable_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
-      %delta = hal.interface.binding.subspan layout(#dq_portable_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}xf32>{%batch, %m_rows}
-      %do = hal.interface.binding.subspan layout(#dq_portable_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqp_do{%batch, %m_rows}
-      %dq = hal.interface.binding.subspan layout(#dq_portable_layout) binding(7) alignment(64) offset(%c0)
-          : !dqp_q{%batch, %m_rows}
+${ dispatch.bindings("dq_portable_layout", inputs, outputs) }
 
       %smem = memref.alloc() : !dqp_smem
       %v_offset = arith.constant ${DQP_V_OFFSET} : index
@@ -168,8 +133,7 @@ hal.executable.source private @selection_attention_dq_portable_exe {
       <% include "gpu/portable/dq_write.mlir" %>
       return
     }
-  }
-}
+<% endcall %>
 
 // Host side: one dispatch, dq written into the caller's tensor.
 ${ host.dq("selection_attention_dq_portable_exe") }

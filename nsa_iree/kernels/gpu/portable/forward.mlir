@@ -15,16 +15,12 @@
 // log); a row that sees no key gets o = 0 and lse = -inf. p is rounded to the input type for the matrix units,
 // as in the linalg forward. Visibility as in dq_portable.mlir (semantics.md).
 <% import "common/host.mlir" as host %>
+<% import "common/dispatch.mlir" as dispatch %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
-#fwd_portable_layout = #hal.pipeline.layout<constants = 4, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer>,            // o [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer>             // lse [B, H, M] f32
-]>
+<% set inputs = ['q', 'k', 'v', 'block_indices'] %>
+<% set outputs = ['o', 'lse'] %>
+${ dispatch.layout("fwd_portable_layout", 4, inputs, outputs) }
 
 !fwp_q = memref<?x?x${H}x${D}x${E}>
 !fwp_k = memref<?x?x${G}x${D}x${E}>
@@ -54,12 +50,7 @@
 #fwp_acc_col = ${ACC_COL_MAP}
 #fwp_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
-hal.executable.source private @selection_attention_fwd_portable_exe {
-  hal.executable.export public @selection_attention_fwd_row ordinal(0) layout(#fwd_portable_layout)
-      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %m_rows, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [${FWD_LANES} : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_fwd_portable_exe", "selection_attention_fwd_row", "fwd_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=FWD_LANES) %>
     func.func @selection_attention_fwd_row() attributes {translation_info = #iree_codegen.translation_info<
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
         workgroup_size = [${FWD_LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
@@ -95,30 +86,10 @@ hal.executable.source private @selection_attention_fwd_portable_exe {
       %v_chunks = arith.constant ${V_ITEMS} : index
       %v_per_lane = arith.constant ${FWD_V_ITEMS_PER_LANE} : index
 
-      %m = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
-      %batch_i32 = hal.interface.constant.load layout(#fwd_portable_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#fwd_portable_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#fwd_portable_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#fwd_portable_layout) ordinal(3) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("fwd_portable_layout", ['batch', 'm_rows', 'n', 'scale']) }
 
-      %q = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : !fwp_q{%batch, %m_rows}
-      %k = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : !fwp_k{%batch, %n}
-      %v = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : !fwp_v{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %o = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(4) alignment(64) offset(%c0)
-          : !fwk_o{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#fwd_portable_layout) binding(5) alignment(64) offset(%c0)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
+${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
 
       %smem = memref.alloc() : !fwp_smem
       %p_offset = arith.constant ${FWP_P_OFFSET} : index
@@ -477,8 +448,7 @@ hal.executable.source private @selection_attention_fwd_portable_exe {
       <% include "gpu/forward_combine.mlir" %>
       return
     }
-  }
-}
+<% endcall %>
 
 // Host side: one dispatch, o and lse written into the caller's tensors.
 ${ host.forward("selection_attention_fwd_portable_exe") }

@@ -11,19 +11,12 @@
 // pieces: global_atomic_add_f32 on gfx9 with rocdl.no_fine_grained_memory, red.global.add.f32 on NVIDIA).
 // Visibility as in dq_portable.mlir: keys past the row's position contribute nothing and are never written.
 <% import "common/host.mlir" as host %>
+<% import "common/dispatch.mlir" as dispatch %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
-#onepass_portable_layout = #hal.pipeline.layout<constants = 4, bindings = [
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // q [B, M, H, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // k [B, N, G, D]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // v [B, N, G, Dv]
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // block_indices [B, M, G, T] i32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // lse [B, H, M] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // delta [B, M, H] f32
-  #hal.pipeline.binding<storage_buffer, ReadOnly>,  // do [B, M, H, Dv]
-  #hal.pipeline.binding<storage_buffer>,            // dk/dv f32 accumulator (tied, zero on entry)
-  #hal.pipeline.binding<storage_buffer>             // dq [B, M, H, D]
-]>
+<% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
+<% set outputs = ['dkv', 'dq'] %>
+${ dispatch.layout("onepass_portable_layout", 4, inputs, outputs) }
 
 <% include "gpu/portable/dq_types.mlir" %>
 !opp_smem = memref<${OPP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
@@ -35,12 +28,7 @@
 !opp_do_rhs = vector<${DV_TILES16}x${RUNS}x${RUN}x${E}>
 !opp_zero_chunk = vector<8x${E}>
 
-hal.executable.source private @selection_attention_onepass_portable_exe {
-  hal.executable.export public @selection_attention_onepass_row ordinal(0) layout(#onepass_portable_layout)
-      count(%device: !hal.device, %m_rows: index, %kv_heads: index, %batch: index) -> (index, index, index) {
-    hal.return %m_rows, %kv_heads, %batch : index, index, index
-  } <workgroup_size = [${LANES} : index, 1 : index, 1 : index]>
-  builtin.module {
+<% call dispatch.executable("selection_attention_onepass_portable_exe", "selection_attention_onepass_row", "onepass_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
     func.func @selection_attention_onepass_row() attributes {translation_info = #iree_codegen.translation_info<
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
         workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
@@ -81,42 +69,17 @@ hal.executable.source private @selection_attention_onepass_portable_exe {
       %do_chunks = arith.constant ${OPP_DO_ITEMS} : index
       %zero_e = arith.constant 0.0 : ${E}
 
-      %m = hal.interface.workgroup.id[0] : index
-      %g = hal.interface.workgroup.id[1] : index
-      %b = hal.interface.workgroup.id[2] : index
-      %batch_i32 = hal.interface.constant.load layout(#onepass_portable_layout) ordinal(0) : i32
-      %m_rows_i32 = hal.interface.constant.load layout(#onepass_portable_layout) ordinal(1) : i32
-      %n_i32 = hal.interface.constant.load layout(#onepass_portable_layout) ordinal(2) : i32
-      %scale_bits = hal.interface.constant.load layout(#onepass_portable_layout) ordinal(3) : i32
-      %batch = arith.index_castui %batch_i32 : i32 to index
-      %m_rows = arith.index_castui %m_rows_i32 : i32 to index
-      %n = arith.index_castui %n_i32 : i32 to index
-      %scale = arith.bitcast %scale_bits : i32 to f32
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("onepass_portable_layout", ['batch', 'm_rows', 'n', 'scale']) }
 
-      %q = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqp_q{%batch, %m_rows}
-      %k = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqp_k{%batch, %n}
-      %v = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqp_v{%batch, %n}
-      %block_indices = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(3) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${G}x${T}xi32>{%batch, %m_rows}
-      %lse = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(4) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x${H}x?xf32>{%batch, %m_rows}
-      %delta = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(5) alignment(64) offset(%c0) flags(ReadOnly)
-          : memref<?x?x${H}xf32>{%batch, %m_rows}
-      %do = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(6) alignment(64) offset(%c0) flags(ReadOnly)
-          : !dqp_do{%batch, %m_rows}
+${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do']) }
       // The dk/dv accumulator is flat: dk [B, N, G, D] then dv [B, N, G, Dv]; the atomics address it by offset.
       %kv_rows = arith.muli %batch, %n : index
       %kv_group_rows = arith.muli %kv_rows, %kv_heads : index
       %dk_size = arith.muli %kv_group_rows, %head_dim : index
       %dv_size = arith.muli %kv_group_rows, %value_dim : index
       %dkv_size = arith.addi %dk_size, %dv_size : index
-      %dkv = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(7) alignment(64) offset(%c0)
-          : memref<?xf32>{%dkv_size}
-      %dq = hal.interface.binding.subspan layout(#onepass_portable_layout) binding(8) alignment(64) offset(%c0)
-          : !dqp_q{%batch, %m_rows}
+${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'dq']) }
       %dkv_address = memref.extract_aligned_pointer_as_index %dkv : memref<?xf32> -> index
       %dkv_address_i64 = arith.index_cast %dkv_address : index to i64
       %dkv_ptr = llvm.inttoptr %dkv_address_i64 : i64 to ${ONEPASS_GLOBAL_PTR}
@@ -380,8 +343,7 @@ hal.executable.source private @selection_attention_onepass_portable_exe {
       <% include "gpu/portable/dq_write.mlir" %>
       return
     }
-  }
-}
+<% endcall %>
 
 // Host side: zero the accumulator, run the dispatch, cast dk and dv to the input type.
 // dk and dv share ONE zero-filled accumulator: two separately zero-filled tied operands are CSE'd into one
