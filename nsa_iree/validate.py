@@ -7,6 +7,7 @@ import numbers
 
 import torch
 
+from .packing import check_cu_seqlens_values
 from .spec import VARIANTS
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -45,20 +46,26 @@ def _same_dtype(q, *named) -> None:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
 
 
-def check_cu_seqlens(q, k, cu_seqlens) -> None:
-    """The checks of cu_seqlens that need no look at its values (those are packing.check_cu_seqlens_values)."""
+def _cu_seqlens_tensor(cu_seqlens, name, t) -> None:
+    """cu_seqlens is a [S + 1] int32 tensor on the device of `t` (the argument `name`), and t has B = 1."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"cu_seqlens must be None or a [S + 1] int32 tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] == 0:
         raise ValueError(f"cu_seqlens must have shape [S + 1] (S >= 0 packed sequences), got {_shape(cu_seqlens)}")
     if cu_seqlens.dtype != torch.int32:
         raise TypeError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
-    if cu_seqlens.device != q.device:
-        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}: all tensors must share "
-                         f"a device")
-    if q.shape[0] != 1:
-        raise ValueError(f"with cu_seqlens the sequences are packed along M: q must have B = 1, got q of shape "
-                         f"{_shape(q)}")
+    if cu_seqlens.device != t.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but {name} is on {t.device}: all tensors must "
+                         f"share a device")
+    if t.shape[0] != 1:
+        what = "M" if name == "q" else "N"
+        raise ValueError(f"with cu_seqlens the sequences are packed along {what}: {name} must have B = 1, got "
+                         f"{name} of shape {_shape(t)}")
+
+
+def check_cu_seqlens(q, k, cu_seqlens) -> None:
+    """The checks of cu_seqlens that need no look at its values (those are packing.check_cu_seqlens_values)."""
+    _cu_seqlens_tensor(cu_seqlens, "q", q)
     if k.shape[1] != q.shape[1]:
         raise ValueError(f"with cu_seqlens q, k and v hold the same packed tokens: N = k.shape[1] = {k.shape[1]} "
                          f"must equal M = q.shape[1] = {q.shape[1]}")
@@ -145,3 +152,140 @@ def check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_
     for name, t in (("o", o), ("lse", lse), ("do", do)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must share a device")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The compression branch (docs/semantics.md, "The compression branch"): mean_pooling, compressed_attention and
+# select_blocks. None of these checks reads a tensor's values; check_packed_blocks does (on the host).
+
+
+def _block_size(block_size) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+
+
+def _seq_len(seq_len, m_rows, cu_seqlens) -> int:
+    """N, the keys the rows stand among: seq_len (an int >= 0), default M; with cu_seqlens None or M."""
+    if seq_len is None:
+        return m_rows
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int):
+        raise TypeError(f"seq_len must be None or an int, got {type(seq_len).__name__} {seq_len!r}")
+    if seq_len < 0:
+        raise ValueError(f"seq_len must be >= 0, got {seq_len}")
+    if cu_seqlens is not None and seq_len != m_rows:
+        raise ValueError(f"with cu_seqlens every sequence is its own rows (M = N): seq_len must be None or "
+                         f"M = q.shape[1] = {m_rows}, got {seq_len}")
+    return seq_len
+
+
+def _compressed_keys(q, k_cmp, block_size, seq_len, cu_seqlens) -> None:
+    """q [B, M, H, D] and k_cmp [B, C, G, D]: ranks, dtypes, devices, H % G, C = ceil(N / BS) (unpacked)."""
+    _tensor("q", q, 4, "[B, M, H, D]")
+    _tensor("k_cmp", k_cmp, 4, "[B, C, G, D]")
+    if q.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"q must be float32, float16 or bfloat16, got {q.dtype}")
+    _same_dtype(q, ("k_cmp", k_cmp))
+    if k_cmp.device != q.device:
+        raise ValueError(f"k_cmp is on {k_cmp.device} but q is on {q.device}: all tensors must share a device")
+    _block_size(block_size)
+    batch, m_rows, heads, head_dim = q.shape
+    groups = k_cmp.shape[2]
+    _same("k_cmp", k_cmp, (batch, k_cmp.shape[1], groups, head_dim), "[B, C, G, D]")
+    if groups == 0 or heads % groups:
+        raise ValueError(f"the number of query heads H={heads} (q.shape[2]) must be a positive multiple of the "
+                         f"number of kv heads G={groups} (k_cmp.shape[2])")
+    if head_dim == 0:
+        raise ValueError(f"head dims must be positive, got D={head_dim}")
+    n = _seq_len(seq_len, m_rows, cu_seqlens)
+    if cu_seqlens is not None:
+        _cu_seqlens_tensor(cu_seqlens, "q", q)
+        return
+    blocks = -(-n // block_size)
+    if k_cmp.shape[1] != blocks:
+        raise ValueError(f"k_cmp must have shape [B, C, G, D] with C = ceil(N / block_size) = ceil({n} / "
+                         f"{block_size}) = {blocks} compressed blocks (N = seq_len, default M), got {_shape(k_cmp)}")
+
+
+def check_mean_pooling(x, block_size, cu_seqlens=None) -> None:
+    """x [B, N, G, D] float32/float16/bfloat16, block_size a positive int, cu_seqlens as the selection ops'."""
+    _tensor("x", x, 4, "[B, N, G, D]")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
+    _block_size(block_size)
+    if min(x.shape[2], x.shape[3]) == 0:
+        raise ValueError(f"x must have G >= 1 heads and D >= 1, got shape {_shape(x)}")
+    if cu_seqlens is not None:
+        _cu_seqlens_tensor(cu_seqlens, "x", x)
+
+
+def check_compressed_attention(q, k_cmp, v_cmp, block_size, scale=None, seq_len=None, cu_seqlens=None) -> None:
+    """q [B, M, H, D], k_cmp [B, C, G, D], v_cmp [B, C, G, Dv] with C = ceil(N / BS) (with cu_seqlens: see
+    check_packed_blocks), H a positive multiple of G, one dtype and one device, scale None or a finite real."""
+    check_scale(scale)
+    _compressed_keys(q, k_cmp, block_size, seq_len, cu_seqlens)
+    _tensor("v_cmp", v_cmp, 4, "[B, C, G, Dv]")
+    _same_dtype(q, ("v_cmp", v_cmp))
+    if v_cmp.device != q.device:
+        raise ValueError(f"v_cmp is on {v_cmp.device} but q is on {q.device}: all tensors must share a device")
+    _same("v_cmp", v_cmp, (*k_cmp.shape[:3], v_cmp.shape[3]), "[B, C, G, Dv]")
+    if v_cmp.shape[3] == 0:
+        raise ValueError(f"head dims must be positive, got Dv={v_cmp.shape[3]}")
+
+
+def check_compressed_attention_backward(q, k_cmp, v_cmp, o, lse, do, block_size, scale=None, seq_len=None,
+                                        cu_seqlens=None) -> None:
+    """The forward's checks, and o, do [B, M, H, Dv] in q's dtype, lse [B, H, M] float32, on q's device."""
+    check_compressed_attention(q, k_cmp, v_cmp, block_size, scale, seq_len, cu_seqlens)
+    batch, m_rows, heads, _ = q.shape
+    _tensor("o", o, 4, "[B, M, H, Dv]")
+    _tensor("do", do, 4, "[B, M, H, Dv]")
+    _same("o", o, (batch, m_rows, heads, v_cmp.shape[3]), "[B, M, H, Dv]")
+    _same("do", do, (batch, m_rows, heads, v_cmp.shape[3]), "[B, M, H, Dv]")
+    _same_dtype(q, ("o", o), ("do", do))
+    _lse(q, lse)
+    for name, t in (("o", o), ("do", do)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must share a device")
+
+
+def _lse(q, lse) -> None:
+    _tensor("lse", lse, 3, "[B, H, M]")
+    _same("lse", lse, (q.shape[0], q.shape[2], q.shape[1]), "[B, H, M]")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be float32, got {lse.dtype}")
+    if lse.device != q.device:
+        raise ValueError(f"lse is on {lse.device} but q is on {q.device}: all tensors must share a device")
+
+
+def check_select_blocks(q, k_cmp, block_counts, block_size, scale=None, lse=None, seq_len=None,
+                        cu_seqlens=None) -> None:
+    """q and k_cmp as for compressed_attention; block_counts an int >= 0 or a [B, M, G] int32/int64 tensor on
+    q's device (its entries below 0 count as 0); lse None or [B, H, M] float32 on q's device."""
+    check_scale(scale)
+    _compressed_keys(q, k_cmp, block_size, seq_len, cu_seqlens)
+    if isinstance(block_counts, int) and not isinstance(block_counts, bool):
+        if block_counts < 0:
+            raise ValueError(f"block_counts must be >= 0 (the slots of the result), got {block_counts}")
+    elif not isinstance(block_counts, torch.Tensor):
+        raise TypeError(f"block_counts must be an int or a [B, M, G] tensor, got {type(block_counts).__name__}")
+    else:
+        if block_counts.dtype not in INDEX_DTYPES:
+            raise TypeError(f"block_counts must be int32 or int64, got {block_counts.dtype}")
+        if block_counts.device != q.device:
+            raise ValueError(f"block_counts is on {block_counts.device} but q is on {q.device}: all tensors must "
+                             f"share a device")
+        _same("block_counts", block_counts, (q.shape[0], q.shape[1], k_cmp.shape[2]), "[B, M, G]")
+    if lse is not None:
+        _lse(q, lse)
+
+
+def check_packed_blocks(cu_seqlens, total, block_size, num_blocks, name="k_cmp") -> list[int]:
+    """The values of cu_seqlens (read on the host) against `total` packed tokens, and the packed compressed
+    blocks: `num_blocks` (name.shape[1]) must be the sum of ceil(L_s / block_size). Returns the boundaries."""
+    bounds = check_cu_seqlens_values(cu_seqlens, total)
+    blocks = sum(-(-(b - a) // block_size) for a, b in zip(bounds[:-1], bounds[1:]))
+    if num_blocks != blocks:
+        raise ValueError(f"with cu_seqlens {name} must hold every sequence's ceil(L_s / block_size) blocks one "
+                         f"after another, {blocks} in all for block_size {block_size}, got {name}.shape[1] = "
+                         f"{num_blocks}")
+    return bounds
