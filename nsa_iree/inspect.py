@@ -81,7 +81,7 @@ def _configurations(dump: Path) -> dict[str, tuple[str, str]]:
                              r"#iree_codegen\.translation_info<\s*pipeline = (#iree_codegen\.pass_pipeline<\"[^\"]*\">|"
                              r"(?:#iree_\w+\.pipeline<)?\w+)([^}]*)", text):
             name, pipeline, rest = m.groups()
-            # A hand-written kernel (nsa_iree/mlir/*_kernel.mlir) names its own pass list.
+            # A hand-written kernel (nsa_iree/kernels/gpu/nvidia/) names its own pass list.
             pipeline = "hand-written" if pipeline.startswith("#iree_codegen.pass_pipeline") else pipeline.split("<")[-1]
             wg = re.search(r"workgroup_size = \[([^\]]*)\]", rest)
             out[name] = (pipeline, wg.group(1).replace(" ", "") if wg else "")

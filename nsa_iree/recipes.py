@@ -3,7 +3,7 @@
 A recipe holds the ``iree-compile`` flags of a target, the IREE runtime driver that runs its artifacts,
 its tuning parameters, and the target-specific attributes substituted into the MLIR templates (GPU
 lowering configurations; none on CPU). The ``[onepass]`` table holds the target-specific pieces of the
-hand-written one-pass dispatch (mlir/onepass.mlir), rendered into its ``${ONEPASS_<KEY>}`` placeholders:
+hand-written one-pass dispatch (kernels/linalg/onepass.mlir), rendered into its ``${ONEPASS_<KEY>}`` placeholders:
 unlike the attribute slots these are required (the CPU has values too), so a recipe without the table
 cannot render the one-pass variant. It knows nothing about torch.
 """
@@ -43,7 +43,7 @@ ATTRIBUTE_SLOTS = (
     "PIECE_SUM_CONFIG", "DELTA_CONFIG", "CHUNK_COUNT_CONFIG",
 )
 
-# Keys of the [onepass] table, each rendered as the placeholder ONEPASS_<KEY> of mlir/onepass.mlir.
+# Keys of the [onepass] table, each rendered as the placeholder ONEPASS_<KEY> of kernels/linalg/onepass.mlir.
 ONEPASS_SLOTS = (
     "LANES",                # threads per workgroup (1 on CPU: the lanes become loops)
     "LANE_ID",              # an op giving this thread's lane as an index

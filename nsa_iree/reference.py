@@ -147,7 +147,7 @@ def selection_attention_backward_reference(q, k, v, o, lse, do, block_indices, b
 
 
 def block_lists_reference(block_indices: torch.Tensor, block_size: int, n: int, rows_per_piece: int):
-    """The two-pass inversion's output layout, computed directly (oracle for mlir/inversion.mlir).
+    """The two-pass inversion's output layout, computed directly (oracle for kernels/common/inversion.mlir).
 
     For every flat block fb = (b * G + g) * NB + i, in order: the query rows m (increasing, each once) with
     a valid slot holding i, cut into pieces of rows_per_piece rows, stored as (c, fb) with
