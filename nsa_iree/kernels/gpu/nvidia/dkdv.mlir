@@ -20,6 +20,9 @@
 // c = lane % 4, which is element [2 o + tile][e] of the lhs fragment of p^T do and ds^T q.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/mma.mlir" as mma %>
+<# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/mma.mlir take them). #>
+<% set dkv = {"lhs": "!dkv_lhs", "rhs": "!dkv_rhs_step", "acc": "!dkv_scores", "contraction": "#dkv_contraction", "kind": MMA_KIND} %>
 
 // Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do', 'entries'] %>
@@ -271,46 +274,8 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
             // s^T and dp^T, one 16-column step at a time (one ldmatrix of q or do rows gives the two rhs
             // fragments: matrix q is head tile q / 2, k' = q mod 2), so one step's fragments are live at once.
             %scores_zero = arith.constant dense<0.0> : !dkv_scores
-            %st = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
-              %col0 = arith.muli %s, %c16 : index
-              %col_high = arith.andi %col0, %k_swizzle_high : index
-              %col_low = arith.subi %col0, %col_high : index
-              %col_lane = arith.addi %col_low, %lo8 : index
-              %col_swizzled = arith.xori %col_lane, %hi_swizzle_k : index
-              %col = arith.addi %col_high, %col_swizzled : index
-              %x = nvgpu.ldmatrix %q_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
-                  : !dkv_q_rows -> vector<4x2x${E}>
-              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
-              %lhs0 = vector.extract %k_frags[0, %s] : vector<4x2x${E}> from !dkv_k_frags
-              %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dkv_lhs
-              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
-              scf.yield %next : !dkv_scores
-            } {unroll_loop}
-            %dpt = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
-              %col0 = arith.muli %s, %c16 : index
-              %col_high = arith.andi %col0, %v_swizzle_high : index
-              %col_low = arith.subi %col0, %col_high : index
-              %col_lane = arith.addi %col_low, %lo8 : index
-              %col_swizzled = arith.xori %col_lane, %hi_swizzle_v : index
-              %col = arith.addi %col_high, %col_swizzled : index
-              %x = nvgpu.ldmatrix %do_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
-                  : !dkv_do_rows -> vector<4x2x${E}>
-              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
-              %lhs0 = vector.extract %v_frags[0, %s] : vector<4x2x${E}> from !dkv_v_frags
-              %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dkv_lhs
-              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
-              scf.yield %next : !dkv_scores
-            } {unroll_loop}
+${ mma.score_steps("%st", "%d_steps", "%scores_zero", "%k_frags", "!dkv_k_frags", "%q_rows", "!dkv_q_rows", "%buffer", "%hi_row", "%k_swizzle_high", "%lo8", "%hi_swizzle_k", dkv) }
+${ mma.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frags", "%do_rows", "!dkv_do_rows", "%buffer", "%hi_row", "%v_swizzle_high", "%lo8", "%hi_swizzle_v", dkv) }
 
             // p^T and ds^T element by element: [tile][o][e] is key key_base + 8 o + r, head 8 tile + 2 c + e,
             // and goes to element [2 o + tile][e] of the lhs fragments.
@@ -371,62 +336,8 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
 
             // dv += p^T do and dk += ds^T q, two column tiles per step: the rhs (heads x columns) is read
             // transposed (ldmatrix .trans: matrix q is column tile 2 s + q / 2, k' = q mod 2).
-            %dv_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %dv_iter) -> (!dkv_dv_acc) {
-              %col0 = arith.muli %s, %c16 : index
-              %col_high = arith.andi %col0, %v_swizzle_high : index
-              %col_low = arith.subi %col0, %col_high : index
-              %col_lane = arith.addi %col_low, %hi8 : index
-              %col_swizzled = arith.xori %col_lane, %lo_swizzle_v : index
-              %col = arith.addi %col_high, %col_swizzled : index
-              %x = nvgpu.ldmatrix %do_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
-                  : !dkv_do_rows -> vector<4x2x${E}>
-              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
-              %s2 = arith.muli %s, %c2 : index
-              %s2_1 = arith.addi %s2, %c1 : index
-              %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dkv_dv_acc
-              %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dkv_dv_acc
-              %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dkv_scores
-              %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dkv_scores
-              %out = iree_codegen.inner_tiled ins(%pt, %rhs) outs(%pair) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
-              %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dkv_scores
-              %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dkv_scores
-              %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dkv_dv_acc
-              %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dkv_dv_acc
-              scf.yield %next : !dkv_dv_acc
-            } {unroll_loop}
-            %dk_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dk_iter) -> (!dkv_dk_acc) {
-              %col0 = arith.muli %s, %c16 : index
-              %col_high = arith.andi %col0, %k_swizzle_high : index
-              %col_low = arith.subi %col0, %col_high : index
-              %col_lane = arith.addi %col_low, %hi8 : index
-              %col_swizzled = arith.xori %col_lane, %lo_swizzle_k : index
-              %col = arith.addi %col_high, %col_swizzled : index
-              %x = nvgpu.ldmatrix %q_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
-                  : !dkv_q_rows -> vector<4x2x${E}>
-              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
-              %s2 = arith.muli %s, %c2 : index
-              %s2_1 = arith.addi %s2, %c1 : index
-              %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dkv_dk_acc
-              %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dkv_dk_acc
-              %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dkv_scores
-              %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dkv_scores
-              %out = iree_codegen.inner_tiled ins(%dst, %rhs) outs(%pair) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
-              %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dkv_scores
-              %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dkv_scores
-              %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dkv_dk_acc
-              %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dkv_dk_acc
-              scf.yield %next : !dkv_dk_acc
-            } {unroll_loop}
+${ mma.accumulate_steps("%dv_new", "%dv_steps", "%dv_iter", "!dkv_dv_acc", "%pt", "!dkv_lhs", "%scores_zero", "%do_rows", "!dkv_do_rows", "%buffer", "%lo_row", "%v_swizzle_high", "%hi8", "%lo_swizzle_v", dkv) }
+${ mma.accumulate_steps("%dk_new", "%d_steps", "%dk_iter", "!dkv_dk_acc", "%dst", "!dkv_lhs", "%scores_zero", "%q_rows", "!dkv_q_rows", "%buffer", "%lo_row", "%k_swizzle_high", "%hi8", "%lo_swizzle_k", dkv) }
             scf.yield %dk_new, %dv_new : !dkv_dk_acc, !dkv_dv_acc
           } else {
             scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc
