@@ -30,6 +30,9 @@
 // unread key reaches nothing.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/mma.mlir" as mma %>
+<# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/mma.mlir take them). #>
+<% set dqk = {"lhs": "!dqk_lhs_step", "rhs": "!dqk_rhs_step", "acc": "!dqk_scores", "contraction": "#dqk_contraction", "kind": MMA_KIND} %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
@@ -229,7 +232,7 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
           // s and dp over this subgroup's 16 keys: per 16-d step one ldmatrix (two rhs fragments: matrix q
           // is key tile q / 2, k' = q mod 2) and two mma, so only one step's fragments are live at a time.
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-          <% include "gpu/nvidia/scores.mlir" %>
+${ mma.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
           %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
             %col0 = arith.muli %s, %c16 : index
             %col = arith.addi %col0, %lo8 : index
@@ -300,37 +303,7 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
           // dq += ds k: rhs [d tile][k'][e] = k[key_base + 8 k' + 2 c + e][8 d_tile + r], a transposed read of
           // the row-major K tile (ldmatrix .trans: matrix q is d tile 2 s + q / 2, k' = q mod 2), two d tiles
           // per step.
-          %dq_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dq_iter) -> (!dqk_dq_acc) {
-            %col0 = arith.muli %s, %c16 : index
-            // col0 + lane column with its chunk XOR-swizzled inside its group (kept additive in s, so
-            // the unrolled steps share (mask + 1) / 2 lane addresses plus immediates)
-            %col_high = arith.andi %col0, %k_swizzle_high : index
-            %col_low = arith.subi %col0, %col_high : index
-            %col_lane = arith.addi %col_low, %hi8 : index
-            %col_swizzled = arith.xori %col_lane, %dq_swizzle_k : index
-            %col = arith.addi %col_high, %col_swizzled : index
-            %x = nvgpu.ldmatrix %k_rows[%buffer, %dq_row, %col] numTiles = 4 transpose = true
-                : !dqk_k_rows -> vector<4x2x${E}>
-            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
-            %s2 = arith.muli %s, %c2 : index
-            %s2_1 = arith.addi %s2, %c1 : index
-            %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dqk_dq_acc
-            %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dqk_dq_acc
-            %pair0 = arith.constant dense<0.0> : !dqk_scores
-            %pair1 = vector.insert %acc0, %pair0[0, 0] : vector<2x2xf32> into !dqk_scores
-            %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dqk_scores
-            %out = iree_codegen.inner_tiled ins(%ds_frags, %rhs) outs(%pair) <
-              indexing_maps = #dqk_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dqk_ds_frags, !dqk_rhs_step into !dqk_scores
-            %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dqk_scores
-            %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dqk_scores
-            %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dqk_dq_acc
-            %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dqk_dq_acc
-            scf.yield %next : !dqk_dq_acc
-          } {unroll_loop}
+${ mma.accumulate_steps("%dq_new", "%d_steps", "%dq_iter", "!dqk_dq_acc", "%ds_frags", "!dqk_ds_frags", "%scores_zero", "%k_rows", "!dqk_k_rows", "%buffer", "%dq_row", "%k_swizzle_high", "%hi8", "%dq_swizzle_k", dqk) }
           scf.yield %dq_new : !dqk_dq_acc
         } else {
           scf.yield %dq_iter : !dqk_dq_acc

@@ -18,6 +18,9 @@
 // Fragments and visibility as in dq_kernel.mlir (${MMA_KIND}, nsa_iree/fragments.py; semantics.md).
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/mma.mlir" as mma %>
+<# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/mma.mlir take them). #>
+<% set dqk = {"lhs": "!dqk_lhs_step", "rhs": "!dqk_rhs_step", "acc": "!dqk_scores", "contraction": "#dqk_contraction", "kind": MMA_KIND} %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices'] %>
@@ -176,7 +179,7 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
           %visible = arith.addi %to_pos, %c1 : index
 
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-          <% include "gpu/nvidia/scores.mlir" %>
+${ mma.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
           // Scores in base-2 units, x = s scale log2(e), -inf where the key is invisible or the head is
           // padding: [tile][i][e] is head 8 i + r, key key_base + 8 tile + 2 c + e.
           %x_init = arith.constant dense<0.0> : !dqk_scores
@@ -295,36 +298,7 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
           %l1_new = arith.addf %l1_ref, %psum_1 : f32
 
           // o += p v with v read transposed (ldmatrix .trans), two e tiles per step.
-          %o_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %o_ref) -> (!fwk_o_acc) {
-            %col0 = arith.muli %s, %c16 : index
-            // col0 + lane column with its chunk XOR-swizzled inside its group (kept additive in s, so
-            // the unrolled steps share (mask + 1) / 2 lane addresses plus immediates)
-            %col_high = arith.andi %col0, %v_swizzle_high : index
-            %col_low = arith.subi %col0, %col_high : index
-            %col_lane = arith.addi %col_low, %hi8 : index
-            %col_swizzled = arith.xori %col_lane, %pv_swizzle_v : index
-            %col = arith.addi %col_high, %col_swizzled : index
-            %xv = nvgpu.ldmatrix %v_rows[%buffer, %pv_row, %col] numTiles = 4 transpose = true
-                : !dqk_v_rows -> vector<4x2x${E}>
-            %rhs = vector.shape_cast %xv : vector<4x2x${E}> to !dqk_rhs_step
-            %s2 = arith.muli %s, %c2 : index
-            %s2_1 = arith.addi %s2, %c1 : index
-            %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !fwk_o_acc
-            %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !fwk_o_acc
-            %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dqk_scores
-            %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dqk_scores
-            %out = iree_codegen.inner_tiled ins(%p_frags, %rhs) outs(%pair) <
-              indexing_maps = #dqk_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !fwk_p_frags, !dqk_rhs_step into !dqk_scores
-            %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dqk_scores
-            %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dqk_scores
-            %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !fwk_o_acc
-            %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !fwk_o_acc
-            scf.yield %next : !fwk_o_acc
-          } {unroll_loop}
+${ mma.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags", "!fwk_p_frags", "%scores_zero", "%v_rows", "!dqk_v_rows", "%buffer", "%pv_row", "%v_swizzle_high", "%hi8", "%pv_swizzle_v", dqk) }
           scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
         } else {
           scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32

@@ -12,9 +12,9 @@
             %col_lane = arith.addi %col_low, ${lane} : index
             %col_swizzled = arith.xori %col_lane, ${swizzle} : index
             %col = arith.addi %col_high, %col_swizzled : index
-            %x = nvgpu.ldmatrix ${rows}[${buffer}, ${row}, %col] numTiles = 4 transpose = ${transpose}
+            %step_x = nvgpu.ldmatrix ${rows}[${buffer}, ${row}, %col] numTiles = 4 transpose = ${transpose}
                 : ${rows_type} -> vector<4x2x${E}>
-            %rhs = vector.shape_cast %x : vector<4x2x${E}> to ${rhs_type}
+            %rhs = vector.shape_cast %step_x : vector<4x2x${E}> to ${rhs_type}
 <% endmacro %>
 
 <# result = lhs rhs + acc on the tensor cores: the contraction map and mma kind of the kernel, the three types. #>
