@@ -139,26 +139,18 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
 
         // The block's K and V rows (keys past N zero-filled, never read).
         %in_range = arith.subi %n, %key0 : index
-        scf.for %item = %tid to %k_items step %lanes {
-          %chunk = arith.remui %item, %k_chunks : index
-          %j = arith.divui %item, %k_chunks : index
-          %d0 = arith.muli %chunk, %c8 : index
+        <% for x, col in [("k", "%d0"), ("v", "%e0")] %>
+        scf.for %item = %tid to %${x}_items step %lanes {
+          %chunk = arith.remui %item, %${x}_chunks : index
+          %j = arith.divui %item, %${x}_chunks : index
+          ${col} = arith.muli %chunk, %c8 : index
           %exists = arith.cmpi slt, %j, %in_range : index
           %count = arith.select %exists, %c8, %c0 : index
           %key_j = arith.addi %key0, %j : index
           %key = arith.select %exists, %key_j, %key0 : index
-          %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_tile[%j, %d0], 8, %count ${ASYNC_COPY_HINT} : !dkv_k to !dkv_k_tile
+          %copy = nvgpu.device_async_copy %${x}[%b, %key, %g, ${col}], %${x}_tile[%j, ${col}], 8, %count ${ASYNC_COPY_HINT} : !dkv_${x} to !dkv_${x}_tile
         }
-        scf.for %item = %tid to %v_items step %lanes {
-          %chunk = arith.remui %item, %v_chunks : index
-          %j = arith.divui %item, %v_chunks : index
-          %e0 = arith.muli %chunk, %c8 : index
-          %exists = arith.cmpi slt, %j, %in_range : index
-          %count = arith.select %exists, %c8, %c0 : index
-          %key_j = arith.addi %key0, %j : index
-          %key = arith.select %exists, %key_j, %key0 : index
-          %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_tile[%j, %e0], 8, %count ${ASYNC_COPY_HINT} : !dkv_v to !dkv_v_tile
-        }
+        <% endfor %>
         nvvm.cp.async.commit.group
         nvvm.cp.async.wait.group 0
         gpu.barrier
@@ -185,22 +177,16 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
 
         // This subgroup's 16 keys of K and V as lhs fragments, read once: matrix q = (rows 8 (q / 2),
         // columns 8 (q mod 2)) is fragment element [q].
-        %kf_init = arith.constant dense<0.0> : !dkv_k_frags
-        %k_frags = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %kf_init) -> (!dkv_k_frags) {
+        <% for x, steps in [("k", "%d_steps"), ("v", "%dv_steps")] %>
+        %${x}f_init = arith.constant dense<0.0> : !dkv_${x}_frags
+        %${x}_frags = scf.for %s = %c0 to ${steps} step %c1 iter_args(%acc = %${x}f_init) -> (!dkv_${x}_frags) {
           %col0 = arith.muli %s, %c16 : index
           %col = arith.addi %col0, %lo8 : index
-          %x = nvgpu.ldmatrix %k_tile[%tile_row, %col] numTiles = 4 transpose = false : !dkv_k_tile -> vector<4x2x${E}>
-          %next = vector.insert %x, %acc[0, %s] : vector<4x2x${E}> into !dkv_k_frags
-          scf.yield %next : !dkv_k_frags
+          %x = nvgpu.ldmatrix %${x}_tile[%tile_row, %col] numTiles = 4 transpose = false : !dkv_${x}_tile -> vector<4x2x${E}>
+          %next = vector.insert %x, %acc[0, %s] : vector<4x2x${E}> into !dkv_${x}_frags
+          scf.yield %next : !dkv_${x}_frags
         } {unroll_loop}
-        %vf_init = arith.constant dense<0.0> : !dkv_v_frags
-        %v_frags = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %vf_init) -> (!dkv_v_frags) {
-          %col0 = arith.muli %s, %c16 : index
-          %col = arith.addi %col0, %lo8 : index
-          %x = nvgpu.ldmatrix %v_tile[%tile_row, %col] numTiles = 4 transpose = false : !dkv_v_tile -> vector<4x2x${E}>
-          %next = vector.insert %x, %acc[0, %s] : vector<4x2x${E}> into !dkv_v_frags
-          scf.yield %next : !dkv_v_frags
-        } {unroll_loop}
+        <% endfor %>
 
         // Iteration t stages piece row t into buffer t mod 2 (empty group for a padding row or t = R) and
         // computes row t - 1 from the other buffer meanwhile.
@@ -217,34 +203,23 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
           scf.if %stage {
             %m = arith.index_castui %stage_m_i32 : i32 to index
             // Heads h < HPG of the row; the padding heads' rows are zero-filled.
-            scf.for %item = %tid to %q_items step %lanes {
-              %chunk = arith.remui %item, %k_chunks : index
-              %h = arith.divui %item, %k_chunks : index
-              %d0 = arith.muli %chunk, %c8 : index
+            <# q (columns d0, with K's chunk count and swizzle) then do (columns e0, with V's). #>
+            <% for x, kv, col in [("q", "k", "%d0"), ("do", "v", "%e0")] %>
+            scf.for %item = %tid to %${x}_items step %lanes {
+              %chunk = arith.remui %item, %${kv}_chunks : index
+              %h = arith.divui %item, %${kv}_chunks : index
+              ${col} = arith.muli %chunk, %c8 : index
               %real = arith.cmpi ult, %h, %heads_per_group : index
               %count = arith.select %real, %c8, %c0 : index
               %head_h = arith.addi %h0, %h : index
               %head = arith.select %real, %head_h, %h0 : index
-              %h_bits = arith.andi %h, %k_swizzle_mask : index
+              %h_bits = arith.andi %h, %${kv}_swizzle_mask : index
               %swizzle = arith.muli %h_bits, %c8 : index
-              %d0_stored = arith.xori %d0, %swizzle : index
-              %copy = nvgpu.device_async_copy %q[%b, %m, %head, %d0], %q_rows[%stage_buffer, %h, %d0_stored], 8, %count ${ASYNC_COPY_HINT}
-                  : !dkv_q to !dkv_q_rows
+              ${col}_stored = arith.xori ${col}, %swizzle : index
+              %copy = nvgpu.device_async_copy %${x}[%b, %m, %head, ${col}], %${x}_rows[%stage_buffer, %h, ${col}_stored], 8, %count ${ASYNC_COPY_HINT}
+                  : !dkv_${x} to !dkv_${x}_rows
             }
-            scf.for %item = %tid to %do_items step %lanes {
-              %chunk = arith.remui %item, %v_chunks : index
-              %h = arith.divui %item, %v_chunks : index
-              %e0 = arith.muli %chunk, %c8 : index
-              %real = arith.cmpi ult, %h, %heads_per_group : index
-              %count = arith.select %real, %c8, %c0 : index
-              %head_h = arith.addi %h0, %h : index
-              %head = arith.select %real, %head_h, %h0 : index
-              %h_bits = arith.andi %h, %v_swizzle_mask : index
-              %swizzle = arith.muli %h_bits, %c8 : index
-              %e0_stored = arith.xori %e0, %swizzle : index
-              %copy = nvgpu.device_async_copy %do[%b, %m, %head, %e0], %do_rows[%stage_buffer, %h, %e0_stored], 8, %count ${ASYNC_COPY_HINT}
-                  : !dkv_do to !dkv_do_rows
-            }
+            <% endfor %>
             %is_lse_lane = arith.cmpi ult, %tid, %heads_per_group : index
             scf.if %is_lse_lane {
               %head = arith.addi %h0, %tid : index
@@ -349,28 +324,19 @@ ${ mma.accumulate_steps("%dk_new", "%d_steps", "%dk_iter", "!dkv_dk_acc", "%dst"
 
         // The piece's partials: accumulator element [0][tile][o][e] is key key_base + 8 o + r, column
         // 8 tile + 2 c + e.
-        scf.for %tile = %c0 to %d_tiles step %c1 {
+        <% for x, tiles, col in [("dk", "%d_tiles", "%d"), ("dv", "%dv_tiles", "%e")] %>
+        scf.for %tile = %c0 to ${tiles} step %c1 {
           scf.for %o = %c0 to %c2 step %c1 {
             %o8 = arith.muli %o, %c8 : index
             %j0 = arith.addi %key_base, %o8 : index
             %j = arith.addi %j0, %r : index
             %tile8 = arith.muli %tile, %c8 : index
-            %d = arith.addi %tile8, %c2x : index
-            %x = vector.extract %dk_acc[0, %tile, %o] : vector<2xf32> from !dkv_dk_acc
-            vector.store %x, %dk_pieces[%piece, %j, %d] : !dkv_dk_pieces, vector<2xf32>
+            ${col} = arith.addi %tile8, %c2x : index
+            %x = vector.extract %${x}_acc[0, %tile, %o] : vector<2xf32> from !dkv_${x}_acc
+            vector.store %x, %${x}_pieces[%piece, %j, ${col}] : !dkv_${x}_pieces, vector<2xf32>
           } {unroll_loop}
         } {unroll_loop}
-        scf.for %tile = %c0 to %dv_tiles step %c1 {
-          scf.for %o = %c0 to %c2 step %c1 {
-            %o8 = arith.muli %o, %c8 : index
-            %j0 = arith.addi %key_base, %o8 : index
-            %j = arith.addi %j0, %r : index
-            %tile8 = arith.muli %tile, %c8 : index
-            %e = arith.addi %tile8, %c2x : index
-            %x = vector.extract %dv_acc[0, %tile, %o] : vector<2xf32> from !dkv_dv_acc
-            vector.store %x, %dv_pieces[%piece, %j, %e] : !dkv_dv_pieces, vector<2xf32>
-          } {unroll_loop}
-        } {unroll_loop}
+        <% endfor %>
       }
       return
     }
