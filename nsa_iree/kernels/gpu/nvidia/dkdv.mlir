@@ -20,6 +20,7 @@
 // c = lane % 4, which is element [2 o + tile][e] of the lhs fragment of p^T do and ds^T q.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/lanes.mlir" as lanes %>
 <% import "gpu/nvidia/mma.mlir" as mma %>
 <# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/mma.mlir take them). #>
 <% set dkv = {"lhs": "!dkv_lhs", "rhs": "!dkv_rhs_step", "acc": "!dkv_scores", "contraction": "#dkv_contraction", "kind": MMA_KIND} %>
@@ -57,16 +58,8 @@ ${ dispatch.layout("dkdv_kernel_layout", 5, inputs, outputs) }
 #dkv_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
 <% call dispatch.executable("selection_attention_dkdv_kernel_exe", "selection_attention_dkdv_piece", "dkdv_kernel_layout", ['pieces'], lanes=LANES) %>
-    func.func @selection_attention_dkdv_piece() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>,
-        nvvm.minctasm = ${DKDV_MIN_WORKGROUPS_PER_SM} : i32} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c2 = arith.constant 2 : index
-      %c4 = arith.constant 4 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
+${ lanes.func_open("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE, DKDV_MIN_WORKGROUPS_PER_SM) }
+${ lanes.index_constants() }
       %c0_i32 = arith.constant 0 : i32
       %minus_one = arith.constant -1 : i32
       %zero = arith.constant 0.0 : f32
@@ -114,12 +107,7 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
         %delta_rows = memref.alloc() : !dkv_stats
         %row_info = memref.alloc() : !dkv_row_info
 
-        %tid = gpu.thread_id x
-        %subgroup = arith.divui %tid, %subgroup_size : index
-        %lane = arith.remui %tid, %subgroup_size : index
-        %r = arith.divui %lane, %c4 : index
-        %c = arith.remui %lane, %c4 : index
-        %c2x = arith.muli %c, %c2 : index
+${ lanes.lane_ids() }
         %key_base = arith.muli %subgroup, %c16 : index
 
         // The piece's flat block fb = (b * G + g) * NB + i.
@@ -156,12 +144,7 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
         gpu.barrier
 
         // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
-        %matrix = arith.divui %lane, %c8 : index
-        %matrix_row = arith.remui %lane, %c8 : index
-        %matrix_lo = arith.remui %matrix, %c2 : index
-        %matrix_hi = arith.divui %matrix, %c2 : index
-        %lo8 = arith.muli %matrix_lo, %c8 : index
-        %hi8 = arith.muli %matrix_hi, %c8 : index
+${ lanes.ldmatrix_lanes() }
         %hi_row = arith.addi %hi8, %matrix_row : index
         %lo_row = arith.addi %lo8, %matrix_row : index
         %tile_row = arith.addi %key_base, %hi_row : index
@@ -233,10 +216,7 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
           nvvm.cp.async.wait.group ${DKDV_STAGES_MINUS_1}
           gpu.barrier
 
-          %has_previous = arith.cmpi uge, %t, %lag : index
-          %previous = arith.select %has_previous, %t, %lag : index
-          %row = arith.subi %previous, %lag : index
-          %buffer = arith.remui %row, %stages : index
+${ lanes.previous("%row") }
           %row_m_i32 = memref.load %row_info[%row, %c0] : !dkv_row_info
           %row_used = arith.cmpi sge, %row_m_i32, %c0_i32 : i32
           %compute = arith.andi %row_used, %has_previous : i1

@@ -30,6 +30,7 @@
 // unread key reaches nothing.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/lanes.mlir" as lanes %>
 <% import "gpu/nvidia/mma.mlir" as mma %>
 <# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/mma.mlir take them). #>
 <% set dqk = {"lhs": "!dqk_lhs_step", "rhs": "!dqk_rhs_step", "acc": "!dqk_scores", "contraction": "#dqk_contraction", "kind": MMA_KIND} %>
@@ -65,16 +66,8 @@ ${ dispatch.layout("dq_kernel_layout", 4, inputs, outputs) }
 #dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
 <% call dispatch.executable("selection_attention_dq_kernel_exe", "selection_attention_dq_row", "dq_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-    func.func @selection_attention_dq_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>,
-        nvvm.minctasm = ${DQ_MIN_WORKGROUPS_PER_SM} : i32} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c2 = arith.constant 2 : index
-      %c4 = arith.constant 4 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
+${ lanes.func_open("selection_attention_dq_row", LANES, SUBGROUP_SIZE, DQ_MIN_WORKGROUPS_PER_SM) }
+${ lanes.index_constants() }
       %zero = arith.constant 0.0 : f32
       %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
       %zero_e = arith.constant 0.0 : ${E}
@@ -120,12 +113,7 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
       %do_tile = memref.view %smem[%do_offset][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_do_tile
       %dq_sum = memref.view %smem[%c0][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_dq_sum
 
-      %tid = gpu.thread_id x
-      %subgroup = arith.divui %tid, %subgroup_size : index
-      %lane = arith.remui %tid, %subgroup_size : index
-      %r = arith.divui %lane, %c4 : index
-      %c = arith.remui %lane, %c4 : index
-      %c2x = arith.muli %c, %c2 : index
+${ lanes.lane_ids() }
       %r8 = arith.addi %r, %c8 : index
       %key_base = arith.muli %subgroup, %c16 : index
       %h0 = arith.muli %g, %heads_per_group : index
@@ -187,12 +175,7 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
       %last_visible_block = arith.floordivsi %pos, %block_size : index
 
       // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
-      %matrix = arith.divui %lane, %c8 : index
-      %matrix_row = arith.remui %lane, %c8 : index
-      %matrix_lo = arith.remui %matrix, %c2 : index
-      %matrix_hi = arith.divui %matrix, %c2 : index
-      %lo8 = arith.muli %matrix_lo, %c8 : index
-      %hi8 = arith.muli %matrix_hi, %c8 : index
+${ lanes.ldmatrix_lanes() }
       // s, dp: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
       %lhs_row = arith.addi %hi8, %matrix_row : index
       %sd_row = arith.addi %key_base, %hi8 : index
@@ -214,15 +197,8 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
       %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
         <% include "gpu/nvidia/kv_staging.mlir" %>
-        %has_previous = arith.cmpi uge, %t, %lag : index
-        %previous = arith.select %has_previous, %t, %lag : index
-        %slot = arith.subi %previous, %lag : index
-        %buffer = arith.remui %slot, %stages : index
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %slot] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible_block : index
-        %selected_now = arith.andi %not_negative, %not_future : i1
+${ lanes.previous("%slot") }
+${ lanes.selected_block("%slot", "%selected_now") }
         %compute = arith.andi %selected_now, %has_previous : i1
         %dq_next = scf.if %compute -> (!dqk_dq_acc) {
           %key0 = arith.muli %block, %block_size : index

@@ -18,6 +18,7 @@
 // Fragments and visibility as in dq_kernel.mlir (${MMA_KIND}, nsa_iree/fragments.py; semantics.md).
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/lanes.mlir" as lanes %>
 <% import "gpu/nvidia/mma.mlir" as mma %>
 <# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/mma.mlir take them). #>
 <% set dqk = {"lhs": "!dqk_lhs_step", "rhs": "!dqk_rhs_step", "acc": "!dqk_scores", "contraction": "#dqk_contraction", "kind": MMA_KIND} %>
@@ -52,16 +53,8 @@ ${ dispatch.layout("fwd_kernel_layout", 4, inputs, outputs) }
 #dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
 <% call dispatch.executable("selection_attention_fwd_kernel_exe", "selection_attention_fwd_row", "fwd_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-    func.func @selection_attention_fwd_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>,
-        nvvm.minctasm = ${FORWARD_MIN_WORKGROUPS_PER_SM} : i32} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c2 = arith.constant 2 : index
-      %c4 = arith.constant 4 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
+${ lanes.func_open("selection_attention_fwd_row", LANES, SUBGROUP_SIZE, FORWARD_MIN_WORKGROUPS_PER_SM) }
+${ lanes.index_constants() }
       %c1_i32 = arith.constant 1 : i32
       %c2_i32 = arith.constant 2 : i32
       %c32_i32 = arith.constant 32 : i32
@@ -113,12 +106,7 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
       %max_parts = memref.view %smem[%max_offset][] : !fwk_smem to !fwk_stats
       %sum_parts = memref.view %smem[%sum_offset][] : !fwk_smem to !fwk_stats
 
-      %tid = gpu.thread_id x
-      %subgroup = arith.divui %tid, %subgroup_size : index
-      %lane = arith.remui %tid, %subgroup_size : index
-      %r = arith.divui %lane, %c4 : index
-      %c = arith.remui %lane, %c4 : index
-      %c2x = arith.muli %c, %c2 : index
+${ lanes.lane_ids() }
       %r8 = arith.addi %r, %c8 : index
       %key_base = arith.muli %subgroup, %c16 : index
       %h0 = arith.muli %g, %heads_per_group : index
@@ -137,12 +125,7 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
       %last_visible_block = arith.floordivsi %pos, %block_size : index
 
       // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
-      %matrix = arith.divui %lane, %c8 : index
-      %matrix_row = arith.remui %lane, %c8 : index
-      %matrix_lo = arith.remui %matrix, %c2 : index
-      %matrix_hi = arith.divui %matrix, %c2 : index
-      %lo8 = arith.muli %matrix_lo, %c8 : index
-      %hi8 = arith.muli %matrix_hi, %c8 : index
+${ lanes.ldmatrix_lanes() }
       // s: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
       %sd_row = arith.addi %key_base, %hi8 : index
       %score_row = arith.addi %sd_row, %matrix_row : index
@@ -163,15 +146,8 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
           iter_args(%o_iter = %o_init, %mx0 = %minus_inf, %mx1 = %minus_inf, %l0 = %zero, %l1 = %zero)
           -> (!fwk_o_acc, f32, f32, f32, f32) {
         <% include "gpu/nvidia/kv_staging.mlir" %>
-        %has_previous = arith.cmpi uge, %t, %lag : index
-        %previous = arith.select %has_previous, %t, %lag : index
-        %slot = arith.subi %previous, %lag : index
-        %buffer = arith.remui %slot, %stages : index
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %slot] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible_block : index
-        %selected_now = arith.andi %not_negative, %not_future : i1
+${ lanes.previous("%slot") }
+${ lanes.selected_block("%slot", "%selected_now") }
         %compute = arith.andi %selected_now, %has_previous : i1
         %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next = scf.if %compute -> (!fwk_o_acc, f32, f32, f32, f32) {
           %key0 = arith.muli %block, %block_size : index

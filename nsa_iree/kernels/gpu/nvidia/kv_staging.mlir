@@ -7,14 +7,11 @@
 // Uses %t, %stages, %slots, %block_indices, %b, %m, %g, %last_visible_block, %pos, %tid, %lanes, %k_per_lane,
 // %v_per_lane, %k, %v (types !dqk_k_block, !dqk_v_block), %k_swizzle_mask, %v_swizzle_mask,
 // %k_rows, %v_rows and the constants.
+<% import "gpu/nvidia/lanes.mlir" as lanes %>
         %stage_buffer = arith.remui %t, %stages : index
         %t_in_range = arith.cmpi ult, %t, %slots : index
         scf.if %t_in_range {
-          %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-          %block = arith.index_cast %block_i32 : i32 to index
-          %not_negative = arith.cmpi sge, %block, %c0 : index
-          %not_future = arith.cmpi sle, %block, %last_visible_block : index
-          %selected = arith.andi %not_negative, %not_future : i1
+${ lanes.selected_block("%t", "%selected") }
           scf.if %selected {
             %key0 = arith.muli %block, %block_size : index
             %to_pos = arith.subi %pos, %key0 : index
