@@ -59,7 +59,12 @@ ${ dispatch.layout("dkdv_kernel_layout", 5, inputs, outputs) }
 
 <% call dispatch.executable("selection_attention_dkdv_kernel_exe", "selection_attention_dkdv_piece", "dkdv_kernel_layout", ['pieces'], lanes=LANES) %>
 ${ lanes.func_open("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE, DKDV_MIN_WORKGROUPS_PER_SM) }
-${ lanes.index_constants() }
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %c4 = arith.constant 4 : index
+      %c8 = arith.constant 8 : index
+      %c16 = arith.constant 16 : index
       %c0_i32 = arith.constant 0 : i32
       %minus_one = arith.constant -1 : i32
       %zero = arith.constant 0.0 : f32

@@ -67,7 +67,12 @@ ${ dispatch.layout("dq_kernel_layout", 4, inputs, outputs) }
 
 <% call dispatch.executable("selection_attention_dq_kernel_exe", "selection_attention_dq_row", "dq_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
 ${ lanes.func_open("selection_attention_dq_row", LANES, SUBGROUP_SIZE, DQ_MIN_WORKGROUPS_PER_SM) }
-${ lanes.index_constants() }
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %c4 = arith.constant 4 : index
+      %c8 = arith.constant 8 : index
+      %c16 = arith.constant 16 : index
       %zero = arith.constant 0.0 : f32
       %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
       %zero_e = arith.constant 0.0 : ${E}

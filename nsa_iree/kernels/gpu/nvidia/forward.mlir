@@ -54,7 +54,12 @@ ${ dispatch.layout("fwd_kernel_layout", 4, inputs, outputs) }
 
 <% call dispatch.executable("selection_attention_fwd_kernel_exe", "selection_attention_fwd_row", "fwd_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
 ${ lanes.func_open("selection_attention_fwd_row", LANES, SUBGROUP_SIZE, FORWARD_MIN_WORKGROUPS_PER_SM) }
-${ lanes.index_constants() }
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %c4 = arith.constant 4 : index
+      %c8 = arith.constant 8 : index
+      %c16 = arith.constant 16 : index
       %c1_i32 = arith.constant 1 : i32
       %c2_i32 = arith.constant 2 : i32
       %c32_i32 = arith.constant 32 : i32

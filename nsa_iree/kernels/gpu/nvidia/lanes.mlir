@@ -1,4 +1,4 @@
-<# Macros of the nvidia dq, forward and dkdv kernels: their function's opening, index constants, lane ids and
+<# Macros of the nvidia dq, forward and dkdv kernels: their function's opening, lane ids and
    ldmatrix lane addresses, and the selected-block test. #>
 
 <# The kernel function `name`'s opening: the unroll/lowering pipeline, `lanes` x 1 x 1 workgroups of subgroups of
@@ -8,16 +8,6 @@
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
         workgroup_size = [${lanes}, 1, 1] subgroup_size = ${subgroup_size}>,
         nvvm.minctasm = ${min_workgroups} : i32} {
-<% endmacro %>
-
-<# The small index constants %c0, %c1, %c2, %c4, %c8, %c16. #>
-<% macro index_constants() %>
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c2 = arith.constant 2 : index
-      %c4 = arith.constant 4 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
 <% endmacro %>
 
 <# The lane's ids in an mma fragment: %tid, %subgroup, %lane in it, %r = lane / 4, %c = lane % 4, %c2x = 2 c
