@@ -32,38 +32,26 @@
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/nvidia/lanes.mlir" as lanes %>
 <% import "gpu/nvidia/mma.mlir" as mma %>
-<# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/mma.mlir take them). #>
-<% set dqk = {"lhs": "!dqk_lhs_step", "rhs": "!dqk_rhs_step", "acc": "!dqk_scores", "contraction": "#dqk_contraction", "kind": MMA_KIND} %>
+<% import "gpu/nvidia/kv_pipeline.mlir" as kv %>
+<% set dqk = dict(kv.types, kind=MMA_KIND) %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
 <% set outputs = ['dq'] %>
 ${ dispatch.layout("dq_kernel_layout", 4, inputs, outputs) }
 
-!dqk_q = memref<?x?x${H}x${D}x${E}>
-!dqk_k = memref<?x?x${G}x${D}x${E}>
-!dqk_v = memref<?x?x${G}x${DV}x${E}>
-!dqk_k_block = memref<${BS}x${D}x${E}, strided<[${G_D}, 1], offset: ?>>
-!dqk_v_block = memref<${BS}x${DV}x${E}, strided<[${G_DV}, 1], offset: ?>>
+${ kv.kv_types(G_D, G_DV, DQ_STAGES) }
 !dqk_do = memref<?x?x${H}x${DV}x${E}>
-// Workgroup tiles: K and V rows of the current block, K as key pairs per d, and the dq sum.
-// (unpadded rows, 16-byte chunks XOR-swizzled by row: nsa_iree/fragments.py, swizzle_mask)
-!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D}x${E}, #gpu.address_space<workgroup>>
-!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV}x${E}, #gpu.address_space<workgroup>>
+// Workgroup tiles besides the K and V rows: the dq sum and the do tile.
 !dqk_dq_sum = memref<16x${D}xf32, #gpu.address_space<workgroup>>
 !dqk_do_tile = memref<16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
 // Per-lane fragments (one subgroup's share of each product).
 !dqk_lhs = vector<4x2x${E}>
 !dqk_rhs = vector<2x2x${E}>
 !dqk_acc = vector<2x2xf32>
-!dqk_q_frags = vector<1x${D_STEPS}x4x2x${E}>
-!dqk_lhs_step = vector<1x1x4x2x${E}>
-!dqk_rhs_step = vector<1x2x2x2x${E}>
-!dqk_scores = vector<1x2x2x2xf32>
+${ kv.fragment_types(D_STEPS) }
 !dqk_ds_frags = vector<1x1x4x2x${E}>
 !dqk_dq_acc = vector<1x${D_TILES}x2x2xf32>
-
-#dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
 <% call dispatch.executable("selection_attention_dq_kernel_exe", "selection_attention_dq_row", "dq_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
 ${ lanes.func_open("selection_attention_dq_row", LANES, SUBGROUP_SIZE, DQ_MIN_WORKGROUPS_PER_SM) }
@@ -82,21 +70,8 @@ ${ lanes.func_open("selection_attention_dq_row", LANES, SUBGROUP_SIZE, DQ_MIN_WO
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
       %slots = arith.constant ${T} : index
-      %steps = arith.constant ${T_PLUS_DQ_LAG} : index
-      %stages = arith.constant ${DQ_STAGES} : index
-      %lag = arith.constant ${DQ_STAGES_MINUS_1} : index
-      %k_swizzle_mask = arith.constant ${K_SWIZZLE_MASK} : index
-      %v_swizzle_mask = arith.constant ${V_SWIZZLE_MASK} : index
-      %k_swizzle_high = arith.constant ${K_SWIZZLE_HIGH} : index
-      %v_swizzle_high = arith.constant ${V_SWIZZLE_HIGH} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %k_chunks = arith.constant ${D_CHUNKS} : index
-      %v_chunks = arith.constant ${DV_CHUNKS} : index
-      %k_items = arith.constant ${K_STAGE_ITEMS} : index
-      %v_items = arith.constant ${V_STAGE_ITEMS} : index
-      %k_per_lane = arith.constant ${K_STAGE_PER_LANE} : index
-      %v_per_lane = arith.constant ${V_STAGE_PER_LANE} : index
+${ kv.stage_constants(T_PLUS_DQ_LAG, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
+${ kv.copy_constants(LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, K_STAGE_PER_LANE, V_STAGE_PER_LANE) }
       %do_items = arith.constant ${DO_STAGE_ITEMS} : index
       %d_steps = arith.constant ${D_STEPS} : index
       %dv_steps = arith.constant ${DV_STEPS} : index

@@ -20,37 +20,25 @@
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/nvidia/lanes.mlir" as lanes %>
 <% import "gpu/nvidia/mma.mlir" as mma %>
-<# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/mma.mlir take them). #>
-<% set dqk = {"lhs": "!dqk_lhs_step", "rhs": "!dqk_rhs_step", "acc": "!dqk_scores", "contraction": "#dqk_contraction", "kind": MMA_KIND} %>
+<% import "gpu/nvidia/kv_pipeline.mlir" as kv %>
+<% set dqk = dict(kv.types, kind=MMA_KIND) %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices'] %>
 <% set outputs = ['o', 'lse'] %>
 ${ dispatch.layout("fwd_kernel_layout", 4, inputs, outputs) }
 
-!dqk_q = memref<?x?x${H}x${D}x${E}>
-!dqk_k = memref<?x?x${G}x${D}x${E}>
-!dqk_v = memref<?x?x${G}x${DV}x${E}>
-!dqk_k_block = memref<${BS}x${D}x${E}, strided<[${G_D}, 1], offset: ?>>
-!dqk_v_block = memref<${BS}x${DV}x${E}, strided<[${G_DV}, 1], offset: ?>>
+${ kv.kv_types(G_D, G_DV, DQ_STAGES) }
 !fwk_o = memref<?x?x${H}x${DV}x${E}>
 // Workgroup memory: K and V rows of the blocks in flight; after the loop the same bytes hold the
 // subgroups' partial o, max and sum.
-// (unpadded rows, 16-byte chunks XOR-swizzled by row: nsa_iree/fragments.py, swizzle_mask)
-!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D}x${E}, #gpu.address_space<workgroup>>
-!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV}x${E}, #gpu.address_space<workgroup>>
 !fwk_o_parts = memref<${SUBGROUPS}x16x${DV}xf32, #gpu.address_space<workgroup>>
 !fwk_stats = memref<${SUBGROUPS}x16xf32, #gpu.address_space<workgroup>>
 !fwk_smem = memref<${FWD_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // Per-lane fragments.
-!dqk_lhs_step = vector<1x1x4x2x${E}>
-!dqk_rhs_step = vector<1x2x2x2x${E}>
-!dqk_scores = vector<1x2x2x2xf32>
-!dqk_q_frags = vector<1x${D_STEPS}x4x2x${E}>
+${ kv.fragment_types(D_STEPS) }
 !fwk_p_frags = vector<1x1x4x2x${E}>
 !fwk_o_acc = vector<1x${DV_TILES}x2x2xf32>
-
-#dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
 <% call dispatch.executable("selection_attention_fwd_kernel_exe", "selection_attention_fwd_row", "fwd_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
 ${ lanes.func_open("selection_attention_fwd_row", LANES, SUBGROUP_SIZE, FORWARD_MIN_WORKGROUPS_PER_SM) }
@@ -74,26 +62,13 @@ ${ lanes.func_open("selection_attention_fwd_row", LANES, SUBGROUP_SIZE, FORWARD_
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
       %slots = arith.constant ${T} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %k_chunks = arith.constant ${D_CHUNKS} : index
-      %v_chunks = arith.constant ${DV_CHUNKS} : index
-      %k_items = arith.constant ${K_STAGE_ITEMS} : index
-      %v_items = arith.constant ${V_STAGE_ITEMS} : index
-      %k_per_lane = arith.constant ${K_STAGE_PER_LANE} : index
-      %v_per_lane = arith.constant ${V_STAGE_PER_LANE} : index
+${ kv.copy_constants(LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, K_STAGE_PER_LANE, V_STAGE_PER_LANE) }
       %d_steps = arith.constant ${D_STEPS} : index
       %dv_steps = arith.constant ${DV_STEPS} : index
       %subgroups = arith.constant ${SUBGROUPS} : index
       %value_dim = arith.constant ${DV} : index
       %dv_tiles = arith.constant ${DV_TILES} : index
-      %steps = arith.constant ${T_PLUS_DQ_LAG} : index
-      %stages = arith.constant ${DQ_STAGES} : index
-      %lag = arith.constant ${DQ_STAGES_MINUS_1} : index
-      %k_swizzle_mask = arith.constant ${K_SWIZZLE_MASK} : index
-      %v_swizzle_mask = arith.constant ${V_SWIZZLE_MASK} : index
-      %k_swizzle_high = arith.constant ${K_SWIZZLE_HIGH} : index
-      %v_swizzle_high = arith.constant ${V_SWIZZLE_HIGH} : index
+${ kv.stage_constants(T_PLUS_DQ_LAG, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("fwd_kernel_layout", ['batch', 'm_rows', 'n', 'scale']) }
