@@ -259,7 +259,7 @@ ${ mma.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_fra
           // dq += ds k: rhs [d tile][k'][e] = k[key_base + 8 k' + 2 c + e][8 d_tile + r], a transposed read of
           // the row-major K tile (ldmatrix .trans: matrix q is d tile 2 s + q / 2, k' = q mod 2), two d tiles
           // per step.
-${ mma.accumulate_steps("%dq_new", "%d_steps", "%dq_iter", "!dqk_dq_acc", "%ds_frags", "!dqk_ds_frags", "%scores_zero", "%k_rows", "!dqk_k_rows", "%buffer", "%dq_row", "%k_swizzle_high", "%hi8", "%dq_swizzle_k", dqk) }
+${ mma.accumulate_steps("%dq_new", "%d_steps", "%dq_iter", "!dqk_dq_acc", "%ds_frags", "!dqk_ds_frags", none, "%k_rows", "!dqk_k_rows", "%buffer", "%dq_row", "%k_swizzle_high", "%hi8", "%dq_swizzle_k", dqk) }
           scf.yield %dq_new : !dqk_dq_acc
         } else {
           scf.yield %dq_iter : !dqk_dq_acc

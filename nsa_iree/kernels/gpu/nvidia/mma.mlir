@@ -42,7 +42,8 @@ ${ mma("%next", "%lhs", "%rhs", "%acc", t.contraction, t.kind, t.lhs, t.rhs, t.a
 
 <# result = init + lhs (lhs_type) times rows read transposed, two column tiles of the accumulator (acc_type)
    per step over `steps` steps: the rhs of rhs_step (rows, rows_type, buffer, row, high, lane, swizzle,
-   transposed), the tiles 2 s and 2 s + 1 taken through a t.acc pair (from `zero`) and put back. #>
+   transposed), the tiles 2 s and 2 s + 1 taken through a t.acc pair (from `zero`, or none: a zero made in
+   the loop) and put back. #>
 <% macro accumulate_steps(result, steps, init, acc_type, lhs, lhs_type, zero, rows, rows_type, buffer, row, high, lane, swizzle, t) %>
           ${result} = scf.for %s = %c0 to ${steps} step %c1 iter_args(%acc = ${init}) -> (${acc_type}) {
 ${ rhs_step(rows, rows_type, buffer, row, high, lane, swizzle, "true", t.rhs) }
@@ -50,7 +51,10 @@ ${ rhs_step(rows, rows_type, buffer, row, high, lane, swizzle, "true", t.rhs) }
             %s2_1 = arith.addi %s2, %c1 : index
             %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from ${acc_type}
             %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from ${acc_type}
-            %pair1 = vector.insert %acc0, ${zero}[0, 0] : vector<2x2xf32> into ${t.acc}
+<% if zero is none %>
+            %pair0 = arith.constant dense<0.0> : ${t.acc}
+<% endif %>
+            %pair1 = vector.insert %acc0, ${zero or "%pair0"}[0, 0] : vector<2x2xf32> into ${t.acc}
             %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into ${t.acc}
 ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.acc) }
             %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from ${t.acc}
