@@ -20,9 +20,8 @@
 // c = lane % 4, which is element [2 o + tile][e] of the lhs fragment of p^T do and ds^T q.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
-<% import "gpu/nvidia/lanes.mlir" as lanes %>
-<% import "gpu/nvidia/mma.mlir" as mma %>
-<# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/mma.mlir take them). #>
+<% import "gpu/nvidia/kernel.mlir" as nv %>
+<# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/kernel.mlir take them). #>
 <% set dkv = {"lhs": "!dkv_lhs", "rhs": "!dkv_rhs_step", "acc": "!dkv_scores", "contraction": "#dkv_contraction", "kind": MMA_KIND} %>
 
 // Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
@@ -58,7 +57,7 @@ ${ dispatch.layout("dkdv_kernel_layout", 5, inputs, outputs) }
 #dkv_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
 <% call dispatch.executable("selection_attention_dkdv_kernel_exe", "selection_attention_dkdv_piece", "dkdv_kernel_layout", ['pieces'], lanes=LANES) %>
-${ lanes.func_open("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE, DKDV_MIN_WORKGROUPS_PER_SM) }
+${ nv.func_open("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE, DKDV_MIN_WORKGROUPS_PER_SM) }
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c2 = arith.constant 2 : index
@@ -112,7 +111,7 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
         %delta_rows = memref.alloc() : !dkv_stats
         %row_info = memref.alloc() : !dkv_row_info
 
-${ lanes.lane_ids() }
+${ nv.lane_ids() }
         %key_base = arith.muli %subgroup, %c16 : index
 
         // The piece's flat block fb = (b * G + g) * NB + i.
@@ -149,7 +148,7 @@ ${ lanes.lane_ids() }
         gpu.barrier
 
         // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
-${ lanes.ldmatrix_lanes() }
+${ nv.ldmatrix_lanes() }
         %hi_row = arith.addi %hi8, %matrix_row : index
         %lo_row = arith.addi %lo8, %matrix_row : index
         %tile_row = arith.addi %key_base, %hi_row : index
@@ -221,7 +220,7 @@ ${ lanes.ldmatrix_lanes() }
           nvvm.cp.async.wait.group ${DKDV_STAGES_MINUS_1}
           gpu.barrier
 
-${ lanes.previous("%row") }
+${ nv.previous("%row") }
           %row_m_i32 = memref.load %row_info[%row, %c0] : !dkv_row_info
           %row_used = arith.cmpi sge, %row_m_i32, %c0_i32 : i32
           %compute = arith.andi %row_used, %has_previous : i1
@@ -234,8 +233,8 @@ ${ lanes.previous("%row") }
             // s^T and dp^T, one 16-column step at a time (one ldmatrix of q or do rows gives the two rhs
             // fragments: matrix q is head tile q / 2, k' = q mod 2), so one step's fragments are live at once.
             %scores_zero = arith.constant dense<0.0> : !dkv_scores
-${ mma.score_steps("%st", "%d_steps", "%scores_zero", "%k_frags", "!dkv_k_frags", "%q_rows", "!dkv_q_rows", "%buffer", "%hi_row", "%k_swizzle_high", "%lo8", "%hi_swizzle_k", dkv) }
-${ mma.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frags", "%do_rows", "!dkv_do_rows", "%buffer", "%hi_row", "%v_swizzle_high", "%lo8", "%hi_swizzle_v", dkv) }
+${ nv.score_steps("%st", "%d_steps", "%scores_zero", "%k_frags", "!dkv_k_frags", "%q_rows", "!dkv_q_rows", "%buffer", "%hi_row", "%k_swizzle_high", "%lo8", "%hi_swizzle_k", dkv) }
+${ nv.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frags", "%do_rows", "!dkv_do_rows", "%buffer", "%hi_row", "%v_swizzle_high", "%lo8", "%hi_swizzle_v", dkv) }
 
             // p^T and ds^T element by element: [tile][o][e] is key key_base + 8 o + r, head 8 tile + 2 c + e,
             // and goes to element [2 o + tile][e] of the lhs fragments.
@@ -296,8 +295,8 @@ ${ mma.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frag
 
             // dv += p^T do and dk += ds^T q, two column tiles per step: the rhs (heads x columns) is read
             // transposed (ldmatrix .trans: matrix q is column tile 2 s + q / 2, k' = q mod 2).
-${ mma.accumulate_steps("%dv_new", "%dv_steps", "%dv_iter", "!dkv_dv_acc", "%pt", "!dkv_lhs", "%scores_zero", "%do_rows", "!dkv_do_rows", "%buffer", "%lo_row", "%v_swizzle_high", "%hi8", "%lo_swizzle_v", dkv) }
-${ mma.accumulate_steps("%dk_new", "%d_steps", "%dk_iter", "!dkv_dk_acc", "%dst", "!dkv_lhs", "%scores_zero", "%q_rows", "!dkv_q_rows", "%buffer", "%lo_row", "%k_swizzle_high", "%hi8", "%lo_swizzle_k", dkv) }
+${ nv.accumulate_steps("%dv_new", "%dv_steps", "%dv_iter", "!dkv_dv_acc", "%pt", "!dkv_lhs", "%scores_zero", "%do_rows", "!dkv_do_rows", "%buffer", "%lo_row", "%v_swizzle_high", "%hi8", "%lo_swizzle_v", dkv) }
+${ nv.accumulate_steps("%dk_new", "%d_steps", "%dk_iter", "!dkv_dk_acc", "%dst", "!dkv_lhs", "%scores_zero", "%q_rows", "!dkv_q_rows", "%buffer", "%lo_row", "%k_swizzle_high", "%hi8", "%lo_swizzle_k", dkv) }
             scf.yield %dk_new, %dv_new : !dkv_dk_acc, !dkv_dv_acc
           } else {
             scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc

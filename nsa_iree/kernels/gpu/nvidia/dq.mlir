@@ -30,17 +30,15 @@
 // unread key reaches nothing.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
-<% import "gpu/nvidia/lanes.mlir" as lanes %>
-<% import "gpu/nvidia/mma.mlir" as mma %>
-<% import "gpu/nvidia/kv_pipeline.mlir" as kv %>
-<% set dqk = dict(kv.types, kind=MMA_KIND) %>
+<% import "gpu/nvidia/kernel.mlir" as nv %>
+<% set dqk = dict(nv.types, kind=MMA_KIND) %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
 <% set outputs = ['dq'] %>
 ${ dispatch.layout("dq_kernel_layout", 4, inputs, outputs) }
 
-${ kv.kv_types(G_D, G_DV, DQ_STAGES) }
+${ nv.kv_types(G_D, G_DV, DQ_STAGES) }
 !dqk_do = memref<?x?x${H}x${DV}x${E}>
 // Workgroup tiles besides the K and V rows: the dq sum and the do tile.
 !dqk_dq_sum = memref<16x${D}xf32, #gpu.address_space<workgroup>>
@@ -49,12 +47,12 @@ ${ kv.kv_types(G_D, G_DV, DQ_STAGES) }
 !dqk_lhs = vector<4x2x${E}>
 !dqk_rhs = vector<2x2x${E}>
 !dqk_acc = vector<2x2xf32>
-${ kv.fragment_types(D_STEPS) }
+${ nv.fragment_types(D_STEPS) }
 !dqk_ds_frags = vector<1x1x4x2x${E}>
 !dqk_dq_acc = vector<1x${D_TILES}x2x2xf32>
 
 <% call dispatch.executable("selection_attention_dq_kernel_exe", "selection_attention_dq_row", "dq_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-${ lanes.func_open("selection_attention_dq_row", LANES, SUBGROUP_SIZE, DQ_MIN_WORKGROUPS_PER_SM) }
+${ nv.func_open("selection_attention_dq_row", LANES, SUBGROUP_SIZE, DQ_MIN_WORKGROUPS_PER_SM) }
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c2 = arith.constant 2 : index
@@ -70,8 +68,8 @@ ${ lanes.func_open("selection_attention_dq_row", LANES, SUBGROUP_SIZE, DQ_MIN_WO
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
       %slots = arith.constant ${T} : index
-${ kv.stage_constants(T_PLUS_DQ_LAG, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
-${ kv.copy_constants(LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, K_STAGE_PER_LANE, V_STAGE_PER_LANE) }
+${ nv.stage_constants(T_PLUS_DQ_LAG, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
+${ nv.copy_constants(LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, K_STAGE_PER_LANE, V_STAGE_PER_LANE) }
       %do_items = arith.constant ${DO_STAGE_ITEMS} : index
       %d_steps = arith.constant ${D_STEPS} : index
       %dv_steps = arith.constant ${DV_STEPS} : index
@@ -93,7 +91,7 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
       %do_tile = memref.view %smem[%do_offset][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_do_tile
       %dq_sum = memref.view %smem[%c0][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_dq_sum
 
-${ lanes.lane_ids() }
+${ nv.lane_ids() }
       %r8 = arith.addi %r, %c8 : index
       %key_base = arith.muli %subgroup, %c16 : index
       %h0 = arith.muli %g, %heads_per_group : index
@@ -149,13 +147,11 @@ ${ lanes.lane_ids() }
         vector.store %row, %do_tile[%h, %e0] : !dqk_do_tile, vector<8x${E}>
       }
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible_block = arith.floordivsi %pos, %block_size : index
+      // pos(m) = m + N - M: the positions the causal test uses.
+${ nv.positions() }
 
       // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
-${ lanes.ldmatrix_lanes() }
+${ nv.ldmatrix_lanes() }
       // s, dp: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
       %lhs_row = arith.addi %hi8, %matrix_row : index
       %sd_row = arith.addi %key_base, %hi8 : index
@@ -177,8 +173,8 @@ ${ lanes.ldmatrix_lanes() }
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
       %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
         <% include "gpu/nvidia/kv_staging.mlir" %>
-${ lanes.previous("%slot") }
-${ lanes.selected_block("%slot", "%selected_now") }
+${ nv.previous("%slot") }
+${ nv.selected_block("%slot", "%selected_now") }
         %compute = arith.andi %selected_now, %has_previous : i1
         %dq_next = scf.if %compute -> (!dqk_dq_acc) {
           %key0 = arith.muli %block, %block_size : index
@@ -188,7 +184,7 @@ ${ lanes.selected_block("%slot", "%selected_now") }
           // s and dp over this subgroup's 16 keys: per 16-d step one ldmatrix (two rhs fragments: matrix q
           // is key tile q / 2, k' = q mod 2) and two mma, so only one step's fragments are live at a time.
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-${ mma.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
+${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
           %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
             %col0 = arith.muli %s, %c16 : index
             %col = arith.addi %col0, %lo8 : index
@@ -223,13 +219,7 @@ ${ mma.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_fra
               %l = arith.select %is_row_1, %lse_1, %lse_0 : f32
               %dl = arith.select %is_row_1, %delta_1, %delta_0 : f32
               %pair_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_f32_pair) -> (vector<2xf32>) {
-                %tile8 = arith.muli %tile, %c8 : index
-                %j0 = arith.addi %key_base, %tile8 : index
-                %j1 = arith.addi %j0, %c2x : index
-                %j = arith.addi %j1, %e : index
-                %key_visible = arith.cmpi slt, %j, %visible : index
-                %live = arith.andi %key_visible, %head_valid : i1
-                %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
+${ nv.score_element() }
                 %dpv = vector.extract %dp_acc[0, %tile, %i, %e] : f32 from !dqk_scores
                 %scaled = arith.mulf %sv, %scale : f32
                 %shifted = arith.subf %scaled, %l : f32
@@ -259,7 +249,7 @@ ${ mma.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_fra
           // dq += ds k: rhs [d tile][k'][e] = k[key_base + 8 k' + 2 c + e][8 d_tile + r], a transposed read of
           // the row-major K tile (ldmatrix .trans: matrix q is d tile 2 s + q / 2, k' = q mod 2), two d tiles
           // per step.
-${ mma.accumulate_steps("%dq_new", "%d_steps", "%dq_iter", "!dqk_dq_acc", "%ds_frags", "!dqk_ds_frags", none, "%k_rows", "!dqk_k_rows", "%buffer", "%dq_row", "%k_swizzle_high", "%hi8", "%dq_swizzle_k", dqk) }
+${ nv.accumulate_steps("%dq_new", "%d_steps", "%dq_iter", "!dqk_dq_acc", "%ds_frags", "!dqk_ds_frags", none, "%k_rows", "!dqk_k_rows", "%buffer", "%dq_row", "%k_swizzle_high", "%hi8", "%dq_swizzle_k", dqk) }
           scf.yield %dq_new : !dqk_dq_acc
         } else {
           scf.yield %dq_iter : !dqk_dq_acc

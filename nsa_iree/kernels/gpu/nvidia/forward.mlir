@@ -18,17 +18,15 @@
 // Fragments and visibility as in dq_kernel.mlir (${MMA_KIND}, nsa_iree/fragments.py; semantics.md).
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
-<% import "gpu/nvidia/lanes.mlir" as lanes %>
-<% import "gpu/nvidia/mma.mlir" as mma %>
-<% import "gpu/nvidia/kv_pipeline.mlir" as kv %>
-<% set dqk = dict(kv.types, kind=MMA_KIND) %>
+<% import "gpu/nvidia/kernel.mlir" as nv %>
+<% set dqk = dict(nv.types, kind=MMA_KIND) %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices'] %>
 <% set outputs = ['o', 'lse'] %>
 ${ dispatch.layout("fwd_kernel_layout", 4, inputs, outputs) }
 
-${ kv.kv_types(G_D, G_DV, DQ_STAGES) }
+${ nv.kv_types(G_D, G_DV, DQ_STAGES) }
 !fwk_o = memref<?x?x${H}x${DV}x${E}>
 // Workgroup memory: K and V rows of the blocks in flight; after the loop the same bytes hold the
 // subgroups' partial o, max and sum.
@@ -36,12 +34,12 @@ ${ kv.kv_types(G_D, G_DV, DQ_STAGES) }
 !fwk_stats = memref<${SUBGROUPS}x16xf32, #gpu.address_space<workgroup>>
 !fwk_smem = memref<${FWD_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // Per-lane fragments.
-${ kv.fragment_types(D_STEPS) }
+${ nv.fragment_types(D_STEPS) }
 !fwk_p_frags = vector<1x1x4x2x${E}>
 !fwk_o_acc = vector<1x${DV_TILES}x2x2xf32>
 
 <% call dispatch.executable("selection_attention_fwd_kernel_exe", "selection_attention_fwd_row", "fwd_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-${ lanes.func_open("selection_attention_fwd_row", LANES, SUBGROUP_SIZE, FORWARD_MIN_WORKGROUPS_PER_SM) }
+${ nv.func_open("selection_attention_fwd_row", LANES, SUBGROUP_SIZE, FORWARD_MIN_WORKGROUPS_PER_SM) }
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c2 = arith.constant 2 : index
@@ -62,13 +60,13 @@ ${ lanes.func_open("selection_attention_fwd_row", LANES, SUBGROUP_SIZE, FORWARD_
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
       %slots = arith.constant ${T} : index
-${ kv.copy_constants(LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, K_STAGE_PER_LANE, V_STAGE_PER_LANE) }
+${ nv.copy_constants(LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, K_STAGE_PER_LANE, V_STAGE_PER_LANE) }
       %d_steps = arith.constant ${D_STEPS} : index
       %dv_steps = arith.constant ${DV_STEPS} : index
       %subgroups = arith.constant ${SUBGROUPS} : index
       %value_dim = arith.constant ${DV} : index
       %dv_tiles = arith.constant ${DV_TILES} : index
-${ kv.stage_constants(T_PLUS_DQ_LAG, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
+${ nv.stage_constants(T_PLUS_DQ_LAG, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("fwd_kernel_layout", ['batch', 'm_rows', 'n', 'scale']) }
@@ -86,7 +84,7 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
       %max_parts = memref.view %smem[%max_offset][] : !fwk_smem to !fwk_stats
       %sum_parts = memref.view %smem[%sum_offset][] : !fwk_smem to !fwk_stats
 
-${ lanes.lane_ids() }
+${ nv.lane_ids() }
       %r8 = arith.addi %r, %c8 : index
       %key_base = arith.muli %subgroup, %c16 : index
       %h0 = arith.muli %g, %heads_per_group : index
@@ -99,13 +97,11 @@ ${ lanes.lane_ids() }
       // column 16 s + 8 k' + 2 c + e.
       <% include "gpu/nvidia/q_fragments.mlir" %>
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible_block = arith.floordivsi %pos, %block_size : index
+      // pos(m) = m + N - M: the positions the causal test uses.
+${ nv.positions() }
 
       // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
-${ lanes.ldmatrix_lanes() }
+${ nv.ldmatrix_lanes() }
       // s: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
       %sd_row = arith.addi %key_base, %hi8 : index
       %score_row = arith.addi %sd_row, %matrix_row : index
@@ -126,8 +122,8 @@ ${ lanes.ldmatrix_lanes() }
           iter_args(%o_iter = %o_init, %mx0 = %minus_inf, %mx1 = %minus_inf, %l0 = %zero, %l1 = %zero)
           -> (!fwk_o_acc, f32, f32, f32, f32) {
         <% include "gpu/nvidia/kv_staging.mlir" %>
-${ lanes.previous("%slot") }
-${ lanes.selected_block("%slot", "%selected_now") }
+${ nv.previous("%slot") }
+${ nv.selected_block("%slot", "%selected_now") }
         %compute = arith.andi %selected_now, %has_previous : i1
         %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next = scf.if %compute -> (!fwk_o_acc, f32, f32, f32, f32) {
           %key0 = arith.muli %block, %block_size : index
@@ -135,7 +131,7 @@ ${ lanes.selected_block("%slot", "%selected_now") }
           %visible = arith.addi %to_pos, %c1 : index
 
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-${ mma.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
+${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
           // Scores in base-2 units, x = s scale log2(e), -inf where the key is invisible or the head is
           // padding: [tile][i][e] is head 8 i + r, key key_base + 8 tile + 2 c + e.
           %x_init = arith.constant dense<0.0> : !dqk_scores
@@ -144,13 +140,7 @@ ${ mma.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_fra
               %is_row_1 = arith.cmpi eq, %i, %c1 : index
               %head_valid = arith.select %is_row_1, %head_valid_1, %head_valid_0 : i1
               %acc_e = scf.for %e = %c0 to %c2 step %c1 iter_args(%acc3 = %acc2) -> (!dqk_scores) {
-                %tile8 = arith.muli %tile, %c8 : index
-                %j0 = arith.addi %key_base, %tile8 : index
-                %j1 = arith.addi %j0, %c2x : index
-                %j = arith.addi %j1, %e : index
-                %key_visible = arith.cmpi slt, %j, %visible : index
-                %live = arith.andi %key_visible, %head_valid : i1
-                %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
+${ nv.score_element() }
                 %scaled = arith.mulf %sv, %scale_log2 : f32
                 %xv = arith.select %live, %scaled, %minus_inf : f32
                 %next = vector.insert %xv, %acc3[0, %tile, %i, %e] : f32 into !dqk_scores
@@ -254,7 +244,7 @@ ${ mma.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_fra
           %l1_new = arith.addf %l1_ref, %psum_1 : f32
 
           // o += p v with v read transposed (ldmatrix .trans), two e tiles per step.
-${ mma.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags", "!fwk_p_frags", "%scores_zero", "%v_rows", "!dqk_v_rows", "%buffer", "%pv_row", "%v_swizzle_high", "%hi8", "%pv_swizzle_v", dqk) }
+${ nv.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags", "!fwk_p_frags", "%scores_zero", "%v_rows", "!dqk_v_rows", "%buffer", "%pv_row", "%v_swizzle_high", "%hi8", "%pv_swizzle_v", dqk) }
           scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
         } else {
           scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32

@@ -6,11 +6,11 @@
 // for the group of the slot computed in this iteration and synchronises the workgroup.
 // Uses %t, %stages, %slots, %block_indices, %b, %m, %g, %last_visible_block, %pos, %tid, %lanes, %k_per_lane,
 // %v_per_lane, %k, %v (types !dqk_k_block, !dqk_v_block), %k_swizzle_mask, %v_swizzle_mask,
-// %k_rows, %v_rows and the constants, and the including kernel's import of gpu/nvidia/lanes.mlir as lanes.
+// %k_rows, %v_rows and the constants, and the including kernel's import of gpu/nvidia/kernel.mlir as nv.
         %stage_buffer = arith.remui %t, %stages : index
         %t_in_range = arith.cmpi ult, %t, %slots : index
         scf.if %t_in_range {
-${ lanes.selected_block("%t", "%selected") }
+${ nv.selected_block("%t", "%selected") }
           scf.if %selected {
             %key0 = arith.muli %block, %block_size : index
             %to_pos = arith.subi %pos, %key0 : index
