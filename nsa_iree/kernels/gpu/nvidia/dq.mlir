@@ -31,7 +31,6 @@
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/nvidia/kernel.mlir" as nv %>
-<% set dqk = dict(nv.types, kind=MMA_KIND) %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
@@ -48,6 +47,7 @@ ${ nv.kv_types(G_D, G_DV, DQ_STAGES) }
 !dqk_rhs = vector<2x2x${E}>
 !dqk_acc = vector<2x2xf32>
 ${ nv.fragment_types(D_STEPS) }
+<% set dqk = dict(nv.types, kind=MMA_KIND) %>
 !dqk_ds_frags = vector<1x1x4x2x${E}>
 !dqk_dq_acc = vector<1x${D_TILES}x2x2xf32>
 

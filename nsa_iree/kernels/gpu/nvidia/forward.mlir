@@ -19,7 +19,13 @@
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/nvidia/kernel.mlir" as nv %>
-<% set dqk = dict(nv.types, kind=MMA_KIND) %>
+<# result = x reduced with `op` (arith.maximumf, arith.addf) over the 4 lanes (c) that share a head. #>
+<% macro quad_reduce(result, x, op) %>
+          ${result}_s1, ${result}_v1 = gpu.shuffle xor ${x}, %c1_i32, %c32_i32 : f32
+          ${result}_1 = ${op} ${x}, ${result}_s1 : f32
+          ${result}_s2, ${result}_v2 = gpu.shuffle xor ${result}_1, %c2_i32, %c32_i32 : f32
+          ${result} = ${op} ${result}_1, ${result}_s2 : f32
+<% endmacro %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices'] %>
@@ -35,6 +41,7 @@ ${ nv.kv_types(G_D, G_DV, DQ_STAGES) }
 !fwk_smem = memref<${FWD_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // Per-lane fragments.
 ${ nv.fragment_types(D_STEPS) }
+<% set dqk = dict(nv.types, kind=MMA_KIND) %>
 !fwk_p_frags = vector<1x1x4x2x${E}>
 !fwk_o_acc = vector<1x${DV_TILES}x2x2xf32>
 
@@ -159,14 +166,9 @@ ${ nv.score_element() }
           %row1 = arith.maximumf %x01, %x11 : vector<2xf32>
           %lane_max_0 = vector.reduction <maximumf>, %row0 : vector<2xf32> into f32
           %lane_max_1 = vector.reduction <maximumf>, %row1 : vector<2xf32> into f32
-          %sh0a, %v0a = gpu.shuffle xor %lane_max_0, %c1_i32, %c32_i32 : f32
-          %m0a = arith.maximumf %lane_max_0, %sh0a : f32
-          %sh0b, %v0b = gpu.shuffle xor %m0a, %c2_i32, %c32_i32 : f32
-          %block_max_0 = arith.maximumf %m0a, %sh0b : f32
-          %sh1a, %v1a = gpu.shuffle xor %lane_max_1, %c1_i32, %c32_i32 : f32
-          %m1a = arith.maximumf %lane_max_1, %sh1a : f32
-          %sh1b, %v1b = gpu.shuffle xor %m1a, %c2_i32, %c32_i32 : f32
-          %block_max_1 = arith.maximumf %m1a, %sh1b : f32
+<% for h in ["0", "1"] %>
+${ quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h, "arith.maximumf") }
+<% endfor %>
           // The running max moves only when some head of the subgroup exceeds it by more than
           // RESCALE_SLACK (a decision uniform over the subgroup); otherwise p = 2^(x - max) <= 2^RESCALE_SLACK
           // against the stale max, and o, max and sum stay as they are. The result is the same softmax (o and
@@ -255,14 +257,9 @@ ${ nv.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags"
       }
 
       // Each subgroup's partial o, max and sum (sums over the 4 lanes of a head) into workgroup memory.
-      %sa0, %va0 = gpu.shuffle xor %sum_0, %c1_i32, %c32_i32 : f32
-      %sb0 = arith.addf %sum_0, %sa0 : f32
-      %sc0, %vc0 = gpu.shuffle xor %sb0, %c2_i32, %c32_i32 : f32
-      %row_sum_0 = arith.addf %sb0, %sc0 : f32
-      %sa1, %va1 = gpu.shuffle xor %sum_1, %c1_i32, %c32_i32 : f32
-      %sb1 = arith.addf %sum_1, %sa1 : f32
-      %sc1, %vc1 = gpu.shuffle xor %sb1, %c2_i32, %c32_i32 : f32
-      %row_sum_1 = arith.addf %sb1, %sc1 : f32
+<% for h in ["0", "1"] %>
+${ quad_reduce("%row_sum_" ~ h, "%sum_" ~ h, "arith.addf") }
+<% endfor %>
       %first_of_head = arith.cmpi eq, %c, %c0 : index
       // The maxes back in natural units (the combine's).
       %max_nat_0 = arith.mulf %max_0, %ln2 : f32
