@@ -20,6 +20,9 @@
 // c = lane % 4, which is element [2 o + tile][e] of the lhs fragment of p^T do and ds^T q.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/kernel.mlir" as nv %>
+<# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/kernel.mlir take them). #>
+<% set dkv = {"lhs": "!dkv_lhs", "rhs": "!dkv_rhs_step", "acc": "!dkv_scores", "contraction": "#dkv_contraction", "kind": MMA_KIND} %>
 
 // Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do', 'entries'] %>
@@ -54,10 +57,7 @@ ${ dispatch.layout("dkdv_kernel_layout", 5, inputs, outputs) }
 #dkv_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
 <% call dispatch.executable("selection_attention_dkdv_kernel_exe", "selection_attention_dkdv_piece", "dkdv_kernel_layout", ['pieces'], lanes=LANES) %>
-    func.func @selection_attention_dkdv_piece() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>,
-        nvvm.minctasm = ${DKDV_MIN_WORKGROUPS_PER_SM} : i32} {
+${ nv.func_open("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE, DKDV_MIN_WORKGROUPS_PER_SM) }
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c2 = arith.constant 2 : index
@@ -111,12 +111,7 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
         %delta_rows = memref.alloc() : !dkv_stats
         %row_info = memref.alloc() : !dkv_row_info
 
-        %tid = gpu.thread_id x
-        %subgroup = arith.divui %tid, %subgroup_size : index
-        %lane = arith.remui %tid, %subgroup_size : index
-        %r = arith.divui %lane, %c4 : index
-        %c = arith.remui %lane, %c4 : index
-        %c2x = arith.muli %c, %c2 : index
+${ nv.lane_ids() }
         %key_base = arith.muli %subgroup, %c16 : index
 
         // The piece's flat block fb = (b * G + g) * NB + i.
@@ -136,37 +131,24 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
 
         // The block's K and V rows (keys past N zero-filled, never read).
         %in_range = arith.subi %n, %key0 : index
-        scf.for %item = %tid to %k_items step %lanes {
-          %chunk = arith.remui %item, %k_chunks : index
-          %j = arith.divui %item, %k_chunks : index
-          %d0 = arith.muli %chunk, %c8 : index
+        <% for x, col in [("k", "%d0"), ("v", "%e0")] %>
+        scf.for %item = %tid to %${x}_items step %lanes {
+          %chunk = arith.remui %item, %${x}_chunks : index
+          %j = arith.divui %item, %${x}_chunks : index
+          ${col} = arith.muli %chunk, %c8 : index
           %exists = arith.cmpi slt, %j, %in_range : index
           %count = arith.select %exists, %c8, %c0 : index
           %key_j = arith.addi %key0, %j : index
           %key = arith.select %exists, %key_j, %key0 : index
-          %copy = nvgpu.device_async_copy %k[%b, %key, %g, %d0], %k_tile[%j, %d0], 8, %count ${ASYNC_COPY_HINT} : !dkv_k to !dkv_k_tile
+          %copy = nvgpu.device_async_copy %${x}[%b, %key, %g, ${col}], %${x}_tile[%j, ${col}], 8, %count ${ASYNC_COPY_HINT} : !dkv_${x} to !dkv_${x}_tile
         }
-        scf.for %item = %tid to %v_items step %lanes {
-          %chunk = arith.remui %item, %v_chunks : index
-          %j = arith.divui %item, %v_chunks : index
-          %e0 = arith.muli %chunk, %c8 : index
-          %exists = arith.cmpi slt, %j, %in_range : index
-          %count = arith.select %exists, %c8, %c0 : index
-          %key_j = arith.addi %key0, %j : index
-          %key = arith.select %exists, %key_j, %key0 : index
-          %copy = nvgpu.device_async_copy %v[%b, %key, %g, %e0], %v_tile[%j, %e0], 8, %count ${ASYNC_COPY_HINT} : !dkv_v to !dkv_v_tile
-        }
+        <% endfor %>
         nvvm.cp.async.commit.group
         nvvm.cp.async.wait.group 0
         gpu.barrier
 
         // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
-        %matrix = arith.divui %lane, %c8 : index
-        %matrix_row = arith.remui %lane, %c8 : index
-        %matrix_lo = arith.remui %matrix, %c2 : index
-        %matrix_hi = arith.divui %matrix, %c2 : index
-        %lo8 = arith.muli %matrix_lo, %c8 : index
-        %hi8 = arith.muli %matrix_hi, %c8 : index
+${ nv.ldmatrix_lanes() }
         %hi_row = arith.addi %hi8, %matrix_row : index
         %lo_row = arith.addi %lo8, %matrix_row : index
         %tile_row = arith.addi %key_base, %hi_row : index
@@ -182,22 +164,16 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
 
         // This subgroup's 16 keys of K and V as lhs fragments, read once: matrix q = (rows 8 (q / 2),
         // columns 8 (q mod 2)) is fragment element [q].
-        %kf_init = arith.constant dense<0.0> : !dkv_k_frags
-        %k_frags = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %kf_init) -> (!dkv_k_frags) {
+        <% for x, steps in [("k", "%d_steps"), ("v", "%dv_steps")] %>
+        %${x}f_init = arith.constant dense<0.0> : !dkv_${x}_frags
+        %${x}_frags = scf.for %s = %c0 to ${steps} step %c1 iter_args(%acc = %${x}f_init) -> (!dkv_${x}_frags) {
           %col0 = arith.muli %s, %c16 : index
           %col = arith.addi %col0, %lo8 : index
-          %x = nvgpu.ldmatrix %k_tile[%tile_row, %col] numTiles = 4 transpose = false : !dkv_k_tile -> vector<4x2x${E}>
-          %next = vector.insert %x, %acc[0, %s] : vector<4x2x${E}> into !dkv_k_frags
-          scf.yield %next : !dkv_k_frags
+          %x = nvgpu.ldmatrix %${x}_tile[%tile_row, %col] numTiles = 4 transpose = false : !dkv_${x}_tile -> vector<4x2x${E}>
+          %next = vector.insert %x, %acc[0, %s] : vector<4x2x${E}> into !dkv_${x}_frags
+          scf.yield %next : !dkv_${x}_frags
         } {unroll_loop}
-        %vf_init = arith.constant dense<0.0> : !dkv_v_frags
-        %v_frags = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %vf_init) -> (!dkv_v_frags) {
-          %col0 = arith.muli %s, %c16 : index
-          %col = arith.addi %col0, %lo8 : index
-          %x = nvgpu.ldmatrix %v_tile[%tile_row, %col] numTiles = 4 transpose = false : !dkv_v_tile -> vector<4x2x${E}>
-          %next = vector.insert %x, %acc[0, %s] : vector<4x2x${E}> into !dkv_v_frags
-          scf.yield %next : !dkv_v_frags
-        } {unroll_loop}
+        <% endfor %>
 
         // Iteration t stages piece row t into buffer t mod 2 (empty group for a padding row or t = R) and
         // computes row t - 1 from the other buffer meanwhile.
@@ -214,34 +190,23 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
           scf.if %stage {
             %m = arith.index_castui %stage_m_i32 : i32 to index
             // Heads h < HPG of the row; the padding heads' rows are zero-filled.
-            scf.for %item = %tid to %q_items step %lanes {
-              %chunk = arith.remui %item, %k_chunks : index
-              %h = arith.divui %item, %k_chunks : index
-              %d0 = arith.muli %chunk, %c8 : index
+            <# q (columns d0, with K's chunk count and swizzle) then do (columns e0, with V's). #>
+            <% for x, kv, col in [("q", "k", "%d0"), ("do", "v", "%e0")] %>
+            scf.for %item = %tid to %${x}_items step %lanes {
+              %chunk = arith.remui %item, %${kv}_chunks : index
+              %h = arith.divui %item, %${kv}_chunks : index
+              ${col} = arith.muli %chunk, %c8 : index
               %real = arith.cmpi ult, %h, %heads_per_group : index
               %count = arith.select %real, %c8, %c0 : index
               %head_h = arith.addi %h0, %h : index
               %head = arith.select %real, %head_h, %h0 : index
-              %h_bits = arith.andi %h, %k_swizzle_mask : index
+              %h_bits = arith.andi %h, %${kv}_swizzle_mask : index
               %swizzle = arith.muli %h_bits, %c8 : index
-              %d0_stored = arith.xori %d0, %swizzle : index
-              %copy = nvgpu.device_async_copy %q[%b, %m, %head, %d0], %q_rows[%stage_buffer, %h, %d0_stored], 8, %count ${ASYNC_COPY_HINT}
-                  : !dkv_q to !dkv_q_rows
+              ${col}_stored = arith.xori ${col}, %swizzle : index
+              %copy = nvgpu.device_async_copy %${x}[%b, %m, %head, ${col}], %${x}_rows[%stage_buffer, %h, ${col}_stored], 8, %count ${ASYNC_COPY_HINT}
+                  : !dkv_${x} to !dkv_${x}_rows
             }
-            scf.for %item = %tid to %do_items step %lanes {
-              %chunk = arith.remui %item, %v_chunks : index
-              %h = arith.divui %item, %v_chunks : index
-              %e0 = arith.muli %chunk, %c8 : index
-              %real = arith.cmpi ult, %h, %heads_per_group : index
-              %count = arith.select %real, %c8, %c0 : index
-              %head_h = arith.addi %h0, %h : index
-              %head = arith.select %real, %head_h, %h0 : index
-              %h_bits = arith.andi %h, %v_swizzle_mask : index
-              %swizzle = arith.muli %h_bits, %c8 : index
-              %e0_stored = arith.xori %e0, %swizzle : index
-              %copy = nvgpu.device_async_copy %do[%b, %m, %head, %e0], %do_rows[%stage_buffer, %h, %e0_stored], 8, %count ${ASYNC_COPY_HINT}
-                  : !dkv_do to !dkv_do_rows
-            }
+            <% endfor %>
             %is_lse_lane = arith.cmpi ult, %tid, %heads_per_group : index
             scf.if %is_lse_lane {
               %head = arith.addi %h0, %tid : index
@@ -255,10 +220,7 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
           nvvm.cp.async.wait.group ${DKDV_STAGES_MINUS_1}
           gpu.barrier
 
-          %has_previous = arith.cmpi uge, %t, %lag : index
-          %previous = arith.select %has_previous, %t, %lag : index
-          %row = arith.subi %previous, %lag : index
-          %buffer = arith.remui %row, %stages : index
+${ nv.previous("%row") }
           %row_m_i32 = memref.load %row_info[%row, %c0] : !dkv_row_info
           %row_used = arith.cmpi sge, %row_m_i32, %c0_i32 : i32
           %compute = arith.andi %row_used, %has_previous : i1
@@ -271,46 +233,8 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
             // s^T and dp^T, one 16-column step at a time (one ldmatrix of q or do rows gives the two rhs
             // fragments: matrix q is head tile q / 2, k' = q mod 2), so one step's fragments are live at once.
             %scores_zero = arith.constant dense<0.0> : !dkv_scores
-            %st = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
-              %col0 = arith.muli %s, %c16 : index
-              %col_high = arith.andi %col0, %k_swizzle_high : index
-              %col_low = arith.subi %col0, %col_high : index
-              %col_lane = arith.addi %col_low, %lo8 : index
-              %col_swizzled = arith.xori %col_lane, %hi_swizzle_k : index
-              %col = arith.addi %col_high, %col_swizzled : index
-              %x = nvgpu.ldmatrix %q_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
-                  : !dkv_q_rows -> vector<4x2x${E}>
-              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
-              %lhs0 = vector.extract %k_frags[0, %s] : vector<4x2x${E}> from !dkv_k_frags
-              %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dkv_lhs
-              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
-              scf.yield %next : !dkv_scores
-            } {unroll_loop}
-            %dpt = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dkv_scores) {
-              %col0 = arith.muli %s, %c16 : index
-              %col_high = arith.andi %col0, %v_swizzle_high : index
-              %col_low = arith.subi %col0, %col_high : index
-              %col_lane = arith.addi %col_low, %lo8 : index
-              %col_swizzled = arith.xori %col_lane, %hi_swizzle_v : index
-              %col = arith.addi %col_high, %col_swizzled : index
-              %x = nvgpu.ldmatrix %do_rows[%buffer, %hi_row, %col] numTiles = 4 transpose = false
-                  : !dkv_do_rows -> vector<4x2x${E}>
-              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
-              %lhs0 = vector.extract %v_frags[0, %s] : vector<4x2x${E}> from !dkv_v_frags
-              %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dkv_lhs
-              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
-              scf.yield %next : !dkv_scores
-            } {unroll_loop}
+${ nv.score_steps("%st", "%d_steps", "%scores_zero", "%k_frags", "!dkv_k_frags", "%q_rows", "!dkv_q_rows", "%buffer", "%hi_row", "%k_swizzle_high", "%lo8", "%hi_swizzle_k", dkv) }
+${ nv.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frags", "%do_rows", "!dkv_do_rows", "%buffer", "%hi_row", "%v_swizzle_high", "%lo8", "%hi_swizzle_v", dkv) }
 
             // p^T and ds^T element by element: [tile][o][e] is key key_base + 8 o + r, head 8 tile + 2 c + e,
             // and goes to element [2 o + tile][e] of the lhs fragments.
@@ -371,62 +295,8 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
 
             // dv += p^T do and dk += ds^T q, two column tiles per step: the rhs (heads x columns) is read
             // transposed (ldmatrix .trans: matrix q is column tile 2 s + q / 2, k' = q mod 2).
-            %dv_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %dv_iter) -> (!dkv_dv_acc) {
-              %col0 = arith.muli %s, %c16 : index
-              %col_high = arith.andi %col0, %v_swizzle_high : index
-              %col_low = arith.subi %col0, %col_high : index
-              %col_lane = arith.addi %col_low, %hi8 : index
-              %col_swizzled = arith.xori %col_lane, %lo_swizzle_v : index
-              %col = arith.addi %col_high, %col_swizzled : index
-              %x = nvgpu.ldmatrix %do_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
-                  : !dkv_do_rows -> vector<4x2x${E}>
-              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
-              %s2 = arith.muli %s, %c2 : index
-              %s2_1 = arith.addi %s2, %c1 : index
-              %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dkv_dv_acc
-              %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dkv_dv_acc
-              %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dkv_scores
-              %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dkv_scores
-              %out = iree_codegen.inner_tiled ins(%pt, %rhs) outs(%pair) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
-              %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dkv_scores
-              %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dkv_scores
-              %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dkv_dv_acc
-              %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dkv_dv_acc
-              scf.yield %next : !dkv_dv_acc
-            } {unroll_loop}
-            %dk_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dk_iter) -> (!dkv_dk_acc) {
-              %col0 = arith.muli %s, %c16 : index
-              %col_high = arith.andi %col0, %k_swizzle_high : index
-              %col_low = arith.subi %col0, %col_high : index
-              %col_lane = arith.addi %col_low, %hi8 : index
-              %col_swizzled = arith.xori %col_lane, %lo_swizzle_k : index
-              %col = arith.addi %col_high, %col_swizzled : index
-              %x = nvgpu.ldmatrix %q_rows[%buffer, %lo_row, %col] numTiles = 4 transpose = true
-                  : !dkv_q_rows -> vector<4x2x${E}>
-              %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dkv_rhs_step
-              %s2 = arith.muli %s, %c2 : index
-              %s2_1 = arith.addi %s2, %c1 : index
-              %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dkv_dk_acc
-              %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dkv_dk_acc
-              %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dkv_scores
-              %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dkv_scores
-              %out = iree_codegen.inner_tiled ins(%dst, %rhs) outs(%pair) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs_step into !dkv_scores
-              %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dkv_scores
-              %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dkv_scores
-              %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dkv_dk_acc
-              %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dkv_dk_acc
-              scf.yield %next : !dkv_dk_acc
-            } {unroll_loop}
+${ nv.accumulate_steps("%dv_new", "%dv_steps", "%dv_iter", "!dkv_dv_acc", "%pt", "!dkv_lhs", "%scores_zero", "%do_rows", "!dkv_do_rows", "%buffer", "%lo_row", "%v_swizzle_high", "%hi8", "%lo_swizzle_v", dkv) }
+${ nv.accumulate_steps("%dk_new", "%d_steps", "%dk_iter", "!dkv_dk_acc", "%dst", "!dkv_lhs", "%scores_zero", "%q_rows", "!dkv_q_rows", "%buffer", "%lo_row", "%k_swizzle_high", "%hi8", "%lo_swizzle_k", dkv) }
             scf.yield %dk_new, %dv_new : !dkv_dk_acc, !dkv_dv_acc
           } else {
             scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc
@@ -438,28 +308,19 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
 
         // The piece's partials: accumulator element [0][tile][o][e] is key key_base + 8 o + r, column
         // 8 tile + 2 c + e.
-        scf.for %tile = %c0 to %d_tiles step %c1 {
+        <% for x, tiles, col in [("dk", "%d_tiles", "%d"), ("dv", "%dv_tiles", "%e")] %>
+        scf.for %tile = %c0 to ${tiles} step %c1 {
           scf.for %o = %c0 to %c2 step %c1 {
             %o8 = arith.muli %o, %c8 : index
             %j0 = arith.addi %key_base, %o8 : index
             %j = arith.addi %j0, %r : index
             %tile8 = arith.muli %tile, %c8 : index
-            %d = arith.addi %tile8, %c2x : index
-            %x = vector.extract %dk_acc[0, %tile, %o] : vector<2xf32> from !dkv_dk_acc
-            vector.store %x, %dk_pieces[%piece, %j, %d] : !dkv_dk_pieces, vector<2xf32>
+            ${col} = arith.addi %tile8, %c2x : index
+            %x = vector.extract %${x}_acc[0, %tile, %o] : vector<2xf32> from !dkv_${x}_acc
+            vector.store %x, %${x}_pieces[%piece, %j, ${col}] : !dkv_${x}_pieces, vector<2xf32>
           } {unroll_loop}
         } {unroll_loop}
-        scf.for %tile = %c0 to %dv_tiles step %c1 {
-          scf.for %o = %c0 to %c2 step %c1 {
-            %o8 = arith.muli %o, %c8 : index
-            %j0 = arith.addi %key_base, %o8 : index
-            %j = arith.addi %j0, %r : index
-            %tile8 = arith.muli %tile, %c8 : index
-            %e = arith.addi %tile8, %c2x : index
-            %x = vector.extract %dv_acc[0, %tile, %o] : vector<2xf32> from !dkv_dv_acc
-            vector.store %x, %dv_pieces[%piece, %j, %e] : !dkv_dv_pieces, vector<2xf32>
-          } {unroll_loop}
-        } {unroll_loop}
+        <% endfor %>
       }
       return
     }

@@ -30,42 +30,29 @@
 // unread key reaches nothing.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/kernel.mlir" as nv %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
 <% set outputs = ['dq'] %>
 ${ dispatch.layout("dq_kernel_layout", 4, inputs, outputs) }
 
-!dqk_q = memref<?x?x${H}x${D}x${E}>
-!dqk_k = memref<?x?x${G}x${D}x${E}>
-!dqk_v = memref<?x?x${G}x${DV}x${E}>
-!dqk_k_block = memref<${BS}x${D}x${E}, strided<[${G_D}, 1], offset: ?>>
-!dqk_v_block = memref<${BS}x${DV}x${E}, strided<[${G_DV}, 1], offset: ?>>
+${ nv.kv_types(G_D, G_DV, DQ_STAGES) }
 !dqk_do = memref<?x?x${H}x${DV}x${E}>
-// Workgroup tiles: K and V rows of the current block, K as key pairs per d, and the dq sum.
-// (unpadded rows, 16-byte chunks XOR-swizzled by row: nsa_iree/fragments.py, swizzle_mask)
-!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D}x${E}, #gpu.address_space<workgroup>>
-!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV}x${E}, #gpu.address_space<workgroup>>
+// Workgroup tiles besides the K and V rows: the dq sum and the do tile.
 !dqk_dq_sum = memref<16x${D}xf32, #gpu.address_space<workgroup>>
 !dqk_do_tile = memref<16x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
 // Per-lane fragments (one subgroup's share of each product).
 !dqk_lhs = vector<4x2x${E}>
 !dqk_rhs = vector<2x2x${E}>
 !dqk_acc = vector<2x2xf32>
-!dqk_q_frags = vector<1x${D_STEPS}x4x2x${E}>
-!dqk_lhs_step = vector<1x1x4x2x${E}>
-!dqk_rhs_step = vector<1x2x2x2x${E}>
-!dqk_scores = vector<1x2x2x2xf32>
+${ nv.fragment_types(D_STEPS) }
+<% set dqk = dict(nv.types, kind=MMA_KIND) %>
 !dqk_ds_frags = vector<1x1x4x2x${E}>
 !dqk_dq_acc = vector<1x${D_TILES}x2x2xf32>
 
-#dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
-
 <% call dispatch.executable("selection_attention_dq_kernel_exe", "selection_attention_dq_row", "dq_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-    func.func @selection_attention_dq_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>,
-        nvvm.minctasm = ${DQ_MIN_WORKGROUPS_PER_SM} : i32} {
+${ nv.func_open("selection_attention_dq_row", LANES, SUBGROUP_SIZE, DQ_MIN_WORKGROUPS_PER_SM) }
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c2 = arith.constant 2 : index
@@ -81,21 +68,8 @@ ${ dispatch.layout("dq_kernel_layout", 4, inputs, outputs) }
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
       %slots = arith.constant ${T} : index
-      %steps = arith.constant ${T_PLUS_DQ_LAG} : index
-      %stages = arith.constant ${DQ_STAGES} : index
-      %lag = arith.constant ${DQ_STAGES_MINUS_1} : index
-      %k_swizzle_mask = arith.constant ${K_SWIZZLE_MASK} : index
-      %v_swizzle_mask = arith.constant ${V_SWIZZLE_MASK} : index
-      %k_swizzle_high = arith.constant ${K_SWIZZLE_HIGH} : index
-      %v_swizzle_high = arith.constant ${V_SWIZZLE_HIGH} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %k_chunks = arith.constant ${D_CHUNKS} : index
-      %v_chunks = arith.constant ${DV_CHUNKS} : index
-      %k_items = arith.constant ${K_STAGE_ITEMS} : index
-      %v_items = arith.constant ${V_STAGE_ITEMS} : index
-      %k_per_lane = arith.constant ${K_STAGE_PER_LANE} : index
-      %v_per_lane = arith.constant ${V_STAGE_PER_LANE} : index
+${ nv.stage_constants(T_PLUS_DQ_LAG, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
+${ nv.copy_constants(LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, K_STAGE_PER_LANE, V_STAGE_PER_LANE) }
       %do_items = arith.constant ${DO_STAGE_ITEMS} : index
       %d_steps = arith.constant ${D_STEPS} : index
       %dv_steps = arith.constant ${DV_STEPS} : index
@@ -117,12 +91,7 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
       %do_tile = memref.view %smem[%do_offset][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_do_tile
       %dq_sum = memref.view %smem[%c0][] : memref<${DQ_SMEM_BYTES}xi8, #gpu.address_space<workgroup>> to !dqk_dq_sum
 
-      %tid = gpu.thread_id x
-      %subgroup = arith.divui %tid, %subgroup_size : index
-      %lane = arith.remui %tid, %subgroup_size : index
-      %r = arith.divui %lane, %c4 : index
-      %c = arith.remui %lane, %c4 : index
-      %c2x = arith.muli %c, %c2 : index
+${ nv.lane_ids() }
       %r8 = arith.addi %r, %c8 : index
       %key_base = arith.muli %subgroup, %c16 : index
       %h0 = arith.muli %g, %heads_per_group : index
@@ -178,18 +147,11 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
         vector.store %row, %do_tile[%h, %e0] : !dqk_do_tile, vector<8x${E}>
       }
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible_block = arith.floordivsi %pos, %block_size : index
+      // pos(m) = m + N - M: the positions the causal test uses.
+${ nv.positions() }
 
       // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
-      %matrix = arith.divui %lane, %c8 : index
-      %matrix_row = arith.remui %lane, %c8 : index
-      %matrix_lo = arith.remui %matrix, %c2 : index
-      %matrix_hi = arith.divui %matrix, %c2 : index
-      %lo8 = arith.muli %matrix_lo, %c8 : index
-      %hi8 = arith.muli %matrix_hi, %c8 : index
+${ nv.ldmatrix_lanes() }
       // s, dp: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
       %lhs_row = arith.addi %hi8, %matrix_row : index
       %sd_row = arith.addi %key_base, %hi8 : index
@@ -211,15 +173,8 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
       %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
         <% include "gpu/nvidia/kv_staging.mlir" %>
-        %has_previous = arith.cmpi uge, %t, %lag : index
-        %previous = arith.select %has_previous, %t, %lag : index
-        %slot = arith.subi %previous, %lag : index
-        %buffer = arith.remui %slot, %stages : index
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %slot] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible_block : index
-        %selected_now = arith.andi %not_negative, %not_future : i1
+${ nv.previous("%slot") }
+${ nv.selected_block("%slot", "%selected_now") }
         %compute = arith.andi %selected_now, %has_previous : i1
         %dq_next = scf.if %compute -> (!dqk_dq_acc) {
           %key0 = arith.muli %block, %block_size : index
@@ -229,7 +184,7 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
           // s and dp over this subgroup's 16 keys: per 16-d step one ldmatrix (two rhs fragments: matrix q
           // is key tile q / 2, k' = q mod 2) and two mma, so only one step's fragments are live at a time.
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-          <% include "gpu/nvidia/scores.mlir" %>
+${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
           %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
             %col0 = arith.muli %s, %c16 : index
             %col = arith.addi %col0, %lo8 : index
@@ -264,13 +219,7 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
               %l = arith.select %is_row_1, %lse_1, %lse_0 : f32
               %dl = arith.select %is_row_1, %delta_1, %delta_0 : f32
               %pair_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_f32_pair) -> (vector<2xf32>) {
-                %tile8 = arith.muli %tile, %c8 : index
-                %j0 = arith.addi %key_base, %tile8 : index
-                %j1 = arith.addi %j0, %c2x : index
-                %j = arith.addi %j1, %e : index
-                %key_visible = arith.cmpi slt, %j, %visible : index
-                %live = arith.andi %key_visible, %head_valid : i1
-                %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
+${ nv.score_element() }
                 %dpv = vector.extract %dp_acc[0, %tile, %i, %e] : f32 from !dqk_scores
                 %scaled = arith.mulf %sv, %scale : f32
                 %shifted = arith.subf %scaled, %l : f32
@@ -300,37 +249,7 @@ ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
           // dq += ds k: rhs [d tile][k'][e] = k[key_base + 8 k' + 2 c + e][8 d_tile + r], a transposed read of
           // the row-major K tile (ldmatrix .trans: matrix q is d tile 2 s + q / 2, k' = q mod 2), two d tiles
           // per step.
-          %dq_new = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %dq_iter) -> (!dqk_dq_acc) {
-            %col0 = arith.muli %s, %c16 : index
-            // col0 + lane column with its chunk XOR-swizzled inside its group (kept additive in s, so
-            // the unrolled steps share (mask + 1) / 2 lane addresses plus immediates)
-            %col_high = arith.andi %col0, %k_swizzle_high : index
-            %col_low = arith.subi %col0, %col_high : index
-            %col_lane = arith.addi %col_low, %hi8 : index
-            %col_swizzled = arith.xori %col_lane, %dq_swizzle_k : index
-            %col = arith.addi %col_high, %col_swizzled : index
-            %x = nvgpu.ldmatrix %k_rows[%buffer, %dq_row, %col] numTiles = 4 transpose = true
-                : !dqk_k_rows -> vector<4x2x${E}>
-            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
-            %s2 = arith.muli %s, %c2 : index
-            %s2_1 = arith.addi %s2, %c1 : index
-            %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !dqk_dq_acc
-            %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !dqk_dq_acc
-            %pair0 = arith.constant dense<0.0> : !dqk_scores
-            %pair1 = vector.insert %acc0, %pair0[0, 0] : vector<2x2xf32> into !dqk_scores
-            %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dqk_scores
-            %out = iree_codegen.inner_tiled ins(%ds_frags, %rhs) outs(%pair) <
-              indexing_maps = #dqk_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dqk_ds_frags, !dqk_rhs_step into !dqk_scores
-            %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dqk_scores
-            %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dqk_scores
-            %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !dqk_dq_acc
-            %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !dqk_dq_acc
-            scf.yield %next : !dqk_dq_acc
-          } {unroll_loop}
+${ nv.accumulate_steps("%dq_new", "%d_steps", "%dq_iter", "!dqk_dq_acc", "%ds_frags", "!dqk_ds_frags", none, "%k_rows", "!dqk_k_rows", "%buffer", "%dq_row", "%k_swizzle_high", "%hi8", "%dq_swizzle_k", dqk) }
           scf.yield %dq_new : !dqk_dq_acc
         } else {
           scf.yield %dq_iter : !dqk_dq_acc

@@ -18,41 +18,35 @@
 // Fragments and visibility as in dq_kernel.mlir (${MMA_KIND}, nsa_iree/fragments.py; semantics.md).
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/kernel.mlir" as nv %>
+<# result = x reduced with `op` (arith.maximumf, arith.addf) over the 4 lanes (c) that share a head. #>
+<% macro quad_reduce(result, x, op) %>
+          ${result}_s1, ${result}_v1 = gpu.shuffle xor ${x}, %c1_i32, %c32_i32 : f32
+          ${result}_1 = ${op} ${x}, ${result}_s1 : f32
+          ${result}_s2, ${result}_v2 = gpu.shuffle xor ${result}_1, %c2_i32, %c32_i32 : f32
+          ${result} = ${op} ${result}_1, ${result}_s2 : f32
+<% endmacro %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices'] %>
 <% set outputs = ['o', 'lse'] %>
 ${ dispatch.layout("fwd_kernel_layout", 4, inputs, outputs) }
 
-!dqk_q = memref<?x?x${H}x${D}x${E}>
-!dqk_k = memref<?x?x${G}x${D}x${E}>
-!dqk_v = memref<?x?x${G}x${DV}x${E}>
-!dqk_k_block = memref<${BS}x${D}x${E}, strided<[${G_D}, 1], offset: ?>>
-!dqk_v_block = memref<${BS}x${DV}x${E}, strided<[${G_DV}, 1], offset: ?>>
+${ nv.kv_types(G_D, G_DV, DQ_STAGES) }
 !fwk_o = memref<?x?x${H}x${DV}x${E}>
 // Workgroup memory: K and V rows of the blocks in flight; after the loop the same bytes hold the
 // subgroups' partial o, max and sum.
-// (unpadded rows, 16-byte chunks XOR-swizzled by row: nsa_iree/fragments.py, swizzle_mask)
-!dqk_k_rows = memref<${DQ_STAGES}x${BS}x${D}x${E}, #gpu.address_space<workgroup>>
-!dqk_v_rows = memref<${DQ_STAGES}x${BS}x${DV}x${E}, #gpu.address_space<workgroup>>
 !fwk_o_parts = memref<${SUBGROUPS}x16x${DV}xf32, #gpu.address_space<workgroup>>
 !fwk_stats = memref<${SUBGROUPS}x16xf32, #gpu.address_space<workgroup>>
 !fwk_smem = memref<${FWD_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // Per-lane fragments.
-!dqk_lhs_step = vector<1x1x4x2x${E}>
-!dqk_rhs_step = vector<1x2x2x2x${E}>
-!dqk_scores = vector<1x2x2x2xf32>
-!dqk_q_frags = vector<1x${D_STEPS}x4x2x${E}>
+${ nv.fragment_types(D_STEPS) }
+<% set dqk = dict(nv.types, kind=MMA_KIND) %>
 !fwk_p_frags = vector<1x1x4x2x${E}>
 !fwk_o_acc = vector<1x${DV_TILES}x2x2xf32>
 
-#dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
-
 <% call dispatch.executable("selection_attention_fwd_kernel_exe", "selection_attention_fwd_row", "fwd_kernel_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-    func.func @selection_attention_fwd_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>,
-        nvvm.minctasm = ${FORWARD_MIN_WORKGROUPS_PER_SM} : i32} {
+${ nv.func_open("selection_attention_fwd_row", LANES, SUBGROUP_SIZE, FORWARD_MIN_WORKGROUPS_PER_SM) }
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c2 = arith.constant 2 : index
@@ -73,26 +67,13 @@ ${ dispatch.layout("fwd_kernel_layout", 4, inputs, outputs) }
       %heads_per_group = arith.constant ${HPG} : index
       %block_size = arith.constant ${BS} : index
       %slots = arith.constant ${T} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %k_chunks = arith.constant ${D_CHUNKS} : index
-      %v_chunks = arith.constant ${DV_CHUNKS} : index
-      %k_items = arith.constant ${K_STAGE_ITEMS} : index
-      %v_items = arith.constant ${V_STAGE_ITEMS} : index
-      %k_per_lane = arith.constant ${K_STAGE_PER_LANE} : index
-      %v_per_lane = arith.constant ${V_STAGE_PER_LANE} : index
+${ nv.copy_constants(LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, K_STAGE_PER_LANE, V_STAGE_PER_LANE) }
       %d_steps = arith.constant ${D_STEPS} : index
       %dv_steps = arith.constant ${DV_STEPS} : index
       %subgroups = arith.constant ${SUBGROUPS} : index
       %value_dim = arith.constant ${DV} : index
       %dv_tiles = arith.constant ${DV_TILES} : index
-      %steps = arith.constant ${T_PLUS_DQ_LAG} : index
-      %stages = arith.constant ${DQ_STAGES} : index
-      %lag = arith.constant ${DQ_STAGES_MINUS_1} : index
-      %k_swizzle_mask = arith.constant ${K_SWIZZLE_MASK} : index
-      %v_swizzle_mask = arith.constant ${V_SWIZZLE_MASK} : index
-      %k_swizzle_high = arith.constant ${K_SWIZZLE_HIGH} : index
-      %v_swizzle_high = arith.constant ${V_SWIZZLE_HIGH} : index
+${ nv.stage_constants(T_PLUS_DQ_LAG, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("fwd_kernel_layout", ['batch', 'm_rows', 'n', 'scale']) }
@@ -110,12 +91,7 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
       %max_parts = memref.view %smem[%max_offset][] : !fwk_smem to !fwk_stats
       %sum_parts = memref.view %smem[%sum_offset][] : !fwk_smem to !fwk_stats
 
-      %tid = gpu.thread_id x
-      %subgroup = arith.divui %tid, %subgroup_size : index
-      %lane = arith.remui %tid, %subgroup_size : index
-      %r = arith.divui %lane, %c4 : index
-      %c = arith.remui %lane, %c4 : index
-      %c2x = arith.muli %c, %c2 : index
+${ nv.lane_ids() }
       %r8 = arith.addi %r, %c8 : index
       %key_base = arith.muli %subgroup, %c16 : index
       %h0 = arith.muli %g, %heads_per_group : index
@@ -128,18 +104,11 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
       // column 16 s + 8 k' + 2 c + e.
       <% include "gpu/nvidia/q_fragments.mlir" %>
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible_block = arith.floordivsi %pos, %block_size : index
+      // pos(m) = m + N - M: the positions the causal test uses.
+${ nv.positions() }
 
       // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
-      %matrix = arith.divui %lane, %c8 : index
-      %matrix_row = arith.remui %lane, %c8 : index
-      %matrix_lo = arith.remui %matrix, %c2 : index
-      %matrix_hi = arith.divui %matrix, %c2 : index
-      %lo8 = arith.muli %matrix_lo, %c8 : index
-      %hi8 = arith.muli %matrix_hi, %c8 : index
+${ nv.ldmatrix_lanes() }
       // s: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
       %sd_row = arith.addi %key_base, %hi8 : index
       %score_row = arith.addi %sd_row, %matrix_row : index
@@ -160,15 +129,8 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
           iter_args(%o_iter = %o_init, %mx0 = %minus_inf, %mx1 = %minus_inf, %l0 = %zero, %l1 = %zero)
           -> (!fwk_o_acc, f32, f32, f32, f32) {
         <% include "gpu/nvidia/kv_staging.mlir" %>
-        %has_previous = arith.cmpi uge, %t, %lag : index
-        %previous = arith.select %has_previous, %t, %lag : index
-        %slot = arith.subi %previous, %lag : index
-        %buffer = arith.remui %slot, %stages : index
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %slot] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible_block : index
-        %selected_now = arith.andi %not_negative, %not_future : i1
+${ nv.previous("%slot") }
+${ nv.selected_block("%slot", "%selected_now") }
         %compute = arith.andi %selected_now, %has_previous : i1
         %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next = scf.if %compute -> (!fwk_o_acc, f32, f32, f32, f32) {
           %key0 = arith.muli %block, %block_size : index
@@ -176,7 +138,7 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
           %visible = arith.addi %to_pos, %c1 : index
 
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-          <% include "gpu/nvidia/scores.mlir" %>
+${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
           // Scores in base-2 units, x = s scale log2(e), -inf where the key is invisible or the head is
           // padding: [tile][i][e] is head 8 i + r, key key_base + 8 tile + 2 c + e.
           %x_init = arith.constant dense<0.0> : !dqk_scores
@@ -185,13 +147,7 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
               %is_row_1 = arith.cmpi eq, %i, %c1 : index
               %head_valid = arith.select %is_row_1, %head_valid_1, %head_valid_0 : i1
               %acc_e = scf.for %e = %c0 to %c2 step %c1 iter_args(%acc3 = %acc2) -> (!dqk_scores) {
-                %tile8 = arith.muli %tile, %c8 : index
-                %j0 = arith.addi %key_base, %tile8 : index
-                %j1 = arith.addi %j0, %c2x : index
-                %j = arith.addi %j1, %e : index
-                %key_visible = arith.cmpi slt, %j, %visible : index
-                %live = arith.andi %key_visible, %head_valid : i1
-                %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
+${ nv.score_element() }
                 %scaled = arith.mulf %sv, %scale_log2 : f32
                 %xv = arith.select %live, %scaled, %minus_inf : f32
                 %next = vector.insert %xv, %acc3[0, %tile, %i, %e] : f32 into !dqk_scores
@@ -210,14 +166,9 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
           %row1 = arith.maximumf %x01, %x11 : vector<2xf32>
           %lane_max_0 = vector.reduction <maximumf>, %row0 : vector<2xf32> into f32
           %lane_max_1 = vector.reduction <maximumf>, %row1 : vector<2xf32> into f32
-          %sh0a, %v0a = gpu.shuffle xor %lane_max_0, %c1_i32, %c32_i32 : f32
-          %m0a = arith.maximumf %lane_max_0, %sh0a : f32
-          %sh0b, %v0b = gpu.shuffle xor %m0a, %c2_i32, %c32_i32 : f32
-          %block_max_0 = arith.maximumf %m0a, %sh0b : f32
-          %sh1a, %v1a = gpu.shuffle xor %lane_max_1, %c1_i32, %c32_i32 : f32
-          %m1a = arith.maximumf %lane_max_1, %sh1a : f32
-          %sh1b, %v1b = gpu.shuffle xor %m1a, %c2_i32, %c32_i32 : f32
-          %block_max_1 = arith.maximumf %m1a, %sh1b : f32
+<% for h in ["0", "1"] %>
+${ quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h, "arith.maximumf") }
+<% endfor %>
           // The running max moves only when some head of the subgroup exceeds it by more than
           // RESCALE_SLACK (a decision uniform over the subgroup); otherwise p = 2^(x - max) <= 2^RESCALE_SLACK
           // against the stale max, and o, max and sum stay as they are. The result is the same softmax (o and
@@ -295,36 +246,7 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
           %l1_new = arith.addf %l1_ref, %psum_1 : f32
 
           // o += p v with v read transposed (ldmatrix .trans), two e tiles per step.
-          %o_new = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %o_ref) -> (!fwk_o_acc) {
-            %col0 = arith.muli %s, %c16 : index
-            // col0 + lane column with its chunk XOR-swizzled inside its group (kept additive in s, so
-            // the unrolled steps share (mask + 1) / 2 lane addresses plus immediates)
-            %col_high = arith.andi %col0, %v_swizzle_high : index
-            %col_low = arith.subi %col0, %col_high : index
-            %col_lane = arith.addi %col_low, %hi8 : index
-            %col_swizzled = arith.xori %col_lane, %pv_swizzle_v : index
-            %col = arith.addi %col_high, %col_swizzled : index
-            %xv = nvgpu.ldmatrix %v_rows[%buffer, %pv_row, %col] numTiles = 4 transpose = true
-                : !dqk_v_rows -> vector<4x2x${E}>
-            %rhs = vector.shape_cast %xv : vector<4x2x${E}> to !dqk_rhs_step
-            %s2 = arith.muli %s, %c2 : index
-            %s2_1 = arith.addi %s2, %c1 : index
-            %acc0 = vector.extract %acc[0, %s2] : vector<2x2xf32> from !fwk_o_acc
-            %acc1 = vector.extract %acc[0, %s2_1] : vector<2x2xf32> from !fwk_o_acc
-            %pair1 = vector.insert %acc0, %scores_zero[0, 0] : vector<2x2xf32> into !dqk_scores
-            %pair = vector.insert %acc1, %pair1[0, 1] : vector<2x2xf32> into !dqk_scores
-            %out = iree_codegen.inner_tiled ins(%p_frags, %rhs) outs(%pair) <
-              indexing_maps = #dqk_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !fwk_p_frags, !dqk_rhs_step into !dqk_scores
-            %out0 = vector.extract %out[0, 0] : vector<2x2xf32> from !dqk_scores
-            %out1 = vector.extract %out[0, 1] : vector<2x2xf32> from !dqk_scores
-            %next0 = vector.insert %out0, %acc[0, %s2] : vector<2x2xf32> into !fwk_o_acc
-            %next = vector.insert %out1, %next0[0, %s2_1] : vector<2x2xf32> into !fwk_o_acc
-            scf.yield %next : !fwk_o_acc
-          } {unroll_loop}
+${ nv.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags", "!fwk_p_frags", "%scores_zero", "%v_rows", "!dqk_v_rows", "%buffer", "%pv_row", "%v_swizzle_high", "%hi8", "%pv_swizzle_v", dqk) }
           scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
         } else {
           scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32
@@ -335,14 +257,9 @@ ${ dispatch.bindings("fwd_kernel_layout", inputs, outputs) }
       }
 
       // Each subgroup's partial o, max and sum (sums over the 4 lanes of a head) into workgroup memory.
-      %sa0, %va0 = gpu.shuffle xor %sum_0, %c1_i32, %c32_i32 : f32
-      %sb0 = arith.addf %sum_0, %sa0 : f32
-      %sc0, %vc0 = gpu.shuffle xor %sb0, %c2_i32, %c32_i32 : f32
-      %row_sum_0 = arith.addf %sb0, %sc0 : f32
-      %sa1, %va1 = gpu.shuffle xor %sum_1, %c1_i32, %c32_i32 : f32
-      %sb1 = arith.addf %sum_1, %sa1 : f32
-      %sc1, %vc1 = gpu.shuffle xor %sb1, %c2_i32, %c32_i32 : f32
-      %row_sum_1 = arith.addf %sb1, %sc1 : f32
+<% for h in ["0", "1"] %>
+${ quad_reduce("%row_sum_" ~ h, "%sum_" ~ h, "arith.addf") }
+<% endfor %>
       %first_of_head = arith.cmpi eq, %c, %c0 : index
       // The maxes back in natural units (the combine's).
       %max_nat_0 = arith.mulf %max_0, %ln2 : f32

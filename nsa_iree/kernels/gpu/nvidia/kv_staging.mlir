@@ -6,15 +6,11 @@
 // for the group of the slot computed in this iteration and synchronises the workgroup.
 // Uses %t, %stages, %slots, %block_indices, %b, %m, %g, %last_visible_block, %pos, %tid, %lanes, %k_per_lane,
 // %v_per_lane, %k, %v (types !dqk_k_block, !dqk_v_block), %k_swizzle_mask, %v_swizzle_mask,
-// %k_rows, %v_rows and the constants.
+// %k_rows, %v_rows and the constants, and the including kernel's import of gpu/nvidia/kernel.mlir as nv.
         %stage_buffer = arith.remui %t, %stages : index
         %t_in_range = arith.cmpi ult, %t, %slots : index
         scf.if %t_in_range {
-          %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-          %block = arith.index_cast %block_i32 : i32 to index
-          %not_negative = arith.cmpi sge, %block, %c0 : index
-          %not_future = arith.cmpi sle, %block, %last_visible_block : index
-          %selected = arith.andi %not_negative, %not_future : i1
+${ nv.selected_block("%t", "%selected") }
           scf.if %selected {
             %key0 = arith.muli %block, %block_size : index
             %to_pos = arith.subi %pos, %key0 : index
@@ -23,42 +19,27 @@
             %k_block = memref.subview %k[%b, %key0, %g, 0] [1, ${BS}, 1, ${D}] [1, 1, 1, 1] : !dqk_k to !dqk_k_block
             %v_block = memref.subview %v[%b, %key0, %g, 0] [1, ${BS}, 1, ${DV}] [1, 1, 1, 1] : !dqk_v to !dqk_v_block
             // Item = (key j, chunk of 8 elements); lanes run along a row (coalesced).
-            scf.for %i = %c0 to %k_per_lane step %c1 {
+            <# K (columns d0, D wide) then V (columns e0, Dv wide): the same copies, each with its own sizes and swizzle. #>
+            <% for x, col in [("k", "%d0"), ("v", "%e0")] %>
+            scf.for %i = %c0 to %${x}_per_lane step %c1 {
              %i_lanes = arith.muli %i, %lanes : index
              %item = arith.addi %tid, %i_lanes : index
-             %in_tile = arith.cmpi ult, %item, %k_items : index
+             %in_tile = arith.cmpi ult, %item, %${x}_items : index
              scf.if %in_tile {
-              %chunk = arith.remui %item, %k_chunks : index
-              %j = arith.divui %item, %k_chunks : index
-              %d0 = arith.muli %chunk, %c8 : index
+              %chunk = arith.remui %item, %${x}_chunks : index
+              %j = arith.divui %item, %${x}_chunks : index
+              ${col} = arith.muli %chunk, %c8 : index
               %is_visible = arith.cmpi slt, %j, %visible : index
               %count = arith.select %is_visible, %c8, %c0 : index
               %row = arith.select %is_visible, %j, %c0 : index
-              %j_bits = arith.andi %j, %k_swizzle_mask : index
+              %j_bits = arith.andi %j, %${x}_swizzle_mask : index
               %swizzle = arith.muli %j_bits, %c8 : index
-              %d0_stored = arith.xori %d0, %swizzle : index
-              %copy = nvgpu.device_async_copy %k_block[%row, %d0], %k_rows[%stage_buffer, %j, %d0_stored], 8, %count ${ASYNC_COPY_HINT}
-                  : !dqk_k_block to !dqk_k_rows
+              ${col}_stored = arith.xori ${col}, %swizzle : index
+              %copy = nvgpu.device_async_copy %${x}_block[%row, ${col}], %${x}_rows[%stage_buffer, %j, ${col}_stored], 8, %count ${ASYNC_COPY_HINT}
+                  : !dqk_${x}_block to !dqk_${x}_rows
              }
             } {unroll_loop}
-            scf.for %i = %c0 to %v_per_lane step %c1 {
-             %i_lanes = arith.muli %i, %lanes : index
-             %item = arith.addi %tid, %i_lanes : index
-             %in_tile = arith.cmpi ult, %item, %v_items : index
-             scf.if %in_tile {
-              %chunk = arith.remui %item, %v_chunks : index
-              %j = arith.divui %item, %v_chunks : index
-              %e0 = arith.muli %chunk, %c8 : index
-              %is_visible = arith.cmpi slt, %j, %visible : index
-              %count = arith.select %is_visible, %c8, %c0 : index
-              %row = arith.select %is_visible, %j, %c0 : index
-              %j_bits = arith.andi %j, %v_swizzle_mask : index
-              %swizzle = arith.muli %j_bits, %c8 : index
-              %e0_stored = arith.xori %e0, %swizzle : index
-              %copy = nvgpu.device_async_copy %v_block[%row, %e0], %v_rows[%stage_buffer, %j, %e0_stored], 8, %count ${ASYNC_COPY_HINT}
-                  : !dqk_v_block to !dqk_v_rows
-             }
-            } {unroll_loop}
+            <% endfor %>
           }
         }
         nvvm.cp.async.commit.group

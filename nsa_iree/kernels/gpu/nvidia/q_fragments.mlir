@@ -6,30 +6,15 @@
         %col0 = arith.muli %s, %c16 : index
         %col1 = arith.addi %col0, %c2x : index
         %col2 = arith.addi %col1, %c8 : index
-        %x00 = scf.if %head_valid_0 -> (vector<2x${E}>) {
-          %x = vector.load %q[%b, %m, %head_0, %col1] : !dqk_q, vector<2x${E}>
+        <# Fragment element k of step s: head row 8 (k / 2) + r, column col1 (k even) or col2 = col1 + 8. #>
+        <% for x, head, col in [("%x00", "0", "%col1"), ("%x01", "0", "%col2"), ("%x10", "1", "%col1"), ("%x11", "1", "%col2")] %>
+        ${x} = scf.if %head_valid_${head} -> (vector<2x${E}>) {
+          %x = vector.load %q[%b, %m, %head_${head}, ${col}] : !dqk_q, vector<2x${E}>
           scf.yield %x : vector<2x${E}>
         } else {
           scf.yield %zero_pair : vector<2x${E}>
         }
-        %x01 = scf.if %head_valid_0 -> (vector<2x${E}>) {
-          %x = vector.load %q[%b, %m, %head_0, %col2] : !dqk_q, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
-        %x10 = scf.if %head_valid_1 -> (vector<2x${E}>) {
-          %x = vector.load %q[%b, %m, %head_1, %col1] : !dqk_q, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
-        %x11 = scf.if %head_valid_1 -> (vector<2x${E}>) {
-          %x = vector.load %q[%b, %m, %head_1, %col2] : !dqk_q, vector<2x${E}>
-          scf.yield %x : vector<2x${E}>
-        } else {
-          scf.yield %zero_pair : vector<2x${E}>
-        }
+        <% endfor %>
         %a0 = vector.insert %x00, %acc[0, %s, 0] : vector<2x${E}> into !dqk_q_frags
         %a1 = vector.insert %x01, %a0[0, %s, 1] : vector<2x${E}> into !dqk_q_frags
         %a2 = vector.insert %x10, %a1[0, %s, 2] : vector<2x${E}> into !dqk_q_frags
