@@ -9,6 +9,8 @@
 // (CPU_KROWS keys times CPU_VCOLS / CPU_KCOLS head elements per register block.) dk and dv accumulate in an
 // f32 scratch row of the block, and are written once, as scale * dk and dv in the input type.
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "common/host.mlir" as host %>
+<% import "cpu/host.mlir" as cpu %>
 
 // Push constants: B, M, N, the number of pieces (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'do', ("qT", "memref<?x" ~ D ~ "x" ~ HPG ~ "xf32>{%row_groups}", "qT [B * M * G, D, HPG] f32, scaled"), ("doT", "memref<?x" ~ DV ~ "x" ~ HPG ~ "xf32>{%row_groups}", "doT [B * M * G, Dv, HPG] f32"), ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'block_indices', 'lse', 'delta', 'entries', ("piece_start", "memref<?xi32>{%flat_blocks}", "piece_start [B * G * NB] i32"), ("piece_count", "memref<?xi32>{%flat_blocks}", "piece_count [B * G * NB] i32")] %>
@@ -206,30 +208,17 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
     }
 <% endcall %>
 
-func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
-    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
-    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+${ host.dkdv_signature() }
+<% call host.sizes() %>
   %kv_heads = arith.constant ${G} : index
   %block_size = arith.constant ${BS} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+<% endcall %>
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
-  %num_blocks = arith.ceildivui %n, %block_size : index
-  %bg_count = arith.muli %batch, %kv_heads : index
-  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+${ cpu.flat_blocks() }
   %rows_total = arith.muli %batch, %m_rows : index
   %row_groups = arith.muli %rows_total, %kv_heads : index
 
-  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+${ cpu.blocks_t() }
   // q (scaled) and do per row group with the heads innermost, in f32: qT[c, d, h] = scale * q[b, m, g*HPG + h, d].
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
       : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
@@ -259,21 +248,11 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
   %doT = tensor.collapse_shape %doT_grouped [[0, 1, 2], [3], [4]]
       : tensor<?x?x${G}x${DV}x${HPG}xf32> into tensor<?x${DV}x${HPG}xf32>
 
-  %batch_i32 = arith.index_cast %batch : index to i32
-  %m_rows_i32 = arith.index_cast %m_rows : index to i32
-  %n_i32 = arith.index_cast %n : index to i32
-  %pieces_i32 = arith.index_cast %pieces : index to i32
-  %scale_bits = arith.bitcast %scale : f32 to i32
+${ host.push_constants(pieces=true) }
   %scratch, %dk, %dv = flow.dispatch @selection_attention_dkdv_cpu_exe::@selection_attention_dkdv_cpu_block[%num_blocks, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %pieces_i32, %scale_bits, %q, %do, %qT, %doT, %key_blocks_t, %value_blocks_t,
       %block_indices, %lse, %delta, %entries, %piece_start, %piece_count)
-      : (i32, i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows},
-         tensor<?x${D}x${HPG}xf32>{%row_groups}, tensor<?x${DV}x${HPG}xf32>{%row_groups},
-         tensor<?x${D}x${BS}x${E}>{%flat_blocks}, tensor<?x${DV}x${BS}x${E}>{%flat_blocks},
-         tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
-         tensor<?x?x${H}xf32>{%batch, %m_rows}, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces},
-         tensor<?xi32>{%flat_blocks}, tensor<?xi32>{%flat_blocks})
-      -> (tensor<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}, tensor<?x?x${G}x${D}x${DKV_E}>{%batch, %n},
-          tensor<?x?x${G}x${DV}x${DKV_E}>{%batch, %n})
+      : (i32, i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
+      -> (${ dispatch.tensor_types(outputs) })
   return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

@@ -13,6 +13,8 @@
 // sums of the two. Rows run in any order, so dk/dv vary run to run within rounding, as on GPUs.
 // Skipped slots are never read, only keys <= pos(m) are, a block listed twice counts twice.
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "common/host.mlir" as host %>
+<% import "cpu/host.mlir" as cpu %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
@@ -330,31 +332,18 @@ ${ dispatch.bindings("onepass_cpu_layout", inputs, outputs, only=['acc', 'locks'
 
 // Host side: the transposed K/V blocks, the row dispatch (zeroed accumulators and locks, tied), then dk and dv:
 // scale * (locked + atomic)[:, :, :D] and (locked + atomic)[:, :, D:] for the keys below N, in the input type.
-func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
-    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+${ host.onepass_signature() }
+<% call host.sizes() %>
   %c2 = arith.constant 2 : index
   %zero = arith.constant 0.0 : f32
   %c0_i32 = arith.constant 0 : i32
   %kv_heads = arith.constant ${G} : index
   %block_size = arith.constant ${BS} : index
   %head_dim = arith.constant ${D} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
-  %num_blocks = arith.ceildivui %n, %block_size : index
-  %bg_count = arith.muli %batch, %kv_heads : index
-  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+<% endcall %>
+${ cpu.flat_blocks() }
 
-  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+${ cpu.blocks_t() }
   // The dk/dv accumulator: per flat block, [BS, D + Dv] added under the block's lock, then (second half) the
   // same again for the rows that added with atomics; dk and dv are the sums of the two.
   %acc_rows = arith.muli %flat_blocks, %c2 : index
@@ -362,18 +351,11 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
   %acc_zero = linalg.fill ins(%zero : f32) outs(%acc_init : tensor<?x${BS}x${CPU_DKV}xf32>) -> tensor<?x${BS}x${CPU_DKV}xf32>
   %locks_init = tensor.empty(%flat_blocks) : tensor<?xi32>
   %locks_free = linalg.fill ins(%c0_i32 : i32) outs(%locks_init : tensor<?xi32>) -> tensor<?xi32>
-  %batch_i32 = arith.index_cast %batch : index to i32
-  %m_rows_i32 = arith.index_cast %m_rows : index to i32
-  %n_i32 = arith.index_cast %n : index to i32
-  %scale_bits = arith.bitcast %scale : f32 to i32
+${ host.push_constants() }
   %acc, %locks, %dq = flow.dispatch @selection_attention_onepass_cpu_exe::@selection_attention_onepass_cpu_row[%m_rows, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %key_blocks_t, %value_blocks_t, %k, %block_indices, %lse,
       %delta, %do, %acc_zero, %locks_free)
-      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x${D}x${BS}x${E}>{%flat_blocks},
-         tensor<?x${DV}x${BS}x${E}>{%flat_blocks}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
-         tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
-         tensor<?x?x${H}xf32>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows},
-         tensor<?x${BS}x${CPU_DKV}xf32>{%acc_rows}, tensor<?xi32>{%flat_blocks})
+      : (i32, i32, i32, i32, ${ dispatch.tensor_types(inputs + outputs[:2]) })
       -> (%acc_zero{%acc_rows}, %locks_free{%flat_blocks}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
 
   %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${DKV_E}>
