@@ -220,33 +220,31 @@ ${ cpu.flat_blocks() }
 
 ${ cpu.blocks_t() }
   // q (scaled) and do per row group with the heads innermost, in f32: qT[c, d, h] = scale * q[b, m, g*HPG + h, d].
-  %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
-      : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
-  %qT_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${D}x${HPG}xf32>
-  %qT_grouped = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, d, h) -> (b, m, g, h, d)>, affine_map<(b, m, g, d, h) -> (b, m, g, d, h)>],
+<# %`name`T [B * M * G, `dim`, HPG] f32: %`name` [B, M, H, `dim`] per row group, heads innermost (index `index`),
+   times scale when `scaled`. #>
+<% macro grouped_t(name, dim, index, scaled) %>
+  %${name}_grouped = tensor.expand_shape %${name} [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${dim}]
+      : tensor<?x?x${H}x${dim}x${E}> into tensor<?x?x${G}x${HPG}x${dim}x${E}>
+  %${name}T_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${dim}x${HPG}xf32>
+  %${name}T_grouped = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, ${index}, h) -> (b, m, g, h, ${index})>, affine_map<(b, m, g, ${index}, h) -> (b, m, g, ${index}, h)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
-      ins(%q_grouped : tensor<?x?x${G}x${HPG}x${D}x${E}>) outs(%qT_init : tensor<?x?x${G}x${D}x${HPG}xf32>) {
+      ins(%${name}_grouped : tensor<?x?x${G}x${HPG}x${dim}x${E}>) outs(%${name}T_init : tensor<?x?x${G}x${dim}x${HPG}xf32>) {
   ^bb0(%x: ${E}, %out: f32):
     %x32 = ${EXTF} %x : ${E} to f32
+<% if scaled %>
     %scaled = arith.mulf %x32, %scale : f32
     linalg.yield %scaled : f32
-  } -> tensor<?x?x${G}x${D}x${HPG}xf32>
-  %qT = tensor.collapse_shape %qT_grouped [[0, 1, 2], [3], [4]]
-      : tensor<?x?x${G}x${D}x${HPG}xf32> into tensor<?x${D}x${HPG}xf32>
-  %do_grouped = tensor.expand_shape %do [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${DV}]
-      : tensor<?x?x${H}x${DV}x${E}> into tensor<?x?x${G}x${HPG}x${DV}x${E}>
-  %doT_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${DV}x${HPG}xf32>
-  %doT_grouped = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, e, h) -> (b, m, g, h, e)>, affine_map<(b, m, g, e, h) -> (b, m, g, e, h)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
-      ins(%do_grouped : tensor<?x?x${G}x${HPG}x${DV}x${E}>) outs(%doT_init : tensor<?x?x${G}x${DV}x${HPG}xf32>) {
-  ^bb0(%x: ${E}, %out: f32):
-    %x32 = ${EXTF} %x : ${E} to f32
+<% else %>
     linalg.yield %x32 : f32
-  } -> tensor<?x?x${G}x${DV}x${HPG}xf32>
-  %doT = tensor.collapse_shape %doT_grouped [[0, 1, 2], [3], [4]]
-      : tensor<?x?x${G}x${DV}x${HPG}xf32> into tensor<?x${DV}x${HPG}xf32>
+<% endif %>
+  } -> tensor<?x?x${G}x${dim}x${HPG}xf32>
+  %${name}T = tensor.collapse_shape %${name}T_grouped [[0, 1, 2], [3], [4]]
+      : tensor<?x?x${G}x${dim}x${HPG}xf32> into tensor<?x${dim}x${HPG}xf32>
+<% endmacro %>
+${ grouped_t("q", D, "d", true) }
+${ grouped_t("do", DV, "e", false) }
+
 
 ${ host.push_constants(pieces=true) }
   %scratch, %dk, %dv = flow.dispatch @selection_attention_dkdv_cpu_exe::@selection_attention_dkdv_cpu_block[%num_blocks, %kv_heads, %batch](

@@ -358,53 +358,43 @@ ${ host.push_constants() }
       : (i32, i32, i32, i32, ${ dispatch.tensor_types(inputs + outputs[:2]) })
       -> (%acc_zero{%acc_rows}, %locks_free{%flat_blocks}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
 
-  %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${DKV_E}>
-  %dk = linalg.generic {
-      indexing_maps = [affine_map<(b, n, g, d) -> (b, n, g, d)>],
+<# `name` [B, N, G, `dim`] in DKV_E (index `index`): the locked plus the atomic accumulator at column `col`
+   (an SSA name, or none for the index itself), times scale when `scaled`. #>
+<% macro accumulated(name, dim, index, col, scaled) %>
+<% set at = col or index %>
+  %${name}_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${dim}x${DKV_E}>
+  %${name} = linalg.generic {
+      indexing_maps = [affine_map<(b, n, g, ${index}) -> (b, n, g, ${index})>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      outs(%dk_init : tensor<?x?x${G}x${D}x${DKV_E}>) {
+      outs(%${name}_init : tensor<?x?x${G}x${dim}x${DKV_E}>) {
   ^bb0(%out: ${DKV_E}):
     %b = linalg.index 0 : index
     %key = linalg.index 1 : index
     %g = linalg.index 2 : index
-    %d = linalg.index 3 : index
+    %${index} = linalg.index 3 : index
     %i = arith.divui %key, %block_size : index
     %j = arith.remui %key, %block_size : index
     %bg0 = arith.muli %b, %kv_heads : index
     %bg = arith.addi %bg0, %g : index
     %f0 = arith.muli %bg, %num_blocks : index
     %f = arith.addi %f0, %i : index
+<% if col %>
+    %${col} = arith.addi %head_dim, %${index} : index
+<% endif %>
     %f_atomic = arith.addi %f, %flat_blocks : index
-    %locked = tensor.extract %acc[%f, %j, %d] : tensor<?x${BS}x${CPU_DKV}xf32>
-    %atomic = tensor.extract %acc[%f_atomic, %j, %d] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %locked = tensor.extract %acc[%f, %j, %${at}] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %atomic = tensor.extract %acc[%f_atomic, %j, %${at}] : tensor<?x${BS}x${CPU_DKV}xf32>
     %x = arith.addf %locked, %atomic : f32
+<% if scaled %>
     %scaled = arith.mulf %x, %scale : f32
     %x_e = ${DKV_TRUNCF} %scaled : f32 to ${DKV_E}
-    linalg.yield %x_e : ${DKV_E}
-  } -> tensor<?x?x${G}x${D}x${DKV_E}>
-  %dv_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${DKV_E}>
-  %dv = linalg.generic {
-      indexing_maps = [affine_map<(b, n, g, e) -> (b, n, g, e)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      outs(%dv_init : tensor<?x?x${G}x${DV}x${DKV_E}>) {
-  ^bb0(%out: ${DKV_E}):
-    %b = linalg.index 0 : index
-    %key = linalg.index 1 : index
-    %g = linalg.index 2 : index
-    %e = linalg.index 3 : index
-    %i = arith.divui %key, %block_size : index
-    %j = arith.remui %key, %block_size : index
-    %bg0 = arith.muli %b, %kv_heads : index
-    %bg = arith.addi %bg0, %g : index
-    %f0 = arith.muli %bg, %num_blocks : index
-    %f = arith.addi %f0, %i : index
-    %col = arith.addi %head_dim, %e : index
-    %f_atomic = arith.addi %f, %flat_blocks : index
-    %locked = tensor.extract %acc[%f, %j, %col] : tensor<?x${BS}x${CPU_DKV}xf32>
-    %atomic = tensor.extract %acc[%f_atomic, %j, %col] : tensor<?x${BS}x${CPU_DKV}xf32>
-    %x = arith.addf %locked, %atomic : f32
+<% else %>
     %x_e = ${DKV_TRUNCF} %x : f32 to ${DKV_E}
+<% endif %>
     linalg.yield %x_e : ${DKV_E}
-  } -> tensor<?x?x${G}x${DV}x${DKV_E}>
+  } -> tensor<?x?x${G}x${dim}x${DKV_E}>
+<% endmacro %>
+${ accumulated("dk", D, "d", none, true) }
+${ accumulated("dv", DV, "e", "col", false) }
   return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }
