@@ -5,31 +5,22 @@
 //   dv_piece = p^T do;  dp = do v^T, ds = p * (dp - delta), dk_piece = scale * ds^T q.
 // dv and dk are two dispatch regions (IREE 3.13 accepts one root contraction per region); each recomputes s.
 // The pieces of a block are then summed in piece order, so dk/dv are bitwise reproducible.
-func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
-    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
-    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+<% import "common/host.mlir" as host %>
+<% import "linalg/host.mlir" as linalg %>
+${ host.dkdv_signature() }
+<% call host.sizes() %>
   %c0_i32 = arith.constant 0 : i32
   %zero = arith.constant 0.0 : f32
   %block_size = arith.constant ${BS} : index
   %kv_heads = arith.constant ${G} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+<% endcall %>
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
   %num_blocks = arith.ceildivui %n, %block_size : index
   %offset = arith.subi %n, %m_rows : index
   %rows_total = arith.muli %batch, %m_rows : index
   %row_groups = arith.muli %rows_total, %kv_heads : index
 
-  %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
+${ linalg.kv_blocks() }
 
   // Row-group views: row c = (b * M + m) * G + g holds the HPG heads of group g of query row m.
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]

@@ -4,21 +4,13 @@
 // Everything sits in one flow.dispatch.region, which pins the fusion: the gathered K/V and the s, p, dp,
 // ds tiles live only inside the dispatch, never in memory for the whole sequence. The contraction
 // attributes are empty on CPU and name the matrix-unit layouts on GPU targets (pipelines/<target>.toml).
-func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
-    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+<% import "common/host.mlir" as host %>
+<% import "linalg/host.mlir" as linalg %>
+${ host.dq_signature() }
+${ host.sizes() }
 
-  %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
-  %block_gather_index, %last_key = func.call @selected_slots(%block_indices, %n)
-      : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>)
+${ linalg.kv_blocks() }
+${ linalg.selected_slots() }
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
       : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
   %do_grouped = tensor.expand_shape %do [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${DV}]

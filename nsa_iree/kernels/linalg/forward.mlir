@@ -13,23 +13,15 @@
 // (iree_linalg_ext.online_attention would do this in one dispatch, but IREE 3.13's llvm-cpu tiling of its
 // head dimension gives wrong results for D > 128; a single running max/sum over all T*BS keys instead
 // became scalar code on GPUs.)
-func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
-    %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
-    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+<% import "common/host.mlir" as host %>
+<% import "linalg/host.mlir" as linalg %>
+${ host.forward_signature() }
+<% call host.sizes() %>
   %zero = arith.constant 0.0 : f32
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+<% endcall %>
 
-  %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
-  %block_gather_index, %last_key = func.call @selected_slots(%block_indices, %n)
-      : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>)
+${ linalg.kv_blocks() }
+${ linalg.selected_slots() }
 
   %neg_inf_s = arith.constant 0xFF800000 : f32
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
