@@ -15,6 +15,7 @@
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/host.mlir" as host %>
 <% import "cpu/host.mlir" as cpu %>
+<% import "common/blocks.mlir" as blocks %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
@@ -372,12 +373,7 @@ ${ host.push_constants() }
     %key = linalg.index 1 : index
     %g = linalg.index 2 : index
     %${index} = linalg.index 3 : index
-    %i = arith.divui %key, %block_size : index
-    %j = arith.remui %key, %block_size : index
-    %bg0 = arith.muli %b, %kv_heads : index
-    %bg = arith.addi %bg0, %g : index
-    %f0 = arith.muli %bg, %num_blocks : index
-    %f = arith.addi %f0, %i : index
+${ blocks.flat_block("i", "f", "    ") }
 <% if col %>
     %${col} = arith.addi %head_dim, %${index} : index
 <% endif %>
