@@ -11,6 +11,7 @@
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/host.mlir" as host %>
 <% import "cpu/host.mlir" as cpu %>
+<% import "cpu/rows.mlir" as rows %>
 
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
 <% set outputs = ['dq'] %>
@@ -51,53 +52,21 @@ ${ dispatch.bindings("dq_cpu_layout", inputs, outputs) }
       %h0 = arith.muli %g, %heads_per_group : index
       %scale_h = vector.broadcast %scale : f32 to vector<${HPG}xf32>
       %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
-      scf.for %d0 = %c0 to %head_dim step %dcols_step {
-        %rows = vector.transfer_read %q[%b, %m, %h0, %d0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, d) -> (h, d)>}
-            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${CPU_DCOLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_DCOLS}x${E}> to vector<${HPG}x${CPU_DCOLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_DCOLS}xf32> to vector<${CPU_DCOLS}x${HPG}xf32>
-        %scaled = arith.mulf %cols, %scale_tile : vector<${CPU_DCOLS}x${HPG}xf32>
-        vector.transfer_write %scaled, %qT[%d0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
-      }
+${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0", true) }
       scf.for %d = %c0 to %head_dim step %c1 {
         vector.store %zero_h, %dqT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
       }
-      scf.for %e0 = %c0 to %value_dim step %cols_step {
-        %rows = vector.transfer_read %do[%b, %m, %h0, %e0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, e) -> (h, e)>}
-            : memref<?x?x${H}x${DV}x${E}>, vector<${HPG}x${CPU_COLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_COLS}x${E}> to vector<${HPG}x${CPU_COLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_COLS}xf32> to vector<${CPU_COLS}x${HPG}xf32>
-        vector.transfer_write %cols, %doT[%e0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_COLS}x${HPG}xf32>, memref<${DV}x${HPG}xf32>
-      }
+${ rows.transposed("doT", "do", DV, CPU_COLS, "e", "value_dim", "cols_step", "h0", false) }
       %lse_h = vector.transfer_read %lse[%b, %h0, %m], %zero
           {in_bounds = [true], permutation_map = affine_map<(b, h, m) -> (h)>}
           : memref<?x${H}x?xf32>, vector<${HPG}xf32>
       %delta_h = vector.load %delta[%b, %m, %h0] : memref<?x?x${H}xf32>, vector<${HPG}xf32>
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible = arith.floordivsi %pos, %block_size : index
+${ rows.position() }
       scf.for %t = %c0 to %slots step %c1 {
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible : index
-        %selected = arith.andi %not_negative, %not_future : i1
+${ rows.slot_block() }
         scf.if %selected {
-          %key0 = arith.muli %block, %block_size : index
-          %bg = arith.muli %b, %kv_heads : index
-          %bg_g = arith.addi %bg, %g : index
-          %f0 = arith.muli %bg_g, %num_blocks : index
-          %f = arith.addi %f0, %block : index
-          // Keys key0 .. key0 + visible - 1 are visible: the whole block, or up to pos(m) in the diagonal one.
-          %to_pos = arith.subi %pos, %key0 : index
-          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
-          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+${ rows.block_extent() }
           %ragged = arith.remui %visible, %rows_step : index
           %full = arith.subi %visible, %ragged : index
 <% include "cpu/scores.mlir" %>

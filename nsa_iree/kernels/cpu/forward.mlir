@@ -18,6 +18,7 @@
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/host.mlir" as host %>
 <% import "cpu/host.mlir" as cpu %>
+<% import "cpu/rows.mlir" as rows %>
 
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), 'v', 'block_indices'] %>
 <% set outputs = ['o', 'lse'] %>
@@ -59,41 +60,17 @@ ${ dispatch.bindings("fwd_cpu_layout", inputs, outputs, only=['kT', 'v', 'block_
 
       %h0 = arith.muli %g, %heads_per_group : index
       %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
-      scf.for %d0 = %c0 to %head_dim step %dcols_step {
-        %rows = vector.transfer_read %q[%b, %m, %h0, %d0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, d) -> (h, d)>}
-            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${CPU_DCOLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_DCOLS}x${E}> to vector<${HPG}x${CPU_DCOLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_DCOLS}xf32> to vector<${CPU_DCOLS}x${HPG}xf32>
-        %scaled = arith.mulf %cols, %scale_tile : vector<${CPU_DCOLS}x${HPG}xf32>
-        vector.transfer_write %scaled, %qT[%d0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
-      }
+${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0", true) }
       scf.for %e = %c0 to %value_dim step %c1 {
         vector.store %zero_h, %oT[%e, %c0] : memref<${DV}x${HPG}xf32>, vector<${HPG}xf32>
       }
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible = arith.floordivsi %pos, %block_size : index
+${ rows.position() }
       %m_final, %l_final = scf.for %t = %c0 to %slots step %c1
           iter_args(%m_run = %neg_inf_h, %l_run = %zero_h) -> (vector<${HPG}xf32>, vector<${HPG}xf32>) {
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible : index
-        %selected = arith.andi %not_negative, %not_future : i1
+${ rows.slot_block() }
         %m_next, %l_next = scf.if %selected -> (vector<${HPG}xf32>, vector<${HPG}xf32>) {
-          %key0 = arith.muli %block, %block_size : index
-          %bg = arith.muli %b, %kv_heads : index
-          %bg_g = arith.addi %bg, %g : index
-          %f0 = arith.muli %bg_g, %num_blocks : index
-          %f = arith.addi %f0, %block : index
-          // Keys key0 .. key0 + visible - 1 are visible: the whole block, or up to pos(m) in the diagonal one.
-          %to_pos = arith.subi %pos, %key0 : index
-          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
-          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+${ rows.block_extent() }
           %ragged = arith.remui %visible, %rows_step : index
           %full = arith.subi %visible, %ragged : index
 <% include "cpu/scores.mlir" %>

@@ -15,6 +15,7 @@
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/host.mlir" as host %>
 <% import "cpu/host.mlir" as cpu %>
+<% import "cpu/rows.mlir" as rows %>
 <% import "common/blocks.mlir" as blocks %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
@@ -78,34 +79,14 @@ ${ dispatch.bindings("onepass_cpu_layout", inputs, outputs, only=['acc', 'locks'
       %h_first = arith.muli %g, %heads_per_group : index
       %zero_h = arith.constant dense<0.0> : vector<${HPG}xf32>
       %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
-      scf.for %d0 = %c0 to %head_dim step %dcols_step {
-        %rows = vector.transfer_read %q[%b, %m, %h_first, %d0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, d) -> (h, d)>}
-            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${CPU_DCOLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_DCOLS}x${E}> to vector<${HPG}x${CPU_DCOLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_DCOLS}xf32> to vector<${CPU_DCOLS}x${HPG}xf32>
-        %scaled = arith.mulf %cols, %scale_tile : vector<${CPU_DCOLS}x${HPG}xf32>
-        vector.transfer_write %scaled, %qT[%d0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
-      }
-      scf.for %e0 = %c0 to %value_dim step %cols_step {
-        %rows = vector.transfer_read %do[%b, %m, %h_first, %e0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, e) -> (h, e)>}
-            : memref<?x?x${H}x${DV}x${E}>, vector<${HPG}x${CPU_COLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_COLS}x${E}> to vector<${HPG}x${CPU_COLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_COLS}xf32> to vector<${CPU_COLS}x${HPG}xf32>
-        vector.transfer_write %cols, %doT[%e0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_COLS}x${HPG}xf32>, memref<${DV}x${HPG}xf32>
-      }
+${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h_first", true) }
+${ rows.transposed("doT", "do", DV, CPU_COLS, "e", "value_dim", "cols_step", "h_first", false) }
       %zero_d = arith.constant dense<0.0> : vector<${D}xf32>
       scf.for %h = %c0 to %heads_per_group step %c1 {
         vector.store %zero_d, %dq_tile[%h, %c0] : memref<${HPG}x${D}xf32>, vector<${D}xf32>
       }
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible = arith.floordivsi %pos, %block_size : index
+${ rows.position() }
       // Row m starts at slot (m * CPU_SLOT_STRIDE) mod T (T / 2 slots further than row m - 1): neighbouring
       // rows run at the same time on the task system's workers and select mostly the same blocks (block 0 and
       // the local ones, in the same slots of their sorted lists), so in step they would wait for each other's
@@ -115,20 +96,9 @@ ${ dispatch.bindings("onepass_cpu_layout", inputs, outputs, only=['acc', 'locks'
       scf.for %step = %c0 to %slots step %c1 {
         %shifted_slot = arith.addi %step, %first_slot : index
         %t = arith.remui %shifted_slot, %slots : index
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible : index
-        %selected = arith.andi %not_negative, %not_future : i1
+${ rows.slot_block() }
         scf.if %selected {
-          %key0 = arith.muli %block, %block_size : index
-          %bg = arith.muli %b, %kv_heads : index
-          %bg_g = arith.addi %bg, %g : index
-          %f0 = arith.muli %bg_g, %num_blocks : index
-          %f = arith.addi %f0, %block : index
-          %to_pos = arith.subi %pos, %key0 : index
-          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
-          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+${ rows.block_extent() }
           %visible_v = vector.broadcast %visible : index to vector<${BS}xindex>
           %key_mask = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
 
