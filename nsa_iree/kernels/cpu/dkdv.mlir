@@ -11,6 +11,7 @@
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/host.mlir" as host %>
 <% import "cpu/host.mlir" as cpu %>
+<% import "cpu/rows.mlir" as rows %>
 
 // Push constants: B, M, N, the number of pieces (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'do', ("qT", "memref<?x" ~ D ~ "x" ~ HPG ~ "xf32>{%row_groups}", "qT [B * M * G, D, HPG] f32, scaled"), ("doT", "memref<?x" ~ DV ~ "x" ~ HPG ~ "xf32>{%row_groups}", "doT [B * M * G, Dv, HPG] f32"), ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'block_indices', 'lse', 'delta', 'entries', ("piece_start", "memref<?xi32>{%flat_blocks}", "piece_start [B * G * NB] i32"), ("piece_count", "memref<?xi32>{%flat_blocks}", "piece_count [B * G * NB] i32")] %>
@@ -24,13 +25,7 @@ ${ dispatch.layout("dkdv_cpu_layout", 5, inputs, outputs) }
       %c0_i32 = arith.constant 0 : i32
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
-      %pad = arith.constant 0.0 : ${E}
-      %heads_per_group = arith.constant ${HPG} : index
-      %head_dim = arith.constant ${D} : index
-      %value_dim = arith.constant ${DV} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %kv_heads = arith.constant ${G} : index
+${ rows.constants() }
       %rows_per_piece = arith.constant ${ROWS_PER_PIECE} : index
       %dkv_dim = arith.constant ${CPU_DKV} : index
       %heads_step = arith.constant ${CPU_SROWS} : index

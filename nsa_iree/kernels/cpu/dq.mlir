@@ -22,13 +22,7 @@ ${ dispatch.layout("dq_cpu_layout", 4, inputs, outputs) }
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %zero = arith.constant 0.0 : f32
-      %pad = arith.constant 0.0 : ${E}
-      %heads_per_group = arith.constant ${HPG} : index
-      %head_dim = arith.constant ${D} : index
-      %value_dim = arith.constant ${DV} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %kv_heads = arith.constant ${G} : index
+${ rows.constants() }
       %rows_step = arith.constant ${CPU_ROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %cols_step = arith.constant ${CPU_COLS} : index

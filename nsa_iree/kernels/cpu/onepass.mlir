@@ -33,13 +33,7 @@ ${ dispatch.layout("onepass_cpu_layout", 4, inputs, outputs) }
       %c4_i64 = arith.constant 4 : i64
       %true = arith.constant true
       %zero = arith.constant 0.0 : f32
-      %pad = arith.constant 0.0 : ${E}
-      %heads_per_group = arith.constant ${HPG} : index
-      %head_dim = arith.constant ${D} : index
-      %value_dim = arith.constant ${DV} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %kv_heads = arith.constant ${G} : index
+${ rows.constants() }
       %heads_step = arith.constant ${CPU_SROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %cols_step = arith.constant ${CPU_COLS} : index

@@ -1,5 +1,17 @@
-// The text the CPU row kernels (forward, dq, one-pass: one work item per (m, g, b)) share, as macros: the row's
-// q or do transposed onto the stack, its position, and the test and extent of one selected block.
+// The text the CPU row kernels (forward, dq, one-pass: one work item per (m, g, b)) share, as macros: the
+// constants every CPU kernel (dk/dv's too) starts from, the row's q or do transposed onto the stack, its
+// position, and the test and extent of one selected block.
+
+<# %pad (0 in E) and the configuration's sizes as index constants. #>
+<% macro constants() %>
+      %pad = arith.constant 0.0 : ${E}
+      %heads_per_group = arith.constant ${HPG} : index
+      %head_dim = arith.constant ${D} : index
+      %value_dim = arith.constant ${DV} : index
+      %block_size = arith.constant ${BS} : index
+      %slots = arith.constant ${T} : index
+      %kv_heads = arith.constant ${G} : index
+<% endmacro %>
 
 <# %`name` [`dim`, HPG] f32 on the stack: %`x` [b, m, %`h0` + heads, :] transposed, `cols` elements of `index`
    at a time (%`step`, up to %`bound`), times %scale_tile when `scaled`. #>
