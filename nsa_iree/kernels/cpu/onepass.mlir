@@ -15,6 +15,7 @@
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/host.mlir" as host %>
 <% import "cpu/host.mlir" as cpu %>
+<% import "cpu/products.mlir" as products %>
 <% import "cpu/rows.mlir" as rows %>
 <% import "common/blocks.mlir" as blocks %>
 
@@ -97,45 +98,9 @@ ${ rows.block_extent() }
           %key_mask = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
 
           // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
-          scf.for %h0 = %c0 to %heads_per_group step %heads_step {
-            %s_acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%sa = %zero_s) -> (vector<${CPU_SROWS}x${BS}xf32>) {
-              %qd = vector.load %qT[%d, %h0] : memref<${D}x${HPG}xf32>, vector<${CPU_SROWS}xf32>
-              %keys = vector.load %kT[%f, %d, %c0] : memref<?x${D}x${BS}x${E}>, vector<${BS}x${E}>
-              %keys32 = ${EXTF} %keys : vector<${BS}x${E}> to vector<${BS}xf32>
-              %sa_new = vector.outerproduct %qd, %keys32, %sa : vector<${CPU_SROWS}xf32>, vector<${BS}xf32>
-              scf.yield %sa_new : vector<${CPU_SROWS}x${BS}xf32>
-            }
-            vector.transfer_write %s_acc, %s_tile[%h0, %c0] {in_bounds = [true, true]}
-                : vector<${CPU_SROWS}x${BS}xf32>, memref<${HPG}x${BS}xf32>
-            %dp_acc = scf.for %e = %c0 to %value_dim step %c1 iter_args(%da = %zero_s) -> (vector<${CPU_SROWS}x${BS}xf32>) {
-              %doe = vector.load %doT[%e, %h0] : memref<${DV}x${HPG}xf32>, vector<${CPU_SROWS}xf32>
-              %vals = vector.load %vT[%f, %e, %c0] : memref<?x${DV}x${BS}x${E}>, vector<${BS}x${E}>
-              %vals32 = ${EXTF} %vals : vector<${BS}x${E}> to vector<${BS}xf32>
-              %da_new = vector.outerproduct %doe, %vals32, %da : vector<${CPU_SROWS}xf32>, vector<${BS}xf32>
-              scf.yield %da_new : vector<${CPU_SROWS}x${BS}xf32>
-            }
-            vector.transfer_write %dp_acc, %dp_tile[%h0, %c0] {in_bounds = [true, true]}
-                : vector<${CPU_SROWS}x${BS}xf32>, memref<${HPG}x${BS}xf32>
-          }
+${ products.scores(none, CPU_SROWS) }
           // P = exp(S - lse) on visible keys (0 elsewhere), DS = P * (dP - delta): in place.
-          scf.for %h = %c0 to %heads_per_group step %c1 {
-            %head = arith.addi %h_first, %h : index
-            %l = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
-            %dl = memref.load %delta[%b, %m, %head] : memref<?x?x${H}xf32>
-            %l_v = vector.broadcast %l : f32 to vector<${BS}xf32>
-            %dl_v = vector.broadcast %dl : f32 to vector<${BS}xf32>
-            %s = vector.load %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-            %shifted = arith.subf %s, %l_v : vector<${BS}xf32>
-            %e_s = math.exp %shifted : vector<${BS}xf32>
-            %p = arith.select %key_mask, %e_s, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
-            %dp = vector.load %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-            %dp_minus_delta = arith.subf %dp, %dl_v : vector<${BS}xf32>
-            // Masked keys get exactly 0 (not 0 * dP: a future key's V row may hold an Inf or NaN).
-            %ds_all = arith.mulf %p, %dp_minus_delta : vector<${BS}xf32>
-            %ds = arith.select %key_mask, %ds_all, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
-            vector.store %p, %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-            vector.store %ds, %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-          }
+${ products.p_ds(false) }
           // DS transposed, CPU_SROWS heads at a time (register shuffles, not one store per element).
           scf.for %h0 = %c0 to %heads_per_group step %heads_step {
             %tile = vector.transfer_read %dp_tile[%h0, %c0], %zero {in_bounds = [true, true]}
@@ -193,28 +158,14 @@ ${ rows.block_extent() }
                 %col = arith.addi %head_dim, %e0 : index
                 %old = vector.transfer_read %acc[%f, %j0, %col], %zero {in_bounds = [true, true]}
                     : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_VCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %pj = vector.load %s_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %dor = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${CPU_VCOLS}x${E}>
-                  %dor32 = ${EXTF} %dor : vector<${CPU_VCOLS}x${E}> to vector<${CPU_VCOLS}xf32>
-                  %a_new = vector.outerproduct %pj, %dor32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_VCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-                }
+${ products.head_sum("old", "s_tile", "pj", "do", "dor", DV, CPU_VCOLS, "e", CPU_KROWS) }
                 vector.transfer_write %new, %acc[%f, %j0, %col] {in_bounds = [true, true]}
                     : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
               }
               scf.for %d0 = %c0 to %head_dim step %kcols_step {
                 %old = vector.transfer_read %acc[%f, %j0, %d0], %zero {in_bounds = [true, true]}
                     : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_KCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %dsj = vector.load %dp_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %qr = vector.load %q[%b, %m, %head, %d0] : memref<?x?x${H}x${D}x${E}>, vector<${CPU_KCOLS}x${E}>
-                  %qr32 = ${EXTF} %qr : vector<${CPU_KCOLS}x${E}> to vector<${CPU_KCOLS}xf32>
-                  %a_new = vector.outerproduct %dsj, %qr32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_KCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                }
+${ products.head_sum("old", "dp_tile", "dsj", "q", "qr", D, CPU_KCOLS, "d", CPU_KROWS) }
                 vector.transfer_write %new, %acc[%f, %j0, %d0] {in_bounds = [true, true]}
                     : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
               }
@@ -224,14 +175,7 @@ ${ rows.block_extent() }
             scf.for %j0 = %c0 to %visible step %keys_step {
               scf.for %e0 = %c0 to %value_dim step %vcols_step {
                 %col = arith.addi %head_dim, %e0 : index
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %zero_v) -> (vector<${CPU_KROWS}x${CPU_VCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %pj = vector.load %s_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %dor = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${CPU_VCOLS}x${E}>
-                  %dor32 = ${EXTF} %dor : vector<${CPU_VCOLS}x${E}> to vector<${CPU_VCOLS}xf32>
-                  %a_new = vector.outerproduct %pj, %dor32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_VCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-                }
+${ products.head_sum("zero_v", "s_tile", "pj", "do", "dor", DV, CPU_VCOLS, "e", CPU_KROWS) }
                 vector.transfer_write %new, %part_v[%c0, %c0] {in_bounds = [true, true]}
                     : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<${CPU_KROWS}x${CPU_VCOLS}xf32>
                 scf.for %r = %c0 to %keys_step step %c1 {
@@ -245,14 +189,7 @@ ${ rows.block_extent() }
                 }
               }
               scf.for %d0 = %c0 to %head_dim step %kcols_step {
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %zero_k) -> (vector<${CPU_KROWS}x${CPU_KCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %dsj = vector.load %dp_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %qr = vector.load %q[%b, %m, %head, %d0] : memref<?x?x${H}x${D}x${E}>, vector<${CPU_KCOLS}x${E}>
-                  %qr32 = ${EXTF} %qr : vector<${CPU_KCOLS}x${E}> to vector<${CPU_KCOLS}xf32>
-                  %a_new = vector.outerproduct %dsj, %qr32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_KCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                }
+${ products.head_sum("zero_k", "dp_tile", "dsj", "q", "qr", D, CPU_KCOLS, "d", CPU_KROWS) }
                 vector.transfer_write %new, %part_k[%c0, %c0] {in_bounds = [true, true]}
                     : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<${CPU_KROWS}x${CPU_KCOLS}xf32>
                 scf.for %r = %c0 to %keys_step step %c1 {
