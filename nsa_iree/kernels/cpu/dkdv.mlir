@@ -108,23 +108,7 @@ ${ products.scores("c", CPU_SROWS) | indent(2, true) }
 ${ products.p_ds(true) | indent(2, true) }
             // dv[j, :] += sum_h P[h, j] do[h, :] and dk[j, :] += sum_h DS[h, j] q[h, :] over the visible keys,
             // CPU_KROWS keys times CPU_VCOLS (CPU_KCOLS) elements per register block.
-            scf.for %j0 = %c0 to %visible step %keys_step {
-              scf.for %e0 = %c0 to %value_dim step %vcols_step {
-                %col = arith.addi %head_dim, %e0 : index
-                %old = vector.transfer_read %acc[%f, %j0, %col], %zero {in_bounds = [true, true]}
-                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-${ products.head_sum("old", "s_tile", "pj", "do", "dor", DV, CPU_VCOLS, "e", CPU_KROWS) }
-                vector.transfer_write %new, %acc[%f, %j0, %col] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
-              }
-              scf.for %d0 = %c0 to %head_dim step %kcols_step {
-                %old = vector.transfer_read %acc[%f, %j0, %d0], %zero {in_bounds = [true, true]}
-                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-${ products.head_sum("old", "dp_tile", "dsj", "q", "qr", D, CPU_KCOLS, "d", CPU_KROWS) }
-                vector.transfer_write %new, %acc[%f, %j0, %d0] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
-              }
-            }
+${ products.add_to_acc(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_DKV) }
           }
         }
       }

@@ -153,55 +153,26 @@ ${ products.p_ds(false) }
           // between its load and its store, and be lost).
           %f_atomic = arith.addi %f, %flat_blocks : index
           scf.if %taken {
-            scf.for %j0 = %c0 to %visible step %keys_step {
-              scf.for %e0 = %c0 to %value_dim step %vcols_step {
-                %col = arith.addi %head_dim, %e0 : index
-                %old = vector.transfer_read %acc[%f, %j0, %col], %zero {in_bounds = [true, true]}
-                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-${ products.head_sum("old", "s_tile", "pj", "do", "dor", DV, CPU_VCOLS, "e", CPU_KROWS) }
-                vector.transfer_write %new, %acc[%f, %j0, %col] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
-              }
-              scf.for %d0 = %c0 to %head_dim step %kcols_step {
-                %old = vector.transfer_read %acc[%f, %j0, %d0], %zero {in_bounds = [true, true]}
-                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-${ products.head_sum("old", "dp_tile", "dsj", "q", "qr", D, CPU_KCOLS, "d", CPU_KROWS) }
-                vector.transfer_write %new, %acc[%f, %j0, %d0] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
-              }
-            }
+${ products.add_to_acc(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_DKV) }
             %released = llvm.atomicrmw xchg %lock, %c0_i32 release : !llvm.ptr, i32
           } else {
             scf.for %j0 = %c0 to %visible step %keys_step {
-              scf.for %e0 = %c0 to %value_dim step %vcols_step {
-                %col = arith.addi %head_dim, %e0 : index
-${ products.head_sum("zero_v", "s_tile", "pj", "do", "dor", DV, CPU_VCOLS, "e", CPU_KROWS) }
-                vector.transfer_write %new, %part_v[%c0, %c0] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<${CPU_KROWS}x${CPU_VCOLS}xf32>
+<% call(p) products.parts(CPU_VCOLS, CPU_KCOLS) %>
+${ products.part_loop(p) }
+${ products.head_sum(p.zero, p, CPU_KROWS) }
+                vector.transfer_write %new, %${p.part}[%c0, %c0] {in_bounds = [true, true]}
+                    : vector<${CPU_KROWS}x${p.cols}xf32>, memref<${CPU_KROWS}x${p.cols}xf32>
                 scf.for %r = %c0 to %keys_step step %c1 {
-                  scf.for %x = %c0 to %vcols_step step %c1 {
-                    %part = memref.load %part_v[%r, %x] : memref<${CPU_KROWS}x${CPU_VCOLS}xf32>
+                  scf.for %x = %c0 to %${p.step} step %c1 {
+                    %part = memref.load %${p.part}[%r, %x] : memref<${CPU_KROWS}x${p.cols}xf32>
                     %row = arith.addi %j0, %r : index
-                    %column = arith.addi %col, %x : index
+                    %column = arith.addi %${p.at}, %x : index
                     %ptr = func.call @acc_element(%acc_base, %f_atomic, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
                     %before = llvm.atomicrmw fadd %ptr, %part monotonic : !llvm.ptr, f32
                   }
                 }
               }
-              scf.for %d0 = %c0 to %head_dim step %kcols_step {
-${ products.head_sum("zero_k", "dp_tile", "dsj", "q", "qr", D, CPU_KCOLS, "d", CPU_KROWS) }
-                vector.transfer_write %new, %part_k[%c0, %c0] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                scf.for %r = %c0 to %keys_step step %c1 {
-                  scf.for %x = %c0 to %kcols_step step %c1 {
-                    %part = memref.load %part_k[%r, %x] : memref<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                    %row = arith.addi %j0, %r : index
-                    %column = arith.addi %d0, %x : index
-                    %ptr = func.call @acc_element(%acc_base, %f_atomic, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
-                    %before = llvm.atomicrmw fadd %ptr, %part monotonic : !llvm.ptr, f32
-                  }
-                }
-              }
+<% endcall %>
             }
           }
         }

@@ -1,6 +1,6 @@
 // The block-major backward products the CPU dk/dv and one-pass kernels share, as macros: S and dP of one
 // selected block for the row's heads, P and DS from them in place, and the sum over heads that adds a register
-// block of dk or dv. They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
+// block of dk or dv (the locked add into the accumulator whole). They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
 
 <# %s_tile = S and %dp_tile = dP [HPG, BS], `srows` (CPU_SROWS) heads at a time; qT and doT read at
    [`row`, ...] when `row` (one per row group, memref<?x...>), else as the row's own stack tiles. #>
@@ -8,24 +8,17 @@
 <% set at = "%" ~ row ~ ", " if row else "" %>
 <% set dyn = "?x" if row else "" %>
           scf.for %h0 = %c0 to %heads_per_group step %heads_step {
-            %s_acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%sa = %zero_s) -> (vector<${srows}x${BS}xf32>) {
-              %qd = vector.load %qT[${at}%d, %h0] : memref<${dyn}${D}x${HPG}xf32>, vector<${srows}xf32>
-              %keys = vector.load %kT[%f, %d, %c0] : memref<?x${D}x${BS}x${E}>, vector<${BS}x${E}>
-              %keys32 = ${EXTF} %keys : vector<${BS}x${E}> to vector<${BS}xf32>
-              %sa_new = vector.outerproduct %qd, %keys32, %sa : vector<${srows}xf32>, vector<${BS}xf32>
-              scf.yield %sa_new : vector<${srows}x${BS}xf32>
+<% for acc, x, y, blocks, index, dim, tile in [("sa", "qd", "qT", "kT", "d", D, "s_tile"), ("da", "doe", "doT", "vT", "e", DV, "dp_tile")] %>
+            %${tile[:-5]}_acc = scf.for %${index} = %c0 to %${ "head_dim" if index == "d" else "value_dim" } step %c1 iter_args(%${acc} = %zero_s) -> (vector<${srows}x${BS}xf32>) {
+              %${x} = vector.load %${y}[${at}%${index}, %h0] : memref<${dyn}${dim}x${HPG}xf32>, vector<${srows}xf32>
+              %${blocks}_row = vector.load %${blocks}[%f, %${index}, %c0] : memref<?x${dim}x${BS}x${E}>, vector<${BS}x${E}>
+              %${blocks}_row32 = ${EXTF} %${blocks}_row : vector<${BS}x${E}> to vector<${BS}xf32>
+              %${acc}_new = vector.outerproduct %${x}, %${blocks}_row32, %${acc} : vector<${srows}xf32>, vector<${BS}xf32>
+              scf.yield %${acc}_new : vector<${srows}x${BS}xf32>
             }
-            vector.transfer_write %s_acc, %s_tile[%h0, %c0] {in_bounds = [true, true]}
+            vector.transfer_write %${tile[:-5]}_acc, %${tile}[%h0, %c0] {in_bounds = [true, true]}
                 : vector<${srows}x${BS}xf32>, memref<${HPG}x${BS}xf32>
-            %dp_acc = scf.for %e = %c0 to %value_dim step %c1 iter_args(%da = %zero_s) -> (vector<${srows}x${BS}xf32>) {
-              %doe = vector.load %doT[${at}%e, %h0] : memref<${dyn}${DV}x${HPG}xf32>, vector<${srows}xf32>
-              %vals = vector.load %vT[%f, %e, %c0] : memref<?x${DV}x${BS}x${E}>, vector<${BS}x${E}>
-              %vals32 = ${EXTF} %vals : vector<${BS}x${E}> to vector<${BS}xf32>
-              %da_new = vector.outerproduct %doe, %vals32, %da : vector<${srows}xf32>, vector<${BS}xf32>
-              scf.yield %da_new : vector<${srows}x${BS}xf32>
-            }
-            vector.transfer_write %dp_acc, %dp_tile[%h0, %c0] {in_bounds = [true, true]}
-                : vector<${srows}x${BS}xf32>, memref<${HPG}x${BS}xf32>
+<% endfor %>
           }
 <% endmacro %>
 
@@ -55,16 +48,49 @@
           }
 <% endmacro %>
 
-<# %new [`krows` (CPU_KROWS), `cols`] = %`init` + the sum over heads h of `tile`[h, keys j0..] (as %`w`)
-   times %`x`[b, m, head, `index`0 .. + `cols`] (as %`r`; `dim` wide): a register block of dv (P, do) or
-   dk (DS, q). #>
-<% macro head_sum(init, tile, w, x, r, dim, cols, index, krows) %>
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %${init}) -> (vector<${krows}x${cols}xf32>) {
+<# The two parts of a key block's dk/dv register blocks, for the call block (given each part `p`): dv (P times
+   do, columns D + e0 of the accumulator, `vcols` (CPU_VCOLS) at a time), then dk (DS times q, columns d0,
+   `kcols` (CPU_KCOLS) at a time). #>
+<% macro parts(vcols, kcols) %>
+<% for p in [dict(index="e", bound="value_dim", step="vcols_step", at="col", tile="s_tile", w="pj", x="do", r="dor", dim=DV, cols=vcols, part="part_v", zero="zero_v"),
+             dict(index="d", bound="head_dim", step="kcols_step", at="d0", tile="dp_tile", w="dsj", x="q", r="qr", dim=D, cols=kcols, part="part_k", zero="zero_k")] %>
+${ caller(p) }
+<% endfor %>
+<% endmacro %>
+
+<# The opening of part `p`'s loop over its columns (%col: the accumulator's column of dv's e0). #>
+<% macro part_loop(p) %>
+              scf.for %${p.index}0 = %c0 to %${p.bound} step %${p.step} {
+<% if p.at == "col" %>
+                %col = arith.addi %head_dim, %e0 : index
+<% endif %>
+<% endmacro %>
+
+<# %new [`krows` (CPU_KROWS), p.cols] = %`init` + the sum over heads h of p.tile[h, keys j0..] (as %<p.w>) times
+   p.x[b, m, head, <p.index>0 .. + p.cols] (as %<p.r>): part `p`'s register block. #>
+<% macro head_sum(init, p, krows) %>
+                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %${init}) -> (vector<${krows}x${p.cols}xf32>) {
                   %head = arith.addi %h_first, %h : index
-                  %${w} = vector.load %${tile}[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${krows}xf32>
-                  %${r} = vector.load %${x}[%b, %m, %head, %${index}0] : memref<?x?x${H}x${dim}x${E}>, vector<${cols}x${E}>
-                  %${r}32 = ${EXTF} %${r} : vector<${cols}x${E}> to vector<${cols}xf32>
-                  %a_new = vector.outerproduct %${w}, %${r}32, %a : vector<${krows}xf32>, vector<${cols}xf32>
-                  scf.yield %a_new : vector<${krows}x${cols}xf32>
+                  %${p.w} = vector.load %${p.tile}[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${krows}xf32>
+                  %${p.r} = vector.load %${p.x}[%b, %m, %head, %${p.index}0] : memref<?x?x${H}x${p.dim}x${E}>, vector<${p.cols}x${E}>
+                  %${p.r}32 = ${EXTF} %${p.r} : vector<${p.cols}x${E}> to vector<${p.cols}xf32>
+                  %a_new = vector.outerproduct %${p.w}, %${p.r}32, %a : vector<${krows}xf32>, vector<${p.cols}xf32>
+                  scf.yield %a_new : vector<${krows}x${p.cols}xf32>
                 }
+<% endmacro %>
+
+<# dv and dk of the visible keys of flat block %f added into %acc [.., BS, `dkv` (CPU_DKV)] with plain loads and
+   stores, `krows` keys times `vcols` (`kcols`) columns per register block. #>
+<% macro add_to_acc(krows, vcols, kcols, dkv) %>
+            scf.for %j0 = %c0 to %visible step %keys_step {
+<% call(p) parts(vcols, kcols) %>
+${ part_loop(p) }
+                %old = vector.transfer_read %acc[%f, %j0, %${p.at}], %zero {in_bounds = [true, true]}
+                    : memref<?x${BS}x${dkv}xf32>, vector<${krows}x${p.cols}xf32>
+${ head_sum("old", p, krows) }
+                vector.transfer_write %new, %acc[%f, %j0, %${p.at}] {in_bounds = [true, true]}
+                    : vector<${krows}x${p.cols}xf32>, memref<?x${BS}x${dkv}xf32>
+              }
+<% endcall %>
+            }
 <% endmacro %>
