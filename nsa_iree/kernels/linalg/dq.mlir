@@ -6,6 +6,7 @@
 // attributes are empty on CPU and name the matrix-unit layouts on GPU targets (pipelines/<target>.toml).
 <% import "common/host.mlir" as host %>
 <% import "linalg/host.mlir" as linalg %>
+<% import "linalg/regions.mlir" as regions %>
 ${ host.dq_signature() }
 ${ host.sizes() }
 
@@ -22,48 +23,12 @@ ${ linalg.selected_slots() }
 
   %dq_grouped = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${D}x${E}>{%batch, %m_rows}) {
     %zero = arith.constant 0.0 : f32
-    %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %gathered_k = iree_linalg_ext.gather dimension_map = [0]
-        ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %vg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
-    %gathered_v = iree_linalg_ext.gather dimension_map = [0]
-        ins(%value_blocks, %block_gather_index : tensor<?x${BS}x${DV}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%vg_init : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
+${ regions.gather("k", "key_blocks", D) }
+${ regions.gather("v", "value_blocks", DV) }
 
-    %scores_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %scores_zero = linalg.fill ins(%zero : f32) outs(%scores_init : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>)
-        -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %s = linalg.generic {
-        indexing_maps = [affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, t, j, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, t, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DQ_SCORES_CONFIG}}
-        ins(%q_grouped, %gathered_k : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
-        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %dp = linalg.generic {
-        indexing_maps = [affine_map<(b, m, g, h, t, j, e) -> (b, m, g, h, e)>,
-                         affine_map<(b, m, g, h, t, j, e) -> (b, m, g, t, j, e)>,
-                         affine_map<(b, m, g, h, t, j, e) -> (b, m, g, h, t, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DQ_DP_CONFIG}}
-        ins(%do_grouped, %gathered_v : tensor<?x?x${G}x${HPG}x${DV}x${E}>, tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>)
-        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+${ regions.scores_zero() }
+${ regions.product("s", "q_grouped", "gathered_k", "d", D, DQ_SCORES_CONFIG) }
+${ regions.product("dp", "do_grouped", "gathered_v", "e", DV, DQ_DP_CONFIG) }
 
     // ds * scale, rounded to the input type so that the dq product runs on the matrix units.
     // The select keeps masked keys exactly zero (and empty rows, whose lse is -inf, free of NaN).

@@ -15,6 +15,7 @@
 // became scalar code on GPUs.)
 <% import "common/host.mlir" as host %>
 <% import "linalg/host.mlir" as linalg %>
+<% import "linalg/regions.mlir" as regions %>
 ${ host.forward_signature() }
 <% call host.sizes() %>
   %zero = arith.constant 0.0 : f32
@@ -32,28 +33,9 @@ ${ linalg.selected_slots() }
   // q k^T product in front of it is an ordinary contraction (matrix units on GPU targets).
   %block_max, %block_sum = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${T}xf32>{%batch, %m_rows},
       tensor<?x?x${G}x${HPG}x${T}xf32>{%batch, %m_rows}) {
-    %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %gathered_k = iree_linalg_ext.gather dimension_map = [0]
-        ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %scores_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %scores_zero = linalg.fill ins(%zero : f32) outs(%scores_init : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>)
-        -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %s = linalg.generic {
-        indexing_maps = [affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, t, j, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, t, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${FWD_LSE_SCORES_CONFIG}}
-        ins(%q_grouped, %gathered_k : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
-        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+${ regions.gather("k", "key_blocks", D) }
+${ regions.scores_zero() }
+${ regions.product("s", "q_grouped", "gathered_k", "d", D, FWD_LSE_SCORES_CONFIG) }
     %blk_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}xf32>
     %max_init = linalg.fill ins(%neg_inf_s : f32) outs(%blk_init : tensor<?x?x${G}x${HPG}x${T}xf32>)
         -> tensor<?x?x${G}x${HPG}x${T}xf32>
@@ -145,32 +127,10 @@ ${ linalg.selected_slots() }
   } -> tensor<?x?x${G}x${HPG}xf32>
 
   %o_grouped = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${DV}x${E}>{%batch, %m_rows}) {
-    %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %gathered_k = iree_linalg_ext.gather dimension_map = [0]
-        ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %vg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
-    %gathered_v = iree_linalg_ext.gather dimension_map = [0]
-        ins(%value_blocks, %block_gather_index : tensor<?x${BS}x${DV}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%vg_init : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
-    %scores_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %scores_zero = linalg.fill ins(%zero : f32) outs(%scores_init : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>)
-        -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %s = linalg.generic {
-        indexing_maps = [affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, t, j, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, t, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${FWD_O_SCORES_CONFIG}}
-        ins(%q_grouped, %gathered_k : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
-        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+${ regions.gather("k", "key_blocks", D) }
+${ regions.gather("v", "value_blocks", DV) }
+${ regions.scores_zero() }
+${ regions.product("s", "q_grouped", "gathered_k", "d", D, FWD_O_SCORES_CONFIG) }
     // p in the input type so that p v runs on the matrix units; masked keys (and empty rows) give 0.
     %p_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>
     %p = linalg.generic {
