@@ -99,8 +99,9 @@ ${ linalg.kv_blocks() }
     linalg.yield %c_safe_i32, %last_key_here, %w : i32, i32, f32
   } -> (tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xf32>)
 
-  // ---- dv: p^T do per piece. (The gathers and p below are repeated in the dk region: one root per region.)
-  %dv_pieces = flow.dispatch.region -> (tensor<?x${BS}x${DV}xf32>{%pieces}) {
+<# In a piece region: the piece's gathered q, do and lse rows (%q_sel, %do_sel, %lse_sel), its block's K tile
+   (%k_tile) and %s = q k^T [pieces, ROWS_PER_PIECE, HPG, BS] (lowering attributes `config`). #>
+<% macro piece_scores(config) %>
     %pr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
     %q_sel = iree_linalg_ext.gather dimension_map = [0]
         ins(%q_rows, %row_index : tensor<?x${HPG}x${D}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
@@ -124,7 +125,7 @@ ${ linalg.kv_blocks() }
         indexing_maps = [affine_map<(p, r, h, j, d) -> (p, r, h, d)>, affine_map<(p, r, h, j, d) -> (p, j, d)>,
                          affine_map<(p, r, h, j, d) -> (p, r, h, j)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DV_SCORES_CONFIG}}
+        ${config}}
         ins(%q_sel, %k_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>, tensor<?x${BS}x${D}x${E}>)
         outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
     ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
@@ -134,6 +135,11 @@ ${ linalg.kv_blocks() }
       %sum = arith.addf %acc, %xy : f32
       linalg.yield %sum : f32
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+<% endmacro %>
+
+  // ---- dv: p^T do per piece. (The gathers and p below are repeated in the dk region: one root per region.)
+  %dv_pieces = flow.dispatch.region -> (tensor<?x${BS}x${DV}xf32>{%pieces}) {
+${ piece_scores(DV_SCORES_CONFIG) }
     %pe_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
     %p_e = linalg.generic {
         indexing_maps = [affine_map<(p, r, h, j) -> (p, r, h, j)>, affine_map<(p, r, h, j) -> (p, r, h)>,
@@ -176,39 +182,7 @@ ${ linalg.kv_blocks() }
 
   // ---- dk: scale * ds^T q per piece, ds = p * (dp - delta), dp = do v^T.
   %dk_pieces = flow.dispatch.region -> (tensor<?x${BS}x${D}xf32>{%pieces}) {
-    %pr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
-    %q_sel = iree_linalg_ext.gather dimension_map = [0]
-        ins(%q_rows, %row_index : tensor<?x${HPG}x${D}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
-        outs(%pr_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
-    %kt_init = tensor.empty(%pieces) : tensor<?x${BS}x${D}x${E}>
-    %k_tile = iree_linalg_ext.gather dimension_map = [0]
-        ins(%key_blocks, %piece_block : tensor<?x${BS}x${D}x${E}>, tensor<?xi32>)
-        outs(%kt_init : tensor<?x${BS}x${D}x${E}>) -> tensor<?x${BS}x${D}x${E}>
-    %dr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>
-    %do_sel = iree_linalg_ext.gather dimension_map = [0]
-        ins(%do_rows, %row_index : tensor<?x${HPG}x${DV}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
-        outs(%dr_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>
-    %st_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
-    %lse_sel = iree_linalg_ext.gather dimension_map = [0]
-        ins(%lse_rows, %row_index : tensor<?x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>)
-        outs(%st_init : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
-    %sc_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
-    %sc_zero = linalg.fill ins(%zero : f32) outs(%sc_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>)
-        -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
-    %s = linalg.generic {
-        indexing_maps = [affine_map<(p, r, h, j, d) -> (p, r, h, d)>, affine_map<(p, r, h, j, d) -> (p, j, d)>,
-                         affine_map<(p, r, h, j, d) -> (p, r, h, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DK_SCORES_CONFIG}}
-        ins(%q_sel, %k_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>, tensor<?x${BS}x${D}x${E}>)
-        outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+${ piece_scores(DK_SCORES_CONFIG) }
     %vt_init = tensor.empty(%pieces) : tensor<?x${BS}x${DV}x${E}>
     %v_tile = iree_linalg_ext.gather dimension_map = [0]
         ins(%value_blocks, %piece_block : tensor<?x${BS}x${DV}x${E}>, tensor<?xi32>)
