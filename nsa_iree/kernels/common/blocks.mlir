@@ -23,3 +23,27 @@ ${indent}%bg = arith.addi %bg0, %g : index
 ${indent}%${f}0 = arith.muli %bg, %num_blocks : index
 ${indent}%${f} = arith.addi %${f}0, %${block} : index
 <% endmacro %>
+
+<# %block (%block_i32 as an index) and %`name`: whether row %m reads it (not skipped, not past %pos / BS, with
+   %pos = %m + %offset and %last_visible its last block). #>
+<% macro selected(name) %>
+    %block = arith.index_cast %block_i32 : i32 to index
+    %pos = arith.addi %m, %offset : index
+    %last_visible = arith.floordivsi %pos, %block_size : index
+    %not_negative = arith.cmpi sge, %block, %c0 : index
+    %not_future = arith.cmpi sle, %block, %last_visible : index
+    %${name} = arith.andi %not_negative, %not_future : i1
+<% endmacro %>
+
+<# %`name` [B, M, G, T] i32, one element per slot of %block_indices (through %`name`_init); the call block is the
+   body, given %block_i32 (the slot's block) and ending in its linalg.yield. #>
+<% macro per_slot(name) %>
+  %${name}_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}xi32>
+  %${name} = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, t) -> (b, m, g, t)>, affine_map<(b, m, g, t) -> (b, m, g, t)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%block_indices : tensor<?x?x${G}x${T}xi32>) outs(%${name}_init : tensor<?x?x${G}x${T}xi32>) {
+  ^bb0(%block_i32: i32, %out: i32):
+${ caller() }
+  } -> tensor<?x?x${G}x${T}xi32>
+<% endmacro %>
