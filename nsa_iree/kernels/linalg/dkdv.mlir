@@ -5,6 +5,7 @@
 //   dv_piece = p^T do;  dp = do v^T, ds = p * (dp - delta), dk_piece = scale * ds^T q.
 // dv and dk are two dispatch regions (IREE 3.13 accepts one root contraction per region); each recomputes s.
 // The pieces of a block are then summed in piece order, so dk/dv are bitwise reproducible.
+<% import "common/contraction.mlir" as contraction %>
 <% import "common/host.mlir" as host %>
 <% import "linalg/host.mlir" as linalg %>
 ${ host.dkdv_signature() }
@@ -128,12 +129,7 @@ ${ linalg.kv_blocks() }
         ${config}}
         ins(%q_sel, %k_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>, tensor<?x${BS}x${D}x${E}>)
         outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
 <% endmacro %>
 
@@ -170,12 +166,7 @@ ${ piece_scores(DV_SCORES_CONFIG) }
         ${DV_ROOT_CONFIG}}
         ins(%p_e, %do_sel : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>)
         outs(%dv_zero : tensor<?x${BS}x${DV}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x${BS}x${DV}xf32>
     flow.return %dv_piece : tensor<?x${BS}x${DV}xf32>
   }
@@ -197,12 +188,7 @@ ${ piece_scores(DK_SCORES_CONFIG) }
         ${DK_DP_CONFIG}}
         ins(%do_sel, %v_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>, tensor<?x${BS}x${DV}x${E}>)
         outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
     %dse_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
     %ds_e = linalg.generic {
@@ -239,12 +225,7 @@ ${ piece_scores(DK_SCORES_CONFIG) }
         ${DK_ROOT_CONFIG}}
         ins(%ds_e, %q_sel : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>)
         outs(%dk_zero : tensor<?x${BS}x${D}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x${BS}x${D}xf32>
     flow.return %dk_piece : tensor<?x${BS}x${D}xf32>
   }

@@ -4,6 +4,7 @@
 // Everything sits in one flow.dispatch.region, which pins the fusion: the gathered K/V and the s, p, dp,
 // ds tiles live only inside the dispatch, never in memory for the whole sequence. The contraction
 // attributes are empty on CPU and name the matrix-unit layouts on GPU targets (pipelines/<target>.toml).
+<% import "common/contraction.mlir" as contraction %>
 <% import "common/host.mlir" as host %>
 <% import "linalg/host.mlir" as linalg %>
 <% import "linalg/regions.mlir" as regions %>
@@ -71,12 +72,7 @@ ${ regions.product("dp", "do_grouped", "gathered_v", "e", DV, DQ_DP_CONFIG) }
         ${DQ_ROOT_CONFIG}}
         ins(%ds, %gathered_k : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
         outs(%dq_zero : tensor<?x?x${G}x${HPG}x${D}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x?x${G}x${HPG}x${D}xf32>
     %dq_e_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${D}x${E}>
     %dq_e = linalg.generic {

@@ -13,6 +13,7 @@
 // (iree_linalg_ext.online_attention would do this in one dispatch, but IREE 3.13's llvm-cpu tiling of its
 // head dimension gives wrong results for D > 128; a single running max/sum over all T*BS keys instead
 // became scalar code on GPUs.)
+<% import "common/contraction.mlir" as contraction %>
 <% import "common/host.mlir" as host %>
 <% import "linalg/host.mlir" as linalg %>
 <% import "linalg/regions.mlir" as regions %>
@@ -164,12 +165,7 @@ ${ regions.product("s", "q_grouped", "gathered_k", "d", D, FWD_O_SCORES_CONFIG) 
         ${FWD_O_ROOT_CONFIG}}
         ins(%p, %gathered_v : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>, tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>)
         outs(%acc_zero : tensor<?x?x${G}x${HPG}x${DV}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x?x${G}x${HPG}x${DV}xf32>
     %o_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${DV}x${E}>
     %o_e = linalg.generic {
