@@ -1,6 +1,19 @@
 // Index arithmetic of the block-major K/V layout the helper stages and kernels share, as macros: flat block
 // f = (b * G + g) * NB + i holds keys i * BS .. i * BS + BS - 1 of group g of batch b.
 
+<# Of %k [B, N, G, D]: %batch, %n, %num_blocks (NB), %last_row (N - 1) and %flat_blocks (B * G * NB), with
+   %block_size and %kv_heads; reads %c0 and %c1. #>
+<% macro sizes() %>
+  %block_size = arith.constant ${BS} : index
+  %kv_heads = arith.constant ${G} : index
+  %batch = tensor.dim %k, %c0 : tensor<?x?x${G}x${D}x${E}>
+  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %num_blocks = arith.ceildivui %n, %block_size : index
+  %last_row = arith.subi %n, %c1 : index
+  %bg_count = arith.muli %batch, %kv_heads : index
+  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+<% endmacro %>
+
 <# From flat block %`f` and key j of it: %i, %bg, %g, %b and %row, the source row (at most %last_row);
    reads %num_blocks, %kv_heads, %block_size. `indent`: the lines' leading spaces. #>
 <% macro source_row(f, indent) %>

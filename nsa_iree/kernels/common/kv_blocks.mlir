@@ -12,14 +12,7 @@ func.func private @kv_blocks(%k: tensor<?x?x${G}x${D}x${E}>, %v: tensor<?x?x${G}
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %zero = arith.constant 0.0 : ${E}
-  %block_size = arith.constant ${BS} : index
-  %kv_heads = arith.constant ${G} : index
-  %batch = tensor.dim %k, %c0 : tensor<?x?x${G}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
-  %num_blocks = arith.ceildivui %n, %block_size : index
-  %last_row = arith.subi %n, %c1 : index
-  %bg_count = arith.muli %batch, %kv_heads : index
-  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+${ blocks.sizes() }
   %rows = arith.addi %flat_blocks, %c1 : index
 
 <% for name, x, dim, index in [("key", "k", D, "d"), ("value", "v", DV, "e")] %>

@@ -9,14 +9,7 @@ func.func private @cpu_blocks_t(%k: tensor<?x?x${G}x${D}x${E}>, %v: tensor<?x?x$
     -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
-  %block_size = arith.constant ${BS} : index
-  %kv_heads = arith.constant ${G} : index
-  %batch = tensor.dim %k, %c0 : tensor<?x?x${G}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
-  %num_blocks = arith.ceildivui %n, %block_size : index
-  %last_row = arith.subi %n, %c1 : index
-  %bg_count = arith.muli %batch, %kv_heads : index
-  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+${ blocks.sizes() }
 
 <% for name, x, dim, index in [("key", "k", D, "d"), ("value", "v", DV, "e")] %>
   %${name}_init = tensor.empty(%flat_blocks) : tensor<?x${dim}x${BS}x${E}>

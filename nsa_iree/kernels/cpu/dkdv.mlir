@@ -30,12 +30,7 @@ ${ rows.constants() }
       %rows_per_piece = arith.constant ${ROWS_PER_PIECE} : index
       %dkv_dim = arith.constant ${CPU_DKV} : index
       %heads_step = arith.constant ${CPU_SROWS} : index
-      %keys_step = arith.constant ${CPU_KROWS} : index
-      %vcols_step = arith.constant ${CPU_VCOLS} : index
-      %kcols_step = arith.constant ${CPU_KCOLS} : index
-      %zero_keys = arith.constant dense<0.0> : vector<${BS}xf32>
-      %zero_s = arith.constant dense<0.0> : vector<${CPU_SROWS}x${BS}xf32>
-      %key_iota = vector.step : vector<${BS}xindex>
+${ products.constants(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_SROWS) }
 
 ${ dispatch.ids(['i', 'g', 'b']) }
       %batch_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(0) : i32

@@ -38,12 +38,7 @@ ${ rows.constants() }
       %heads_step = arith.constant ${CPU_SROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %cols_step = arith.constant ${CPU_COLS} : index
-      %keys_step = arith.constant ${CPU_KROWS} : index
-      %vcols_step = arith.constant ${CPU_VCOLS} : index
-      %kcols_step = arith.constant ${CPU_KCOLS} : index
-      %zero_keys = arith.constant dense<0.0> : vector<${BS}xf32>
-      %zero_s = arith.constant dense<0.0> : vector<${CPU_SROWS}x${BS}xf32>
-      %key_iota = vector.step : vector<${BS}xindex>
+${ products.constants(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_SROWS) }
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("onepass_cpu_layout", ['batch', 'm_rows', 'n', 'scale']) }

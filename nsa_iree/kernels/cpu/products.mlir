@@ -2,6 +2,17 @@
 // selected block for the row's heads, P and DS from them in place, and the sum over heads that adds a register
 // block of dk or dv (the locked add into the accumulator whole). They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
 
+<# The steps and constants the products read: %keys_step (`krows`), %vcols_step (`vcols`), %kcols_step (`kcols`),
+   %zero_keys, %zero_s [`srows`, BS], and %key_iota (0 .. BS - 1, for the key masks). #>
+<% macro constants(krows, vcols, kcols, srows) %>
+      %keys_step = arith.constant ${krows} : index
+      %vcols_step = arith.constant ${vcols} : index
+      %kcols_step = arith.constant ${kcols} : index
+      %zero_keys = arith.constant dense<0.0> : vector<${BS}xf32>
+      %zero_s = arith.constant dense<0.0> : vector<${srows}x${BS}xf32>
+      %key_iota = vector.step : vector<${BS}xindex>
+<% endmacro %>
+
 <# %s_tile = S and %dp_tile = dP [HPG, BS], `srows` (CPU_SROWS) heads at a time; qT and doT read at
    [`row`, ...] when `row` (one per row group, memref<?x...>), else as the row's own stack tiles. #>
 <% macro scores(row, srows) %>
