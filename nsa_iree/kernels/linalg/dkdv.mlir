@@ -133,6 +133,23 @@ ${ contraction.mul_add("    ") }
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
 <% endmacro %>
 
+<# A region's root and its result: %`name`_piece [pieces, BS, `dim`] f32 = sum over the piece's rows and heads of
+   %`weights` [.., HPG, BS] (p or ds) times %`rows` [.., HPG, `dim`] (do or q), lowering attributes `config`. #>
+<% macro piece_root(name, weights, rows, index, dim, config) %>
+    %${name}_init = tensor.empty(%pieces) : tensor<?x${BS}x${dim}xf32>
+    %${name}_zero = linalg.fill ins(%zero : f32) outs(%${name}_init : tensor<?x${BS}x${dim}xf32>) -> tensor<?x${BS}x${dim}xf32>
+    %${name}_piece = linalg.generic {
+        indexing_maps = [affine_map<(p, j, ${index}, r, h) -> (p, r, h, j)>, affine_map<(p, j, ${index}, r, h) -> (p, r, h, ${index})>,
+                         affine_map<(p, j, ${index}, r, h) -> (p, j, ${index})>],
+        iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]
+        ${config}}
+        ins(%${weights}, %${rows} : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${dim}x${E}>)
+        outs(%${name}_zero : tensor<?x${BS}x${dim}xf32>) {
+${ contraction.mul_add("    ") }
+    } -> tensor<?x${BS}x${dim}xf32>
+    flow.return %${name}_piece : tensor<?x${BS}x${dim}xf32>
+<% endmacro %>
+
   // ---- dv: p^T do per piece. (The gathers and p below are repeated in the dk region: one root per region.)
   %dv_pieces = flow.dispatch.region -> (tensor<?x${BS}x${DV}xf32>{%pieces}) {
 ${ piece_scores(DV_SCORES_CONFIG) }
@@ -157,18 +174,7 @@ ${ piece_scores(DV_SCORES_CONFIG) }
       %p_e_value = ${TRUNCF} %p : f32 to ${E}
       linalg.yield %p_e_value : ${E}
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
-    %dv_init = tensor.empty(%pieces) : tensor<?x${BS}x${DV}xf32>
-    %dv_zero = linalg.fill ins(%zero : f32) outs(%dv_init : tensor<?x${BS}x${DV}xf32>) -> tensor<?x${BS}x${DV}xf32>
-    %dv_piece = linalg.generic {
-        indexing_maps = [affine_map<(p, j, e, r, h) -> (p, r, h, j)>, affine_map<(p, j, e, r, h) -> (p, r, h, e)>,
-                         affine_map<(p, j, e, r, h) -> (p, j, e)>],
-        iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]
-        ${DV_ROOT_CONFIG}}
-        ins(%p_e, %do_sel : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>)
-        outs(%dv_zero : tensor<?x${BS}x${DV}xf32>) {
-${ contraction.mul_add("    ") }
-    } -> tensor<?x${BS}x${DV}xf32>
-    flow.return %dv_piece : tensor<?x${BS}x${DV}xf32>
+${ piece_root("dv", "p_e", "do_sel", "e", DV, DV_ROOT_CONFIG) }
   }
 
   // ---- dk: scale * ds^T q per piece, ds = p * (dp - delta), dp = do v^T.
@@ -216,18 +222,7 @@ ${ contraction.mul_add("    ") }
       %ds_value = ${TRUNCF} %ds_scaled : f32 to ${E}
       linalg.yield %ds_value : ${E}
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
-    %dk_init = tensor.empty(%pieces) : tensor<?x${BS}x${D}xf32>
-    %dk_zero = linalg.fill ins(%zero : f32) outs(%dk_init : tensor<?x${BS}x${D}xf32>) -> tensor<?x${BS}x${D}xf32>
-    %dk_piece = linalg.generic {
-        indexing_maps = [affine_map<(p, j, d, r, h) -> (p, r, h, j)>, affine_map<(p, j, d, r, h) -> (p, r, h, d)>,
-                         affine_map<(p, j, d, r, h) -> (p, j, d)>],
-        iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]
-        ${DK_ROOT_CONFIG}}
-        ins(%ds_e, %q_sel : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>)
-        outs(%dk_zero : tensor<?x${BS}x${D}xf32>) {
-${ contraction.mul_add("    ") }
-    } -> tensor<?x${BS}x${D}xf32>
-    flow.return %dk_piece : tensor<?x${BS}x${D}xf32>
+${ piece_root("dk", "ds_e", "q_sel", "d", D, DK_ROOT_CONFIG) }
   }
 
   // ---- Sum each block's pieces in piece order (nsa_iree/mlir/piece_sums.mlir) and cast to the input type.
