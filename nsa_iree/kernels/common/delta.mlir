@@ -1,6 +1,7 @@
 // Backward preprocess: delta[b, m, h] = sum_d o[b, m, h, d] * do[b, m, h, d], accumulated in f32.
 // Row-major like o and do (not head-major like lse): each delta is one contiguous Dv-vector reduction, and
 // both consumers read it per (row, group).
+<% import "common/contraction.mlir" as contraction %>
 func.func @selection_attention_delta(%o: tensor<?x?x${H}x${DV}x${E}>, %do: tensor<?x?x${H}x${DV}x${E}>,
     %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}xf32> {
   %c0 = arith.constant 0 : index
@@ -17,12 +18,7 @@ func.func @selection_attention_delta(%o: tensor<?x?x${H}x${DV}x${E}>, %do: tenso
         iterator_types = ["parallel", "parallel", "parallel", "reduction"]
         ${DELTA_CONFIG}}
         ins(%o, %do : tensor<?x?x${H}x${DV}x${E}>, tensor<?x?x${H}x${DV}x${E}>) outs(%zeros : tensor<?x?x${H}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x?x${H}xf32>
     flow.return %delta_sum : tensor<?x?x${H}xf32>
   }

@@ -87,3 +87,11 @@ ${ caller() }
 <% endif %>
 <% endfor %>
 <% endmacro %>
+
+<# The tensor types, with their dynamic sizes, of `items` (operand names or triples, as layout() takes them),
+   comma-separated: a flow.dispatch's operand or result types where the host passes the bindings' operands. #>
+<% macro tensor_types(items) %>
+<% for x in items %>
+${ "tensor" ~ _type(x)[6:] }${ "," if not loop.last }
+<% endfor %>
+<%- endmacro %>

@@ -23,6 +23,7 @@
 //                                      block (a loop of at most 64 steps per slot, no scan).
 // Every scan used here is inclusive and only its first result is read: in IREE 3.13 the accumulator result
 // leaves out the last element (and stays unwritten for a scanned dimension of length 1).
+<% import "common/blocks.mlir" as blocks %>
 func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index,
     %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>) {
@@ -70,12 +71,7 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
     %b = linalg.index 0 : index
     %m = linalg.index 1 : index
     %g = linalg.index 2 : index
-    %block = arith.index_cast %block_i32 : i32 to index
-    %pos = arith.addi %m, %offset : index
-    %last_visible = arith.floordivsi %pos, %block_size : index
-    %not_negative = arith.cmpi sge, %block, %c0 : index
-    %not_future = arith.cmpi sle, %block, %last_visible : index
-    %chosen = arith.andi %not_negative, %not_future : i1
+${ blocks.selected("chosen") }
     %safe_block = arith.select %chosen, %block, %c0 : index
     %row = arith.select %chosen, %m, %spare_row : index
     %bgx = arith.muli %b, %kv_heads : index
@@ -208,12 +204,7 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   // rank[b, m, g, t]: 1-based place of row m in the list of the block slot t names = rows of earlier
   // chunks (through - chunk_rows) + rows r' <= r of its own chunk that selected the block. Skipped slots get
   // block 0's value, which the scatter below ignores.
-  %rank_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}xi32>
-  %rank = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, t) -> (b, m, g, t)>, affine_map<(b, m, g, t) -> (b, m, g, t)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%block_indices : tensor<?x?x${G}x${T}xi32>) outs(%rank_init : tensor<?x?x${G}x${T}xi32>) {
-  ^bb0(%block_i32: i32, %out: i32):
+<% call blocks.per_slot("rank") %>
     %b = linalg.index 0 : index
     %m = linalg.index 1 : index
     %g = linalg.index 2 : index
@@ -235,7 +226,7 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
       scf.yield %sum : i32
     }
     linalg.yield %rank_here : i32
-  } -> tensor<?x?x${G}x${T}xi32>
+<% endcall %>
 
   // Capacity: every row adds at most T entries and every block pads at most one piece.
   %mt = arith.muli %m_rows, %slots : index
@@ -260,12 +251,7 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
     %m = linalg.index 1 : index
     %g = linalg.index 2 : index
     %x = linalg.index 4 : index
-    %block = arith.index_cast %block_i32 : i32 to index
-    %pos = arith.addi %m, %offset : index
-    %last_visible = arith.floordivsi %pos, %block_size : index
-    %not_negative = arith.cmpi sge, %block, %c0 : index
-    %not_future = arith.cmpi sle, %block, %last_visible : index
-    %chosen = arith.andi %not_negative, %not_future : i1
+${ blocks.selected("chosen") }
     %safe_block = arith.select %chosen, %block, %c0 : index
     %bgx = arith.muli %b, %kv_heads : index
     %bgi = arith.addi %bgx, %g : index

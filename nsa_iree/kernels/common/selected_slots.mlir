@@ -8,6 +8,7 @@
 // A slot is skipped when i < 0 or i*BS > pos(m) (future; covers i*BS >= N); pos(m) = m + N - M.
 // Comparing i <= floor(pos / BS) instead of i*BS <= pos avoids overflow for huge indices.
 // Slots past block_counts arrive here already set to -1 by the host.
+<% import "common/blocks.mlir" as blocks %>
 func.func private @selected_slots(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index)
     -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>) {
   %c0 = arith.constant 0 : index
@@ -19,21 +20,11 @@ func.func private @selected_slots(%block_indices: tensor<?x?x${G}x${T}xi32>, %n:
   %num_blocks = arith.ceildivui %n, %block_size : index
   %offset = arith.subi %n, %m_rows : index
 
-  %index_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}xi32>
-  %block_gather_index = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, t) -> (b, m, g, t)>, affine_map<(b, m, g, t) -> (b, m, g, t)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%block_indices : tensor<?x?x${G}x${T}xi32>) outs(%index_init : tensor<?x?x${G}x${T}xi32>) {
-  ^bb0(%block_i32: i32, %out: i32):
+<% call blocks.per_slot("block_gather_index") %>
     %b = linalg.index 0 : index
     %m = linalg.index 1 : index
     %g = linalg.index 2 : index
-    %block = arith.index_cast %block_i32 : i32 to index
-    %pos = arith.addi %m, %offset : index
-    %last_visible = arith.floordivsi %pos, %block_size : index
-    %not_negative = arith.cmpi sge, %block, %c0 : index
-    %not_future = arith.cmpi sle, %block, %last_visible : index
-    %selected = arith.andi %not_negative, %not_future : i1
+${ blocks.selected("selected") }
     %bg0 = arith.muli %b, %kv_heads : index
     %bg = arith.addi %bg0, %g : index
     %row0 = arith.muli %bg, %num_blocks : index
@@ -43,21 +34,11 @@ func.func private @selected_slots(%block_indices: tensor<?x?x${G}x${T}xi32>, %n:
     %row = arith.select %selected, %row_selected, %zero_block : index
     %row_i32 = arith.index_cast %row : index to i32
     linalg.yield %row_i32 : i32
-  } -> tensor<?x?x${G}x${T}xi32>
+<% endcall %>
 
-  %last_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}xi32>
-  %last_key = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, t) -> (b, m, g, t)>, affine_map<(b, m, g, t) -> (b, m, g, t)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%block_indices : tensor<?x?x${G}x${T}xi32>) outs(%last_init : tensor<?x?x${G}x${T}xi32>) {
-  ^bb0(%block_i32: i32, %out: i32):
+<% call blocks.per_slot("last_key") %>
     %m = linalg.index 1 : index
-    %block = arith.index_cast %block_i32 : i32 to index
-    %pos = arith.addi %m, %offset : index
-    %last_visible = arith.floordivsi %pos, %block_size : index
-    %not_negative = arith.cmpi sge, %block, %c0 : index
-    %not_future = arith.cmpi sle, %block, %last_visible : index
-    %selected = arith.andi %not_negative, %not_future : i1
+${ blocks.selected("selected") }
     // Only read when selected (0 <= i <= pos / BS), so key0 <= pos; capped at BS - 1 to stay in i32.
     %key0 = arith.muli %block, %block_size : index
     %past = arith.subi %pos, %key0 : index
@@ -67,6 +48,6 @@ func.func private @selected_slots(%block_indices: tensor<?x?x${G}x${T}xi32>, %n:
     %none = arith.constant -1 : i32
     %result = arith.select %selected, %last_i32, %none : i32
     linalg.yield %result : i32
-  } -> tensor<?x?x${G}x${T}xi32>
+<% endcall %>
   return %block_gather_index, %last_key : tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>
 }

@@ -9,6 +9,10 @@
 // (CPU_KROWS keys times CPU_VCOLS / CPU_KCOLS head elements per register block.) dk and dv accumulate in an
 // f32 scratch row of the block, and are written once, as scale * dk and dv in the input type.
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "common/host.mlir" as host %>
+<% import "cpu/host.mlir" as cpu %>
+<% import "cpu/products.mlir" as products %>
+<% import "cpu/rows.mlir" as rows %>
 
 // Push constants: B, M, N, the number of pieces (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'do', ("qT", "memref<?x" ~ D ~ "x" ~ HPG ~ "xf32>{%row_groups}", "qT [B * M * G, D, HPG] f32, scaled"), ("doT", "memref<?x" ~ DV ~ "x" ~ HPG ~ "xf32>{%row_groups}", "doT [B * M * G, Dv, HPG] f32"), ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'block_indices', 'lse', 'delta', 'entries', ("piece_start", "memref<?xi32>{%flat_blocks}", "piece_start [B * G * NB] i32"), ("piece_count", "memref<?xi32>{%flat_blocks}", "piece_count [B * G * NB] i32")] %>
@@ -22,22 +26,11 @@ ${ dispatch.layout("dkdv_cpu_layout", 5, inputs, outputs) }
       %c0_i32 = arith.constant 0 : i32
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
-      %pad = arith.constant 0.0 : ${E}
-      %heads_per_group = arith.constant ${HPG} : index
-      %head_dim = arith.constant ${D} : index
-      %value_dim = arith.constant ${DV} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %kv_heads = arith.constant ${G} : index
+${ rows.constants() }
       %rows_per_piece = arith.constant ${ROWS_PER_PIECE} : index
       %dkv_dim = arith.constant ${CPU_DKV} : index
       %heads_step = arith.constant ${CPU_SROWS} : index
-      %keys_step = arith.constant ${CPU_KROWS} : index
-      %vcols_step = arith.constant ${CPU_VCOLS} : index
-      %kcols_step = arith.constant ${CPU_KCOLS} : index
-      %zero_keys = arith.constant dense<0.0> : vector<${BS}xf32>
-      %zero_s = arith.constant dense<0.0> : vector<${CPU_SROWS}x${BS}xf32>
-      %key_iota = vector.step : vector<${BS}xindex>
+${ products.constants(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_SROWS) }
 
 ${ dispatch.ids(['i', 'g', 'b']) }
       %batch_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(0) : i32
@@ -104,80 +97,13 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
             %key_mask = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
 
             // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
-            scf.for %h0 = %c0 to %heads_per_group step %heads_step {
-              %s_acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%sa = %zero_s) -> (vector<${CPU_SROWS}x${BS}xf32>) {
-                %qd = vector.load %qT[%c, %d, %h0] : memref<?x${D}x${HPG}xf32>, vector<${CPU_SROWS}xf32>
-                %keys = vector.load %kT[%f, %d, %c0] : memref<?x${D}x${BS}x${E}>, vector<${BS}x${E}>
-                %keys32 = ${EXTF} %keys : vector<${BS}x${E}> to vector<${BS}xf32>
-                %sa_new = vector.outerproduct %qd, %keys32, %sa : vector<${CPU_SROWS}xf32>, vector<${BS}xf32>
-                scf.yield %sa_new : vector<${CPU_SROWS}x${BS}xf32>
-              }
-              vector.transfer_write %s_acc, %s_tile[%h0, %c0] {in_bounds = [true, true]}
-                  : vector<${CPU_SROWS}x${BS}xf32>, memref<${HPG}x${BS}xf32>
-              %dp_acc = scf.for %e = %c0 to %value_dim step %c1 iter_args(%da = %zero_s) -> (vector<${CPU_SROWS}x${BS}xf32>) {
-                %doe = vector.load %doT[%c, %e, %h0] : memref<?x${DV}x${HPG}xf32>, vector<${CPU_SROWS}xf32>
-                %vals = vector.load %vT[%f, %e, %c0] : memref<?x${DV}x${BS}x${E}>, vector<${BS}x${E}>
-                %vals32 = ${EXTF} %vals : vector<${BS}x${E}> to vector<${BS}xf32>
-                %da_new = vector.outerproduct %doe, %vals32, %da : vector<${CPU_SROWS}xf32>, vector<${BS}xf32>
-                scf.yield %da_new : vector<${CPU_SROWS}x${BS}xf32>
-              }
-              vector.transfer_write %dp_acc, %dp_tile[%h0, %c0] {in_bounds = [true, true]}
-                  : vector<${CPU_SROWS}x${BS}xf32>, memref<${HPG}x${BS}xf32>
-            }
+${ products.scores("c", CPU_SROWS) | indent(2, true) }
             // P = w * exp(S - lse) on visible keys (0 elsewhere, never NaN), DS = P * (dP - delta): in place.
             %w_v = vector.broadcast %w : f32 to vector<${BS}xf32>
-            scf.for %h = %c0 to %heads_per_group step %c1 {
-              %head = arith.addi %h_first, %h : index
-              %l = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
-              %dl = memref.load %delta[%b, %m, %head] : memref<?x?x${H}xf32>
-              %l_v = vector.broadcast %l : f32 to vector<${BS}xf32>
-              %dl_v = vector.broadcast %dl : f32 to vector<${BS}xf32>
-              %s = vector.load %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-              %shifted = arith.subf %s, %l_v : vector<${BS}xf32>
-              %e_s = math.exp %shifted : vector<${BS}xf32>
-              %weighted = arith.mulf %w_v, %e_s : vector<${BS}xf32>
-              %p = arith.select %key_mask, %weighted, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
-              %dp = vector.load %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-              %dp_minus_delta = arith.subf %dp, %dl_v : vector<${BS}xf32>
-              // Masked keys get exactly 0 (not 0 * dP: a future key's V row may hold an Inf or NaN).
-              %ds_all = arith.mulf %p, %dp_minus_delta : vector<${BS}xf32>
-              %ds = arith.select %key_mask, %ds_all, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
-              vector.store %p, %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-              vector.store %ds, %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-            }
+${ products.p_ds(true) | indent(2, true) }
             // dv[j, :] += sum_h P[h, j] do[h, :] and dk[j, :] += sum_h DS[h, j] q[h, :] over the visible keys,
             // CPU_KROWS keys times CPU_VCOLS (CPU_KCOLS) elements per register block.
-            scf.for %j0 = %c0 to %visible step %keys_step {
-              scf.for %e0 = %c0 to %value_dim step %vcols_step {
-                %col = arith.addi %head_dim, %e0 : index
-                %old = vector.transfer_read %acc[%f, %j0, %col], %zero {in_bounds = [true, true]}
-                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_VCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %pj = vector.load %s_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %dor = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${CPU_VCOLS}x${E}>
-                  %dor32 = ${EXTF} %dor : vector<${CPU_VCOLS}x${E}> to vector<${CPU_VCOLS}xf32>
-                  %a_new = vector.outerproduct %pj, %dor32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_VCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-                }
-                vector.transfer_write %new, %acc[%f, %j0, %col] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
-              }
-              scf.for %d0 = %c0 to %head_dim step %kcols_step {
-                %old = vector.transfer_read %acc[%f, %j0, %d0], %zero {in_bounds = [true, true]}
-                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_KCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %dsj = vector.load %dp_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %qr = vector.load %q[%b, %m, %head, %d0] : memref<?x?x${H}x${D}x${E}>, vector<${CPU_KCOLS}x${E}>
-                  %qr32 = ${EXTF} %qr : vector<${CPU_KCOLS}x${E}> to vector<${CPU_KCOLS}xf32>
-                  %a_new = vector.outerproduct %dsj, %qr32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_KCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                }
-                vector.transfer_write %new, %acc[%f, %j0, %d0] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
-              }
-            }
+${ products.add_to_acc(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_DKV) }
           }
         }
       }
@@ -206,74 +132,49 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
     }
 <% endcall %>
 
-func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
-    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
-    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+${ host.dkdv_signature() }
+<% call host.sizes() %>
   %kv_heads = arith.constant ${G} : index
   %block_size = arith.constant ${BS} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+<% endcall %>
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
-  %num_blocks = arith.ceildivui %n, %block_size : index
-  %bg_count = arith.muli %batch, %kv_heads : index
-  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+${ cpu.flat_blocks() }
   %rows_total = arith.muli %batch, %m_rows : index
   %row_groups = arith.muli %rows_total, %kv_heads : index
 
-  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+${ cpu.blocks_t() }
   // q (scaled) and do per row group with the heads innermost, in f32: qT[c, d, h] = scale * q[b, m, g*HPG + h, d].
-  %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
-      : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
-  %qT_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${D}x${HPG}xf32>
-  %qT_grouped = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, d, h) -> (b, m, g, h, d)>, affine_map<(b, m, g, d, h) -> (b, m, g, d, h)>],
+<# %`name`T [B * M * G, `dim`, HPG] f32: %`name` [B, M, H, `dim`] per row group, heads innermost (index `index`),
+   times scale when `scaled`. #>
+<% macro grouped_t(name, dim, index, scaled) %>
+  %${name}_grouped = tensor.expand_shape %${name} [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${dim}]
+      : tensor<?x?x${H}x${dim}x${E}> into tensor<?x?x${G}x${HPG}x${dim}x${E}>
+  %${name}T_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${dim}x${HPG}xf32>
+  %${name}T_grouped = linalg.generic {
+      indexing_maps = [affine_map<(b, m, g, ${index}, h) -> (b, m, g, h, ${index})>, affine_map<(b, m, g, ${index}, h) -> (b, m, g, ${index}, h)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
-      ins(%q_grouped : tensor<?x?x${G}x${HPG}x${D}x${E}>) outs(%qT_init : tensor<?x?x${G}x${D}x${HPG}xf32>) {
+      ins(%${name}_grouped : tensor<?x?x${G}x${HPG}x${dim}x${E}>) outs(%${name}T_init : tensor<?x?x${G}x${dim}x${HPG}xf32>) {
   ^bb0(%x: ${E}, %out: f32):
     %x32 = ${EXTF} %x : ${E} to f32
+<% if scaled %>
     %scaled = arith.mulf %x32, %scale : f32
     linalg.yield %scaled : f32
-  } -> tensor<?x?x${G}x${D}x${HPG}xf32>
-  %qT = tensor.collapse_shape %qT_grouped [[0, 1, 2], [3], [4]]
-      : tensor<?x?x${G}x${D}x${HPG}xf32> into tensor<?x${D}x${HPG}xf32>
-  %do_grouped = tensor.expand_shape %do [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${DV}]
-      : tensor<?x?x${H}x${DV}x${E}> into tensor<?x?x${G}x${HPG}x${DV}x${E}>
-  %doT_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${DV}x${HPG}xf32>
-  %doT_grouped = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, e, h) -> (b, m, g, h, e)>, affine_map<(b, m, g, e, h) -> (b, m, g, e, h)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
-      ins(%do_grouped : tensor<?x?x${G}x${HPG}x${DV}x${E}>) outs(%doT_init : tensor<?x?x${G}x${DV}x${HPG}xf32>) {
-  ^bb0(%x: ${E}, %out: f32):
-    %x32 = ${EXTF} %x : ${E} to f32
+<% else %>
     linalg.yield %x32 : f32
-  } -> tensor<?x?x${G}x${DV}x${HPG}xf32>
-  %doT = tensor.collapse_shape %doT_grouped [[0, 1, 2], [3], [4]]
-      : tensor<?x?x${G}x${DV}x${HPG}xf32> into tensor<?x${DV}x${HPG}xf32>
+<% endif %>
+  } -> tensor<?x?x${G}x${dim}x${HPG}xf32>
+  %${name}T = tensor.collapse_shape %${name}T_grouped [[0, 1, 2], [3], [4]]
+      : tensor<?x?x${G}x${dim}x${HPG}xf32> into tensor<?x${dim}x${HPG}xf32>
+<% endmacro %>
+${ grouped_t("q", D, "d", true) }
+${ grouped_t("do", DV, "e", false) }
 
-  %batch_i32 = arith.index_cast %batch : index to i32
-  %m_rows_i32 = arith.index_cast %m_rows : index to i32
-  %n_i32 = arith.index_cast %n : index to i32
-  %pieces_i32 = arith.index_cast %pieces : index to i32
-  %scale_bits = arith.bitcast %scale : f32 to i32
+
+${ host.push_constants(pieces=true) }
   %scratch, %dk, %dv = flow.dispatch @selection_attention_dkdv_cpu_exe::@selection_attention_dkdv_cpu_block[%num_blocks, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %pieces_i32, %scale_bits, %q, %do, %qT, %doT, %key_blocks_t, %value_blocks_t,
       %block_indices, %lse, %delta, %entries, %piece_start, %piece_count)
-      : (i32, i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows},
-         tensor<?x${D}x${HPG}xf32>{%row_groups}, tensor<?x${DV}x${HPG}xf32>{%row_groups},
-         tensor<?x${D}x${BS}x${E}>{%flat_blocks}, tensor<?x${DV}x${BS}x${E}>{%flat_blocks},
-         tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
-         tensor<?x?x${H}xf32>{%batch, %m_rows}, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces},
-         tensor<?xi32>{%flat_blocks}, tensor<?xi32>{%flat_blocks})
-      -> (tensor<?x${BS}x${CPU_DKV}xf32>{%flat_blocks}, tensor<?x?x${G}x${D}x${DKV_E}>{%batch, %n},
-          tensor<?x?x${G}x${DV}x${DKV_E}>{%batch, %n})
+      : (i32, i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
+      -> (${ dispatch.tensor_types(outputs) })
   return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

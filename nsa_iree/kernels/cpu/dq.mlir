@@ -9,6 +9,9 @@
 // Skipped slots are never read, only keys <= pos(m) are, a block listed twice counts twice; a row without
 // visible keys gets dq = 0.
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "common/host.mlir" as host %>
+<% import "cpu/host.mlir" as cpu %>
+<% import "cpu/rows.mlir" as rows %>
 
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
 <% set outputs = ['dq'] %>
@@ -19,13 +22,7 @@ ${ dispatch.layout("dq_cpu_layout", 4, inputs, outputs) }
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %zero = arith.constant 0.0 : f32
-      %pad = arith.constant 0.0 : ${E}
-      %heads_per_group = arith.constant ${HPG} : index
-      %head_dim = arith.constant ${D} : index
-      %value_dim = arith.constant ${DV} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %kv_heads = arith.constant ${G} : index
+${ rows.constants() }
       %rows_step = arith.constant ${CPU_ROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %cols_step = arith.constant ${CPU_COLS} : index
@@ -49,53 +46,21 @@ ${ dispatch.bindings("dq_cpu_layout", inputs, outputs) }
       %h0 = arith.muli %g, %heads_per_group : index
       %scale_h = vector.broadcast %scale : f32 to vector<${HPG}xf32>
       %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
-      scf.for %d0 = %c0 to %head_dim step %dcols_step {
-        %rows = vector.transfer_read %q[%b, %m, %h0, %d0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, d) -> (h, d)>}
-            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${CPU_DCOLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_DCOLS}x${E}> to vector<${HPG}x${CPU_DCOLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_DCOLS}xf32> to vector<${CPU_DCOLS}x${HPG}xf32>
-        %scaled = arith.mulf %cols, %scale_tile : vector<${CPU_DCOLS}x${HPG}xf32>
-        vector.transfer_write %scaled, %qT[%d0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
-      }
+${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0", true) }
       scf.for %d = %c0 to %head_dim step %c1 {
         vector.store %zero_h, %dqT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
       }
-      scf.for %e0 = %c0 to %value_dim step %cols_step {
-        %rows = vector.transfer_read %do[%b, %m, %h0, %e0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, e) -> (h, e)>}
-            : memref<?x?x${H}x${DV}x${E}>, vector<${HPG}x${CPU_COLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_COLS}x${E}> to vector<${HPG}x${CPU_COLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_COLS}xf32> to vector<${CPU_COLS}x${HPG}xf32>
-        vector.transfer_write %cols, %doT[%e0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_COLS}x${HPG}xf32>, memref<${DV}x${HPG}xf32>
-      }
+${ rows.transposed("doT", "do", DV, CPU_COLS, "e", "value_dim", "cols_step", "h0", false) }
       %lse_h = vector.transfer_read %lse[%b, %h0, %m], %zero
           {in_bounds = [true], permutation_map = affine_map<(b, h, m) -> (h)>}
           : memref<?x${H}x?xf32>, vector<${HPG}xf32>
       %delta_h = vector.load %delta[%b, %m, %h0] : memref<?x?x${H}xf32>, vector<${HPG}xf32>
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible = arith.floordivsi %pos, %block_size : index
+${ rows.position() }
       scf.for %t = %c0 to %slots step %c1 {
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible : index
-        %selected = arith.andi %not_negative, %not_future : i1
+${ rows.slot_block() }
         scf.if %selected {
-          %key0 = arith.muli %block, %block_size : index
-          %bg = arith.muli %b, %kv_heads : index
-          %bg_g = arith.addi %bg, %g : index
-          %f0 = arith.muli %bg_g, %num_blocks : index
-          %f = arith.addi %f0, %block : index
-          // Keys key0 .. key0 + visible - 1 are visible: the whole block, or up to pos(m) in the diagonal one.
-          %to_pos = arith.subi %pos, %key0 : index
-          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
-          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+${ rows.block_extent() }
           %ragged = arith.remui %visible, %rows_step : index
           %full = arith.subi %visible, %ragged : index
 <% include "cpu/scores.mlir" %>
@@ -162,34 +127,18 @@ ${ dispatch.bindings("dq_cpu_layout", inputs, outputs) }
     }
 <% endcall %>
 
-func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
-    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+${ host.dq_signature() }
+<% call host.sizes() %>
   %kv_heads = arith.constant ${G} : index
   %block_size = arith.constant ${BS} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
-  %num_blocks = arith.ceildivui %n, %block_size : index
-  %bg_count = arith.muli %batch, %kv_heads : index
-  %flat_blocks = arith.muli %bg_count, %num_blocks : index
-  %batch_i32 = arith.index_cast %batch : index to i32
-  %m_rows_i32 = arith.index_cast %m_rows : index to i32
-  %n_i32 = arith.index_cast %n : index to i32
-  %scale_bits = arith.bitcast %scale : f32 to i32
-  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+<% endcall %>
+${ cpu.flat_blocks() }
+${ host.push_constants() }
+${ cpu.blocks_t() }
   %dq = flow.dispatch @selection_attention_dq_cpu_exe::@selection_attention_dq_cpu_row[%m_rows, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %key_blocks_t, %value_blocks_t, %k, %block_indices, %lse,
       %delta, %do)
-      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x${D}x${BS}x${E}>{%flat_blocks},
-         tensor<?x${DV}x${BS}x${E}>{%flat_blocks}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
-         tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
-         tensor<?x?x${H}xf32>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows})
-      -> tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}
+      : (i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
+      -> ${ dispatch.tensor_types(outputs) }
   return %dq : tensor<?x?x${H}x${D}x${E}>
 }

@@ -16,6 +16,9 @@
 // the diagonal block only keys <= pos(m) are read. A block listed twice is processed twice (multiplicity).
 // A row with no visible key gets o = 0 and lse = -inf.
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "common/host.mlir" as host %>
+<% import "cpu/host.mlir" as cpu %>
+<% import "cpu/rows.mlir" as rows %>
 
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), 'v', 'block_indices'] %>
 <% set outputs = ['o', 'lse'] %>
@@ -28,13 +31,7 @@ ${ dispatch.layout("fwd_cpu_layout", 4, inputs, outputs) }
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
       %neg_inf = arith.constant 0xFF800000 : f32
-      %pad = arith.constant 0.0 : ${E}
-      %heads_per_group = arith.constant ${HPG} : index
-      %head_dim = arith.constant ${D} : index
-      %value_dim = arith.constant ${DV} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %kv_heads = arith.constant ${G} : index
+${ rows.constants() }
       %rows_step = arith.constant ${CPU_ROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %cols_step = arith.constant ${CPU_COLS} : index
@@ -57,41 +54,17 @@ ${ dispatch.bindings("fwd_cpu_layout", inputs, outputs, only=['kT', 'v', 'block_
 
       %h0 = arith.muli %g, %heads_per_group : index
       %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
-      scf.for %d0 = %c0 to %head_dim step %dcols_step {
-        %rows = vector.transfer_read %q[%b, %m, %h0, %d0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, d) -> (h, d)>}
-            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${CPU_DCOLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_DCOLS}x${E}> to vector<${HPG}x${CPU_DCOLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_DCOLS}xf32> to vector<${CPU_DCOLS}x${HPG}xf32>
-        %scaled = arith.mulf %cols, %scale_tile : vector<${CPU_DCOLS}x${HPG}xf32>
-        vector.transfer_write %scaled, %qT[%d0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
-      }
+${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0", true) }
       scf.for %e = %c0 to %value_dim step %c1 {
         vector.store %zero_h, %oT[%e, %c0] : memref<${DV}x${HPG}xf32>, vector<${HPG}xf32>
       }
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible = arith.floordivsi %pos, %block_size : index
+${ rows.position() }
       %m_final, %l_final = scf.for %t = %c0 to %slots step %c1
           iter_args(%m_run = %neg_inf_h, %l_run = %zero_h) -> (vector<${HPG}xf32>, vector<${HPG}xf32>) {
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible : index
-        %selected = arith.andi %not_negative, %not_future : i1
+${ rows.slot_block() }
         %m_next, %l_next = scf.if %selected -> (vector<${HPG}xf32>, vector<${HPG}xf32>) {
-          %key0 = arith.muli %block, %block_size : index
-          %bg = arith.muli %b, %kv_heads : index
-          %bg_g = arith.addi %bg, %g : index
-          %f0 = arith.muli %bg_g, %num_blocks : index
-          %f = arith.addi %f0, %block : index
-          // Keys key0 .. key0 + visible - 1 are visible: the whole block, or up to pos(m) in the diagonal one.
-          %to_pos = arith.subi %pos, %key0 : index
-          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
-          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+${ rows.block_extent() }
           %ragged = arith.remui %visible, %rows_step : index
           %full = arith.subi %visible, %ragged : index
 <% include "cpu/scores.mlir" %>
@@ -160,32 +133,17 @@ ${ dispatch.bindings("fwd_cpu_layout", inputs, outputs, only=['kT', 'v', 'block_
     }
 <% endcall %>
 
-func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
-    %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
-    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+${ host.forward_signature() }
+<% call host.sizes() %>
   %kv_heads = arith.constant ${G} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
-  %batch_i32 = arith.index_cast %batch : index to i32
-  %m_rows_i32 = arith.index_cast %m_rows : index to i32
-  %n_i32 = arith.index_cast %n : index to i32
-  %scale_bits = arith.bitcast %scale : f32 to i32
+<% endcall %>
+${ host.push_constants() }
   %block_size = arith.constant ${BS} : index
-  %num_blocks = arith.ceildivui %n, %block_size : index
-  %bg_count = arith.muli %batch, %kv_heads : index
-  %flat_blocks = arith.muli %bg_count, %num_blocks : index
-  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+${ cpu.flat_blocks() }
+${ cpu.blocks_t() }
   %o, %lse = flow.dispatch @selection_attention_fwd_cpu_exe::@selection_attention_fwd_cpu_row[%m_rows, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %key_blocks_t, %v, %block_indices)
-      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x${D}x${BS}x${E}>{%flat_blocks},
-         tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows})
-      -> (tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows})
+      : (i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
+      -> (${ dispatch.tensor_types(outputs) })
   return %o, %lse : tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>
 }

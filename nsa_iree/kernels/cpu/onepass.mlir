@@ -13,6 +13,11 @@
 // sums of the two. Rows run in any order, so dk/dv vary run to run within rounding, as on GPUs.
 // Skipped slots are never read, only keys <= pos(m) are, a block listed twice counts twice.
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "common/host.mlir" as host %>
+<% import "cpu/host.mlir" as cpu %>
+<% import "cpu/products.mlir" as products %>
+<% import "cpu/rows.mlir" as rows %>
+<% import "common/blocks.mlir" as blocks %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
@@ -29,22 +34,11 @@ ${ dispatch.layout("onepass_cpu_layout", 4, inputs, outputs) }
       %c4_i64 = arith.constant 4 : i64
       %true = arith.constant true
       %zero = arith.constant 0.0 : f32
-      %pad = arith.constant 0.0 : ${E}
-      %heads_per_group = arith.constant ${HPG} : index
-      %head_dim = arith.constant ${D} : index
-      %value_dim = arith.constant ${DV} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %kv_heads = arith.constant ${G} : index
+${ rows.constants() }
       %heads_step = arith.constant ${CPU_SROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %cols_step = arith.constant ${CPU_COLS} : index
-      %keys_step = arith.constant ${CPU_KROWS} : index
-      %vcols_step = arith.constant ${CPU_VCOLS} : index
-      %kcols_step = arith.constant ${CPU_KCOLS} : index
-      %zero_keys = arith.constant dense<0.0> : vector<${BS}xf32>
-      %zero_s = arith.constant dense<0.0> : vector<${CPU_SROWS}x${BS}xf32>
-      %key_iota = vector.step : vector<${BS}xindex>
+${ products.constants(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_SROWS) }
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("onepass_cpu_layout", ['batch', 'm_rows', 'n', 'scale']) }
@@ -75,34 +69,14 @@ ${ dispatch.bindings("onepass_cpu_layout", inputs, outputs, only=['acc', 'locks'
       %h_first = arith.muli %g, %heads_per_group : index
       %zero_h = arith.constant dense<0.0> : vector<${HPG}xf32>
       %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
-      scf.for %d0 = %c0 to %head_dim step %dcols_step {
-        %rows = vector.transfer_read %q[%b, %m, %h_first, %d0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, d) -> (h, d)>}
-            : memref<?x?x${H}x${D}x${E}>, vector<${HPG}x${CPU_DCOLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_DCOLS}x${E}> to vector<${HPG}x${CPU_DCOLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_DCOLS}xf32> to vector<${CPU_DCOLS}x${HPG}xf32>
-        %scaled = arith.mulf %cols, %scale_tile : vector<${CPU_DCOLS}x${HPG}xf32>
-        vector.transfer_write %scaled, %qT[%d0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_DCOLS}x${HPG}xf32>, memref<${D}x${HPG}xf32>
-      }
-      scf.for %e0 = %c0 to %value_dim step %cols_step {
-        %rows = vector.transfer_read %do[%b, %m, %h_first, %e0], %pad
-            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, e) -> (h, e)>}
-            : memref<?x?x${H}x${DV}x${E}>, vector<${HPG}x${CPU_COLS}x${E}>
-        %rows32 = ${EXTF} %rows : vector<${HPG}x${CPU_COLS}x${E}> to vector<${HPG}x${CPU_COLS}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${CPU_COLS}xf32> to vector<${CPU_COLS}x${HPG}xf32>
-        vector.transfer_write %cols, %doT[%e0, %c0] {in_bounds = [true, true]}
-            : vector<${CPU_COLS}x${HPG}xf32>, memref<${DV}x${HPG}xf32>
-      }
+${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h_first", true) }
+${ rows.transposed("doT", "do", DV, CPU_COLS, "e", "value_dim", "cols_step", "h_first", false) }
       %zero_d = arith.constant dense<0.0> : vector<${D}xf32>
       scf.for %h = %c0 to %heads_per_group step %c1 {
         vector.store %zero_d, %dq_tile[%h, %c0] : memref<${HPG}x${D}xf32>, vector<${D}xf32>
       }
 
-      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible = arith.floordivsi %pos, %block_size : index
+${ rows.position() }
       // Row m starts at slot (m * CPU_SLOT_STRIDE) mod T (T / 2 slots further than row m - 1): neighbouring
       // rows run at the same time on the task system's workers and select mostly the same blocks (block 0 and
       // the local ones, in the same slots of their sorted lists), so in step they would wait for each other's
@@ -112,63 +86,16 @@ ${ dispatch.bindings("onepass_cpu_layout", inputs, outputs, only=['acc', 'locks'
       scf.for %step = %c0 to %slots step %c1 {
         %shifted_slot = arith.addi %step, %first_slot : index
         %t = arith.remui %shifted_slot, %slots : index
-        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-        %block = arith.index_cast %block_i32 : i32 to index
-        %not_negative = arith.cmpi sge, %block, %c0 : index
-        %not_future = arith.cmpi sle, %block, %last_visible : index
-        %selected = arith.andi %not_negative, %not_future : i1
+${ rows.slot_block() }
         scf.if %selected {
-          %key0 = arith.muli %block, %block_size : index
-          %bg = arith.muli %b, %kv_heads : index
-          %bg_g = arith.addi %bg, %g : index
-          %f0 = arith.muli %bg_g, %num_blocks : index
-          %f = arith.addi %f0, %block : index
-          %to_pos = arith.subi %pos, %key0 : index
-          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
-          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+${ rows.block_extent() }
           %visible_v = vector.broadcast %visible : index to vector<${BS}xindex>
           %key_mask = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
 
           // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
-          scf.for %h0 = %c0 to %heads_per_group step %heads_step {
-            %s_acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%sa = %zero_s) -> (vector<${CPU_SROWS}x${BS}xf32>) {
-              %qd = vector.load %qT[%d, %h0] : memref<${D}x${HPG}xf32>, vector<${CPU_SROWS}xf32>
-              %keys = vector.load %kT[%f, %d, %c0] : memref<?x${D}x${BS}x${E}>, vector<${BS}x${E}>
-              %keys32 = ${EXTF} %keys : vector<${BS}x${E}> to vector<${BS}xf32>
-              %sa_new = vector.outerproduct %qd, %keys32, %sa : vector<${CPU_SROWS}xf32>, vector<${BS}xf32>
-              scf.yield %sa_new : vector<${CPU_SROWS}x${BS}xf32>
-            }
-            vector.transfer_write %s_acc, %s_tile[%h0, %c0] {in_bounds = [true, true]}
-                : vector<${CPU_SROWS}x${BS}xf32>, memref<${HPG}x${BS}xf32>
-            %dp_acc = scf.for %e = %c0 to %value_dim step %c1 iter_args(%da = %zero_s) -> (vector<${CPU_SROWS}x${BS}xf32>) {
-              %doe = vector.load %doT[%e, %h0] : memref<${DV}x${HPG}xf32>, vector<${CPU_SROWS}xf32>
-              %vals = vector.load %vT[%f, %e, %c0] : memref<?x${DV}x${BS}x${E}>, vector<${BS}x${E}>
-              %vals32 = ${EXTF} %vals : vector<${BS}x${E}> to vector<${BS}xf32>
-              %da_new = vector.outerproduct %doe, %vals32, %da : vector<${CPU_SROWS}xf32>, vector<${BS}xf32>
-              scf.yield %da_new : vector<${CPU_SROWS}x${BS}xf32>
-            }
-            vector.transfer_write %dp_acc, %dp_tile[%h0, %c0] {in_bounds = [true, true]}
-                : vector<${CPU_SROWS}x${BS}xf32>, memref<${HPG}x${BS}xf32>
-          }
+${ products.scores(none, CPU_SROWS) }
           // P = exp(S - lse) on visible keys (0 elsewhere), DS = P * (dP - delta): in place.
-          scf.for %h = %c0 to %heads_per_group step %c1 {
-            %head = arith.addi %h_first, %h : index
-            %l = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
-            %dl = memref.load %delta[%b, %m, %head] : memref<?x?x${H}xf32>
-            %l_v = vector.broadcast %l : f32 to vector<${BS}xf32>
-            %dl_v = vector.broadcast %dl : f32 to vector<${BS}xf32>
-            %s = vector.load %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-            %shifted = arith.subf %s, %l_v : vector<${BS}xf32>
-            %e_s = math.exp %shifted : vector<${BS}xf32>
-            %p = arith.select %key_mask, %e_s, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
-            %dp = vector.load %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-            %dp_minus_delta = arith.subf %dp, %dl_v : vector<${BS}xf32>
-            // Masked keys get exactly 0 (not 0 * dP: a future key's V row may hold an Inf or NaN).
-            %ds_all = arith.mulf %p, %dp_minus_delta : vector<${BS}xf32>
-            %ds = arith.select %key_mask, %ds_all, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
-            vector.store %p, %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-            vector.store %ds, %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
-          }
+${ products.p_ds(false) }
           // DS transposed, CPU_SROWS heads at a time (register shuffles, not one store per element).
           scf.for %h0 = %c0 to %heads_per_group step %heads_step {
             %tile = vector.transfer_read %dp_tile[%h0, %c0], %zero {in_bounds = [true, true]}
@@ -221,83 +148,26 @@ ${ dispatch.bindings("onepass_cpu_layout", inputs, outputs, only=['acc', 'locks'
           // between its load and its store, and be lost).
           %f_atomic = arith.addi %f, %flat_blocks : index
           scf.if %taken {
-            scf.for %j0 = %c0 to %visible step %keys_step {
-              scf.for %e0 = %c0 to %value_dim step %vcols_step {
-                %col = arith.addi %head_dim, %e0 : index
-                %old = vector.transfer_read %acc[%f, %j0, %col], %zero {in_bounds = [true, true]}
-                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_VCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %pj = vector.load %s_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %dor = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${CPU_VCOLS}x${E}>
-                  %dor32 = ${EXTF} %dor : vector<${CPU_VCOLS}x${E}> to vector<${CPU_VCOLS}xf32>
-                  %a_new = vector.outerproduct %pj, %dor32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_VCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-                }
-                vector.transfer_write %new, %acc[%f, %j0, %col] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
-              }
-              scf.for %d0 = %c0 to %head_dim step %kcols_step {
-                %old = vector.transfer_read %acc[%f, %j0, %d0], %zero {in_bounds = [true, true]}
-                    : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %old) -> (vector<${CPU_KROWS}x${CPU_KCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %dsj = vector.load %dp_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %qr = vector.load %q[%b, %m, %head, %d0] : memref<?x?x${H}x${D}x${E}>, vector<${CPU_KCOLS}x${E}>
-                  %qr32 = ${EXTF} %qr : vector<${CPU_KCOLS}x${E}> to vector<${CPU_KCOLS}xf32>
-                  %a_new = vector.outerproduct %dsj, %qr32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_KCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                }
-                vector.transfer_write %new, %acc[%f, %j0, %d0] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<?x${BS}x${CPU_DKV}xf32>
-              }
-            }
+${ products.add_to_acc(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_DKV) }
             %released = llvm.atomicrmw xchg %lock, %c0_i32 release : !llvm.ptr, i32
           } else {
             scf.for %j0 = %c0 to %visible step %keys_step {
-              scf.for %e0 = %c0 to %value_dim step %vcols_step {
-                %col = arith.addi %head_dim, %e0 : index
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %zero_v) -> (vector<${CPU_KROWS}x${CPU_VCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %pj = vector.load %s_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %dor = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${CPU_VCOLS}x${E}>
-                  %dor32 = ${EXTF} %dor : vector<${CPU_VCOLS}x${E}> to vector<${CPU_VCOLS}xf32>
-                  %a_new = vector.outerproduct %pj, %dor32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_VCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>
-                }
-                vector.transfer_write %new, %part_v[%c0, %c0] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_VCOLS}xf32>, memref<${CPU_KROWS}x${CPU_VCOLS}xf32>
+<% call(p) products.parts(CPU_VCOLS, CPU_KCOLS) %>
+${ products.part_loop(p) }
+${ products.head_sum(p.zero, p, CPU_KROWS) }
+                vector.transfer_write %new, %${p.part}[%c0, %c0] {in_bounds = [true, true]}
+                    : vector<${CPU_KROWS}x${p.cols}xf32>, memref<${CPU_KROWS}x${p.cols}xf32>
                 scf.for %r = %c0 to %keys_step step %c1 {
-                  scf.for %x = %c0 to %vcols_step step %c1 {
-                    %part = memref.load %part_v[%r, %x] : memref<${CPU_KROWS}x${CPU_VCOLS}xf32>
+                  scf.for %x = %c0 to %${p.step} step %c1 {
+                    %part = memref.load %${p.part}[%r, %x] : memref<${CPU_KROWS}x${p.cols}xf32>
                     %row = arith.addi %j0, %r : index
-                    %column = arith.addi %col, %x : index
+                    %column = arith.addi %${p.at}, %x : index
                     %ptr = func.call @acc_element(%acc_base, %f_atomic, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
                     %before = llvm.atomicrmw fadd %ptr, %part monotonic : !llvm.ptr, f32
                   }
                 }
               }
-              scf.for %d0 = %c0 to %head_dim step %kcols_step {
-                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %zero_k) -> (vector<${CPU_KROWS}x${CPU_KCOLS}xf32>) {
-                  %head = arith.addi %h_first, %h : index
-                  %dsj = vector.load %dp_tile[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${CPU_KROWS}xf32>
-                  %qr = vector.load %q[%b, %m, %head, %d0] : memref<?x?x${H}x${D}x${E}>, vector<${CPU_KCOLS}x${E}>
-                  %qr32 = ${EXTF} %qr : vector<${CPU_KCOLS}x${E}> to vector<${CPU_KCOLS}xf32>
-                  %a_new = vector.outerproduct %dsj, %qr32, %a : vector<${CPU_KROWS}xf32>, vector<${CPU_KCOLS}xf32>
-                  scf.yield %a_new : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                }
-                vector.transfer_write %new, %part_k[%c0, %c0] {in_bounds = [true, true]}
-                    : vector<${CPU_KROWS}x${CPU_KCOLS}xf32>, memref<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                scf.for %r = %c0 to %keys_step step %c1 {
-                  scf.for %x = %c0 to %kcols_step step %c1 {
-                    %part = memref.load %part_k[%r, %x] : memref<${CPU_KROWS}x${CPU_KCOLS}xf32>
-                    %row = arith.addi %j0, %r : index
-                    %column = arith.addi %d0, %x : index
-                    %ptr = func.call @acc_element(%acc_base, %f_atomic, %row, %column) : (!llvm.ptr, index, index, index) -> !llvm.ptr
-                    %before = llvm.atomicrmw fadd %ptr, %part monotonic : !llvm.ptr, f32
-                  }
-                }
-              }
+<% endcall %>
             }
           }
         }
@@ -330,31 +200,18 @@ ${ dispatch.bindings("onepass_cpu_layout", inputs, outputs, only=['acc', 'locks'
 
 // Host side: the transposed K/V blocks, the row dispatch (zeroed accumulators and locks, tied), then dk and dv:
 // scale * (locked + atomic)[:, :, :D] and (locked + atomic)[:, :, D:] for the keys below N, in the input type.
-func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
-    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+${ host.onepass_signature() }
+<% call host.sizes() %>
   %c2 = arith.constant 2 : index
   %zero = arith.constant 0.0 : f32
   %c0_i32 = arith.constant 0 : i32
   %kv_heads = arith.constant ${G} : index
   %block_size = arith.constant ${BS} : index
   %head_dim = arith.constant ${D} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
-  %num_blocks = arith.ceildivui %n, %block_size : index
-  %bg_count = arith.muli %batch, %kv_heads : index
-  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+<% endcall %>
+${ cpu.flat_blocks() }
 
-  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+${ cpu.blocks_t() }
   // The dk/dv accumulator: per flat block, [BS, D + Dv] added under the block's lock, then (second half) the
   // same again for the rows that added with atomics; dk and dv are the sums of the two.
   %acc_rows = arith.muli %flat_blocks, %c2 : index
@@ -362,67 +219,45 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
   %acc_zero = linalg.fill ins(%zero : f32) outs(%acc_init : tensor<?x${BS}x${CPU_DKV}xf32>) -> tensor<?x${BS}x${CPU_DKV}xf32>
   %locks_init = tensor.empty(%flat_blocks) : tensor<?xi32>
   %locks_free = linalg.fill ins(%c0_i32 : i32) outs(%locks_init : tensor<?xi32>) -> tensor<?xi32>
-  %batch_i32 = arith.index_cast %batch : index to i32
-  %m_rows_i32 = arith.index_cast %m_rows : index to i32
-  %n_i32 = arith.index_cast %n : index to i32
-  %scale_bits = arith.bitcast %scale : f32 to i32
+${ host.push_constants() }
   %acc, %locks, %dq = flow.dispatch @selection_attention_onepass_cpu_exe::@selection_attention_onepass_cpu_row[%m_rows, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %key_blocks_t, %value_blocks_t, %k, %block_indices, %lse,
       %delta, %do, %acc_zero, %locks_free)
-      : (i32, i32, i32, i32, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x${D}x${BS}x${E}>{%flat_blocks},
-         tensor<?x${DV}x${BS}x${E}>{%flat_blocks}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
-         tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows},
-         tensor<?x?x${H}xf32>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows},
-         tensor<?x${BS}x${CPU_DKV}xf32>{%acc_rows}, tensor<?xi32>{%flat_blocks})
+      : (i32, i32, i32, i32, ${ dispatch.tensor_types(inputs + outputs[:2]) })
       -> (%acc_zero{%acc_rows}, %locks_free{%flat_blocks}, tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows})
 
-  %dk_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${D}x${DKV_E}>
-  %dk = linalg.generic {
-      indexing_maps = [affine_map<(b, n, g, d) -> (b, n, g, d)>],
+<# `name` [B, N, G, `dim`] in DKV_E (index `index`): the locked plus the atomic accumulator at column `col`
+   (an SSA name, or none for the index itself), times scale when `scaled`. #>
+<% macro accumulated(name, dim, index, col, scaled) %>
+<% set at = col or index %>
+  %${name}_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${dim}x${DKV_E}>
+  %${name} = linalg.generic {
+      indexing_maps = [affine_map<(b, n, g, ${index}) -> (b, n, g, ${index})>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      outs(%dk_init : tensor<?x?x${G}x${D}x${DKV_E}>) {
+      outs(%${name}_init : tensor<?x?x${G}x${dim}x${DKV_E}>) {
   ^bb0(%out: ${DKV_E}):
     %b = linalg.index 0 : index
     %key = linalg.index 1 : index
     %g = linalg.index 2 : index
-    %d = linalg.index 3 : index
-    %i = arith.divui %key, %block_size : index
-    %j = arith.remui %key, %block_size : index
-    %bg0 = arith.muli %b, %kv_heads : index
-    %bg = arith.addi %bg0, %g : index
-    %f0 = arith.muli %bg, %num_blocks : index
-    %f = arith.addi %f0, %i : index
+    %${index} = linalg.index 3 : index
+${ blocks.flat_block("i", "f", "    ") }
+<% if col %>
+    %${col} = arith.addi %head_dim, %${index} : index
+<% endif %>
     %f_atomic = arith.addi %f, %flat_blocks : index
-    %locked = tensor.extract %acc[%f, %j, %d] : tensor<?x${BS}x${CPU_DKV}xf32>
-    %atomic = tensor.extract %acc[%f_atomic, %j, %d] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %locked = tensor.extract %acc[%f, %j, %${at}] : tensor<?x${BS}x${CPU_DKV}xf32>
+    %atomic = tensor.extract %acc[%f_atomic, %j, %${at}] : tensor<?x${BS}x${CPU_DKV}xf32>
     %x = arith.addf %locked, %atomic : f32
+<% if scaled %>
     %scaled = arith.mulf %x, %scale : f32
     %x_e = ${DKV_TRUNCF} %scaled : f32 to ${DKV_E}
-    linalg.yield %x_e : ${DKV_E}
-  } -> tensor<?x?x${G}x${D}x${DKV_E}>
-  %dv_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${DV}x${DKV_E}>
-  %dv = linalg.generic {
-      indexing_maps = [affine_map<(b, n, g, e) -> (b, n, g, e)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      outs(%dv_init : tensor<?x?x${G}x${DV}x${DKV_E}>) {
-  ^bb0(%out: ${DKV_E}):
-    %b = linalg.index 0 : index
-    %key = linalg.index 1 : index
-    %g = linalg.index 2 : index
-    %e = linalg.index 3 : index
-    %i = arith.divui %key, %block_size : index
-    %j = arith.remui %key, %block_size : index
-    %bg0 = arith.muli %b, %kv_heads : index
-    %bg = arith.addi %bg0, %g : index
-    %f0 = arith.muli %bg, %num_blocks : index
-    %f = arith.addi %f0, %i : index
-    %col = arith.addi %head_dim, %e : index
-    %f_atomic = arith.addi %f, %flat_blocks : index
-    %locked = tensor.extract %acc[%f, %j, %col] : tensor<?x${BS}x${CPU_DKV}xf32>
-    %atomic = tensor.extract %acc[%f_atomic, %j, %col] : tensor<?x${BS}x${CPU_DKV}xf32>
-    %x = arith.addf %locked, %atomic : f32
+<% else %>
     %x_e = ${DKV_TRUNCF} %x : f32 to ${DKV_E}
+<% endif %>
     linalg.yield %x_e : ${DKV_E}
-  } -> tensor<?x?x${G}x${DV}x${DKV_E}>
+  } -> tensor<?x?x${G}x${dim}x${DKV_E}>
+<% endmacro %>
+${ accumulated("dk", D, "d", none, true) }
+${ accumulated("dv", DV, "e", "col", false) }
   return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

@@ -5,31 +5,23 @@
 //   dv_piece = p^T do;  dp = do v^T, ds = p * (dp - delta), dk_piece = scale * ds^T q.
 // dv and dk are two dispatch regions (IREE 3.13 accepts one root contraction per region); each recomputes s.
 // The pieces of a block are then summed in piece order, so dk/dv are bitwise reproducible.
-func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
-    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
-    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+<% import "common/contraction.mlir" as contraction %>
+<% import "common/host.mlir" as host %>
+<% import "linalg/host.mlir" as linalg %>
+${ host.dkdv_signature() }
+<% call host.sizes() %>
   %c0_i32 = arith.constant 0 : i32
   %zero = arith.constant 0.0 : f32
   %block_size = arith.constant ${BS} : index
   %kv_heads = arith.constant ${G} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+<% endcall %>
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
   %num_blocks = arith.ceildivui %n, %block_size : index
   %offset = arith.subi %n, %m_rows : index
   %rows_total = arith.muli %batch, %m_rows : index
   %row_groups = arith.muli %rows_total, %kv_heads : index
 
-  %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
+${ linalg.kv_blocks() }
 
   // Row-group views: row c = (b * M + m) * G + g holds the HPG heads of group g of query row m.
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
@@ -108,8 +100,9 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
     linalg.yield %c_safe_i32, %last_key_here, %w : i32, i32, f32
   } -> (tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xf32>)
 
-  // ---- dv: p^T do per piece. (The gathers and p below are repeated in the dk region: one root per region.)
-  %dv_pieces = flow.dispatch.region -> (tensor<?x${BS}x${DV}xf32>{%pieces}) {
+<# In a piece region: the piece's gathered q, do and lse rows (%q_sel, %do_sel, %lse_sel), its block's K tile
+   (%k_tile) and %s = q k^T [pieces, ROWS_PER_PIECE, HPG, BS] (lowering attributes `config`). #>
+<% macro piece_scores(config) %>
     %pr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
     %q_sel = iree_linalg_ext.gather dimension_map = [0]
         ins(%q_rows, %row_index : tensor<?x${HPG}x${D}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
@@ -133,16 +126,33 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
         indexing_maps = [affine_map<(p, r, h, j, d) -> (p, r, h, d)>, affine_map<(p, r, h, j, d) -> (p, j, d)>,
                          affine_map<(p, r, h, j, d) -> (p, r, h, j)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DV_SCORES_CONFIG}}
+        ${config}}
         ins(%q_sel, %k_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>, tensor<?x${BS}x${D}x${E}>)
         outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+<% endmacro %>
+
+<# A region's root and its result: %`name`_piece [pieces, BS, `dim`] f32 = sum over the piece's rows and heads of
+   %`weights` [.., HPG, BS] (p or ds) times %`rows` [.., HPG, `dim`] (do or q), lowering attributes `config`. #>
+<% macro piece_root(name, weights, rows, index, dim, config) %>
+    %${name}_init = tensor.empty(%pieces) : tensor<?x${BS}x${dim}xf32>
+    %${name}_zero = linalg.fill ins(%zero : f32) outs(%${name}_init : tensor<?x${BS}x${dim}xf32>) -> tensor<?x${BS}x${dim}xf32>
+    %${name}_piece = linalg.generic {
+        indexing_maps = [affine_map<(p, j, ${index}, r, h) -> (p, r, h, j)>, affine_map<(p, j, ${index}, r, h) -> (p, r, h, ${index})>,
+                         affine_map<(p, j, ${index}, r, h) -> (p, j, ${index})>],
+        iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]
+        ${config}}
+        ins(%${weights}, %${rows} : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${dim}x${E}>)
+        outs(%${name}_zero : tensor<?x${BS}x${dim}xf32>) {
+${ contraction.mul_add("    ") }
+    } -> tensor<?x${BS}x${dim}xf32>
+    flow.return %${name}_piece : tensor<?x${BS}x${dim}xf32>
+<% endmacro %>
+
+  // ---- dv: p^T do per piece. (The gathers and p below are repeated in the dk region: one root per region.)
+  %dv_pieces = flow.dispatch.region -> (tensor<?x${BS}x${DV}xf32>{%pieces}) {
+${ piece_scores(DV_SCORES_CONFIG) }
     %pe_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
     %p_e = linalg.generic {
         indexing_maps = [affine_map<(p, r, h, j) -> (p, r, h, j)>, affine_map<(p, r, h, j) -> (p, r, h)>,
@@ -164,60 +174,12 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
       %p_e_value = ${TRUNCF} %p : f32 to ${E}
       linalg.yield %p_e_value : ${E}
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
-    %dv_init = tensor.empty(%pieces) : tensor<?x${BS}x${DV}xf32>
-    %dv_zero = linalg.fill ins(%zero : f32) outs(%dv_init : tensor<?x${BS}x${DV}xf32>) -> tensor<?x${BS}x${DV}xf32>
-    %dv_piece = linalg.generic {
-        indexing_maps = [affine_map<(p, j, e, r, h) -> (p, r, h, j)>, affine_map<(p, j, e, r, h) -> (p, r, h, e)>,
-                         affine_map<(p, j, e, r, h) -> (p, j, e)>],
-        iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]
-        ${DV_ROOT_CONFIG}}
-        ins(%p_e, %do_sel : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>)
-        outs(%dv_zero : tensor<?x${BS}x${DV}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x${BS}x${DV}xf32>
-    flow.return %dv_piece : tensor<?x${BS}x${DV}xf32>
+${ piece_root("dv", "p_e", "do_sel", "e", DV, DV_ROOT_CONFIG) }
   }
 
   // ---- dk: scale * ds^T q per piece, ds = p * (dp - delta), dp = do v^T.
   %dk_pieces = flow.dispatch.region -> (tensor<?x${BS}x${D}xf32>{%pieces}) {
-    %pr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
-    %q_sel = iree_linalg_ext.gather dimension_map = [0]
-        ins(%q_rows, %row_index : tensor<?x${HPG}x${D}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
-        outs(%pr_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>
-    %kt_init = tensor.empty(%pieces) : tensor<?x${BS}x${D}x${E}>
-    %k_tile = iree_linalg_ext.gather dimension_map = [0]
-        ins(%key_blocks, %piece_block : tensor<?x${BS}x${D}x${E}>, tensor<?xi32>)
-        outs(%kt_init : tensor<?x${BS}x${D}x${E}>) -> tensor<?x${BS}x${D}x${E}>
-    %dr_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>
-    %do_sel = iree_linalg_ext.gather dimension_map = [0]
-        ins(%do_rows, %row_index : tensor<?x${HPG}x${DV}x${E}>, tensor<?x${ROWS_PER_PIECE}xi32>)
-        outs(%dr_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>
-    %st_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
-    %lse_sel = iree_linalg_ext.gather dimension_map = [0]
-        ins(%lse_rows, %row_index : tensor<?x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>)
-        outs(%st_init : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
-    %sc_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
-    %sc_zero = linalg.fill ins(%zero : f32) outs(%sc_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>)
-        -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
-    %s = linalg.generic {
-        indexing_maps = [affine_map<(p, r, h, j, d) -> (p, r, h, d)>, affine_map<(p, r, h, j, d) -> (p, j, d)>,
-                         affine_map<(p, r, h, j, d) -> (p, r, h, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DK_SCORES_CONFIG}}
-        ins(%q_sel, %k_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>, tensor<?x${BS}x${D}x${E}>)
-        outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+${ piece_scores(DK_SCORES_CONFIG) }
     %vt_init = tensor.empty(%pieces) : tensor<?x${BS}x${DV}x${E}>
     %v_tile = iree_linalg_ext.gather dimension_map = [0]
         ins(%value_blocks, %piece_block : tensor<?x${BS}x${DV}x${E}>, tensor<?xi32>)
@@ -232,12 +194,7 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
         ${DK_DP_CONFIG}}
         ins(%do_sel, %v_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>, tensor<?x${BS}x${DV}x${E}>)
         outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
     %dse_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
     %ds_e = linalg.generic {
@@ -265,23 +222,7 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
       %ds_value = ${TRUNCF} %ds_scaled : f32 to ${E}
       linalg.yield %ds_value : ${E}
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
-    %dk_init = tensor.empty(%pieces) : tensor<?x${BS}x${D}xf32>
-    %dk_zero = linalg.fill ins(%zero : f32) outs(%dk_init : tensor<?x${BS}x${D}xf32>) -> tensor<?x${BS}x${D}xf32>
-    %dk_piece = linalg.generic {
-        indexing_maps = [affine_map<(p, j, d, r, h) -> (p, r, h, j)>, affine_map<(p, j, d, r, h) -> (p, r, h, d)>,
-                         affine_map<(p, j, d, r, h) -> (p, j, d)>],
-        iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]
-        ${DK_ROOT_CONFIG}}
-        ins(%ds_e, %q_sel : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>, tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>)
-        outs(%dk_zero : tensor<?x${BS}x${D}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x${BS}x${D}xf32>
-    flow.return %dk_piece : tensor<?x${BS}x${D}xf32>
+${ piece_root("dk", "ds_e", "q_sel", "d", D, DK_ROOT_CONFIG) }
   }
 
   // ---- Sum each block's pieces in piece order (nsa_iree/mlir/piece_sums.mlir) and cast to the input type.

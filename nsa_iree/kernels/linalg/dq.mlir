@@ -4,21 +4,15 @@
 // Everything sits in one flow.dispatch.region, which pins the fusion: the gathered K/V and the s, p, dp,
 // ds tiles live only inside the dispatch, never in memory for the whole sequence. The contraction
 // attributes are empty on CPU and name the matrix-unit layouts on GPU targets (pipelines/<target>.toml).
-func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
-    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+<% import "common/contraction.mlir" as contraction %>
+<% import "common/host.mlir" as host %>
+<% import "linalg/host.mlir" as linalg %>
+<% import "linalg/regions.mlir" as regions %>
+${ host.dq_signature() }
+${ host.sizes() }
 
-  %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
-  %block_gather_index, %last_key = func.call @selected_slots(%block_indices, %n)
-      : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>)
+${ linalg.kv_blocks() }
+${ linalg.selected_slots() }
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
       : tensor<?x?x${H}x${D}x${E}> into tensor<?x?x${G}x${HPG}x${D}x${E}>
   %do_grouped = tensor.expand_shape %do [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${DV}]
@@ -30,48 +24,12 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
 
   %dq_grouped = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${D}x${E}>{%batch, %m_rows}) {
     %zero = arith.constant 0.0 : f32
-    %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %gathered_k = iree_linalg_ext.gather dimension_map = [0]
-        ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %vg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
-    %gathered_v = iree_linalg_ext.gather dimension_map = [0]
-        ins(%value_blocks, %block_gather_index : tensor<?x${BS}x${DV}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%vg_init : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
+${ regions.gather("k", "key_blocks", D) }
+${ regions.gather("v", "value_blocks", DV) }
 
-    %scores_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %scores_zero = linalg.fill ins(%zero : f32) outs(%scores_init : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>)
-        -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %s = linalg.generic {
-        indexing_maps = [affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, t, j, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, t, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DQ_SCORES_CONFIG}}
-        ins(%q_grouped, %gathered_k : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
-        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %dp = linalg.generic {
-        indexing_maps = [affine_map<(b, m, g, h, t, j, e) -> (b, m, g, h, e)>,
-                         affine_map<(b, m, g, h, t, j, e) -> (b, m, g, t, j, e)>,
-                         affine_map<(b, m, g, h, t, j, e) -> (b, m, g, h, t, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DQ_DP_CONFIG}}
-        ins(%do_grouped, %gathered_v : tensor<?x?x${G}x${HPG}x${DV}x${E}>, tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>)
-        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+${ regions.scores_zero() }
+${ regions.product("s", "q_grouped", "gathered_k", "d", D, DQ_SCORES_CONFIG) }
+${ regions.product("dp", "do_grouped", "gathered_v", "e", DV, DQ_DP_CONFIG) }
 
     // ds * scale, rounded to the input type so that the dq product runs on the matrix units.
     // The select keeps masked keys exactly zero (and empty rows, whose lse is -inf, free of NaN).
@@ -114,12 +72,7 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
         ${DQ_ROOT_CONFIG}}
         ins(%ds, %gathered_k : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
         outs(%dq_zero : tensor<?x?x${G}x${HPG}x${D}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x?x${G}x${HPG}x${D}xf32>
     %dq_e_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${D}x${E}>
     %dq_e = linalg.generic {

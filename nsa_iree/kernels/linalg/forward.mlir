@@ -13,23 +13,17 @@
 // (iree_linalg_ext.online_attention would do this in one dispatch, but IREE 3.13's llvm-cpu tiling of its
 // head dimension gives wrong results for D > 128; a single running max/sum over all T*BS keys instead
 // became scalar code on GPUs.)
-func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
-    %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
-    %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
+<% import "common/contraction.mlir" as contraction %>
+<% import "common/host.mlir" as host %>
+<% import "linalg/host.mlir" as linalg %>
+<% import "linalg/regions.mlir" as regions %>
+${ host.forward_signature() }
+<% call host.sizes() %>
   %zero = arith.constant 0.0 : f32
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %n = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
+<% endcall %>
 
-  %key_blocks, %value_blocks = func.call @kv_blocks(%k, %v)
-      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${BS}x${D}x${E}>, tensor<?x${BS}x${DV}x${E}>)
-  %block_gather_index, %last_key = func.call @selected_slots(%block_indices, %n)
-      : (tensor<?x?x${G}x${T}xi32>, index) -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>)
+${ linalg.kv_blocks() }
+${ linalg.selected_slots() }
 
   %neg_inf_s = arith.constant 0xFF800000 : f32
   %q_grouped = tensor.expand_shape %q [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${D}]
@@ -40,28 +34,9 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
   // q k^T product in front of it is an ordinary contraction (matrix units on GPU targets).
   %block_max, %block_sum = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${T}xf32>{%batch, %m_rows},
       tensor<?x?x${G}x${HPG}x${T}xf32>{%batch, %m_rows}) {
-    %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %gathered_k = iree_linalg_ext.gather dimension_map = [0]
-        ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %scores_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %scores_zero = linalg.fill ins(%zero : f32) outs(%scores_init : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>)
-        -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %s = linalg.generic {
-        indexing_maps = [affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, t, j, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, t, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${FWD_LSE_SCORES_CONFIG}}
-        ins(%q_grouped, %gathered_k : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
-        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+${ regions.gather("k", "key_blocks", D) }
+${ regions.scores_zero() }
+${ regions.product("s", "q_grouped", "gathered_k", "d", D, FWD_LSE_SCORES_CONFIG) }
     %blk_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}xf32>
     %max_init = linalg.fill ins(%neg_inf_s : f32) outs(%blk_init : tensor<?x?x${G}x${HPG}x${T}xf32>)
         -> tensor<?x?x${G}x${HPG}x${T}xf32>
@@ -153,32 +128,10 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
   } -> tensor<?x?x${G}x${HPG}xf32>
 
   %o_grouped = flow.dispatch.region -> (tensor<?x?x${G}x${HPG}x${DV}x${E}>{%batch, %m_rows}) {
-    %kg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %gathered_k = iree_linalg_ext.gather dimension_map = [0]
-        ins(%key_blocks, %block_gather_index : tensor<?x${BS}x${D}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%kg_init : tensor<?x?x${G}x${T}x${BS}x${D}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${D}x${E}>
-    %vg_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
-    %gathered_v = iree_linalg_ext.gather dimension_map = [0]
-        ins(%value_blocks, %block_gather_index : tensor<?x${BS}x${DV}x${E}>, tensor<?x?x${G}x${T}xi32>)
-        outs(%vg_init : tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>) -> tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>
-    %scores_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %scores_zero = linalg.fill ins(%zero : f32) outs(%scores_init : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>)
-        -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
-    %s = linalg.generic {
-        indexing_maps = [affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, t, j, d)>,
-                         affine_map<(b, m, g, h, t, j, d) -> (b, m, g, h, t, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${FWD_O_SCORES_CONFIG}}
-        ins(%q_grouped, %gathered_k : tensor<?x?x${G}x${HPG}x${D}x${E}>, tensor<?x?x${G}x${T}x${BS}x${D}x${E}>)
-        outs(%scores_zero : tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
-    } -> tensor<?x?x${G}x${HPG}x${T}x${BS}xf32>
+${ regions.gather("k", "key_blocks", D) }
+${ regions.gather("v", "value_blocks", DV) }
+${ regions.scores_zero() }
+${ regions.product("s", "q_grouped", "gathered_k", "d", D, FWD_O_SCORES_CONFIG) }
     // p in the input type so that p v runs on the matrix units; masked keys (and empty rows) give 0.
     %p_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>
     %p = linalg.generic {
@@ -212,12 +165,7 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
         ${FWD_O_ROOT_CONFIG}}
         ins(%p, %gathered_v : tensor<?x?x${G}x${HPG}x${T}x${BS}x${E}>, tensor<?x?x${G}x${T}x${BS}x${DV}x${E}>)
         outs(%acc_zero : tensor<?x?x${G}x${HPG}x${DV}xf32>) {
-    ^bb0(%x: ${E}, %y: ${E}, %acc: f32):
-      %x32 = ${EXTF} %x : ${E} to f32
-      %y32 = ${EXTF} %y : ${E} to f32
-      %xy = arith.mulf %x32, %y32 : f32
-      %sum = arith.addf %acc, %xy : f32
-      linalg.yield %sum : f32
+${ contraction.mul_add("    ") }
     } -> tensor<?x?x${G}x${HPG}x${DV}xf32>
     %o_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${HPG}x${DV}x${E}>
     %o_e = linalg.generic {

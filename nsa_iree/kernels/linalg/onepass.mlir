@@ -18,6 +18,7 @@
 // never written; the test is i <= floor(pos / BS), which cannot overflow. Inside the diagonal block only
 // keys <= pos(m) are read. A block listed twice is processed twice (multiplicity). An empty row selects
 // nothing, so it never touches lse (-inf there), writes dq = 0 and adds nothing.
+<% import "common/contraction.mlir" as contraction %>
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 

@@ -1,0 +1,16 @@
+// The host functions' text the CPU kernels share, as macros (cpu/*.mlir import this file): the count of the
+// transposed K/V blocks and the call that makes them (cpu/blocks.mlir).
+
+<# %num_blocks, %bg_count and %flat_blocks (B * G * NB, the transposed blocks) from %n, %batch, %kv_heads and
+   %block_size. #>
+<% macro flat_blocks() %>
+  %num_blocks = arith.ceildivui %n, %block_size : index
+  %bg_count = arith.muli %batch, %kv_heads : index
+  %flat_blocks = arith.muli %bg_count, %num_blocks : index
+<% endmacro %>
+
+<# %key_blocks_t [B * G * NB, D, BS] and %value_blocks_t [B * G * NB, Dv, BS]: %k and %v's blocks, transposed. #>
+<% macro blocks_t() %>
+  %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
+      : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+<% endmacro %>

@@ -1,0 +1,107 @@
+// The block-major backward products the CPU dk/dv and one-pass kernels share, as macros: S and dP of one
+// selected block for the row's heads, P and DS from them in place, and the sum over heads that adds a register
+// block of dk or dv (the locked add into the accumulator whole). They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
+
+<# The steps and constants the products read: %keys_step (`krows`), %vcols_step (`vcols`), %kcols_step (`kcols`),
+   %zero_keys, %zero_s [`srows`, BS], and %key_iota (0 .. BS - 1, for the key masks). #>
+<% macro constants(krows, vcols, kcols, srows) %>
+      %keys_step = arith.constant ${krows} : index
+      %vcols_step = arith.constant ${vcols} : index
+      %kcols_step = arith.constant ${kcols} : index
+      %zero_keys = arith.constant dense<0.0> : vector<${BS}xf32>
+      %zero_s = arith.constant dense<0.0> : vector<${srows}x${BS}xf32>
+      %key_iota = vector.step : vector<${BS}xindex>
+<% endmacro %>
+
+<# %s_tile = S and %dp_tile = dP [HPG, BS], `srows` (CPU_SROWS) heads at a time; qT and doT read at
+   [`row`, ...] when `row` (one per row group, memref<?x...>), else as the row's own stack tiles. #>
+<% macro scores(row, srows) %>
+<% set at = "%" ~ row ~ ", " if row else "" %>
+<% set dyn = "?x" if row else "" %>
+          scf.for %h0 = %c0 to %heads_per_group step %heads_step {
+<% for acc, x, y, blocks, index, dim, tile in [("sa", "qd", "qT", "kT", "d", D, "s_tile"), ("da", "doe", "doT", "vT", "e", DV, "dp_tile")] %>
+            %${tile[:-5]}_acc = scf.for %${index} = %c0 to %${ "head_dim" if index == "d" else "value_dim" } step %c1 iter_args(%${acc} = %zero_s) -> (vector<${srows}x${BS}xf32>) {
+              %${x} = vector.load %${y}[${at}%${index}, %h0] : memref<${dyn}${dim}x${HPG}xf32>, vector<${srows}xf32>
+              %${blocks}_row = vector.load %${blocks}[%f, %${index}, %c0] : memref<?x${dim}x${BS}x${E}>, vector<${BS}x${E}>
+              %${blocks}_row32 = ${EXTF} %${blocks}_row : vector<${BS}x${E}> to vector<${BS}xf32>
+              %${acc}_new = vector.outerproduct %${x}, %${blocks}_row32, %${acc} : vector<${srows}xf32>, vector<${BS}xf32>
+              scf.yield %${acc}_new : vector<${srows}x${BS}xf32>
+            }
+            vector.transfer_write %${tile[:-5]}_acc, %${tile}[%h0, %c0] {in_bounds = [true, true]}
+                : vector<${srows}x${BS}xf32>, memref<${HPG}x${BS}xf32>
+<% endfor %>
+          }
+<% endmacro %>
+
+<# In place: %s_tile = P = exp(S - lse) on visible keys (0 elsewhere; times %w_v when `weighted`), %dp_tile =
+   DS = P * (dP - delta). #>
+<% macro p_ds(weighted) %>
+          scf.for %h = %c0 to %heads_per_group step %c1 {
+            %head = arith.addi %h_first, %h : index
+            %l = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
+            %dl = memref.load %delta[%b, %m, %head] : memref<?x?x${H}xf32>
+            %l_v = vector.broadcast %l : f32 to vector<${BS}xf32>
+            %dl_v = vector.broadcast %dl : f32 to vector<${BS}xf32>
+            %s = vector.load %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+            %shifted = arith.subf %s, %l_v : vector<${BS}xf32>
+            %e_s = math.exp %shifted : vector<${BS}xf32>
+<% if weighted %>
+            %weighted = arith.mulf %w_v, %e_s : vector<${BS}xf32>
+<% endif %>
+            %p = arith.select %key_mask, %${ "weighted" if weighted else "e_s" }, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
+            %dp = vector.load %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+            %dp_minus_delta = arith.subf %dp, %dl_v : vector<${BS}xf32>
+            // Masked keys get exactly 0 (not 0 * dP: a future key's V row may hold an Inf or NaN).
+            %ds_all = arith.mulf %p, %dp_minus_delta : vector<${BS}xf32>
+            %ds = arith.select %key_mask, %ds_all, %zero_keys : vector<${BS}xi1>, vector<${BS}xf32>
+            vector.store %p, %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+            vector.store %ds, %dp_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+          }
+<% endmacro %>
+
+<# The two parts of a key block's dk/dv register blocks, for the call block (given each part `p`): dv (P times
+   do, columns D + e0 of the accumulator, `vcols` (CPU_VCOLS) at a time), then dk (DS times q, columns d0,
+   `kcols` (CPU_KCOLS) at a time). #>
+<% macro parts(vcols, kcols) %>
+<% for p in [dict(index="e", bound="value_dim", step="vcols_step", at="col", tile="s_tile", w="pj", x="do", r="dor", dim=DV, cols=vcols, part="part_v", zero="zero_v"),
+             dict(index="d", bound="head_dim", step="kcols_step", at="d0", tile="dp_tile", w="dsj", x="q", r="qr", dim=D, cols=kcols, part="part_k", zero="zero_k")] %>
+${ caller(p) }
+<% endfor %>
+<% endmacro %>
+
+<# The opening of part `p`'s loop over its columns (%col: the accumulator's column of dv's e0). #>
+<% macro part_loop(p) %>
+              scf.for %${p.index}0 = %c0 to %${p.bound} step %${p.step} {
+<% if p.at == "col" %>
+                %col = arith.addi %head_dim, %e0 : index
+<% endif %>
+<% endmacro %>
+
+<# %new [`krows` (CPU_KROWS), p.cols] = %`init` + the sum over heads h of p.tile[h, keys j0..] (as %<p.w>) times
+   p.x[b, m, head, <p.index>0 .. + p.cols] (as %<p.r>): part `p`'s register block. #>
+<% macro head_sum(init, p, krows) %>
+                %new = scf.for %h = %c0 to %heads_per_group step %c1 iter_args(%a = %${init}) -> (vector<${krows}x${p.cols}xf32>) {
+                  %head = arith.addi %h_first, %h : index
+                  %${p.w} = vector.load %${p.tile}[%h, %j0] : memref<${HPG}x${BS}xf32>, vector<${krows}xf32>
+                  %${p.r} = vector.load %${p.x}[%b, %m, %head, %${p.index}0] : memref<?x?x${H}x${p.dim}x${E}>, vector<${p.cols}x${E}>
+                  %${p.r}32 = ${EXTF} %${p.r} : vector<${p.cols}x${E}> to vector<${p.cols}xf32>
+                  %a_new = vector.outerproduct %${p.w}, %${p.r}32, %a : vector<${krows}xf32>, vector<${p.cols}xf32>
+                  scf.yield %a_new : vector<${krows}x${p.cols}xf32>
+                }
+<% endmacro %>
+
+<# dv and dk of the visible keys of flat block %f added into %acc [.., BS, `dkv` (CPU_DKV)] with plain loads and
+   stores, `krows` keys times `vcols` (`kcols`) columns per register block. #>
+<% macro add_to_acc(krows, vcols, kcols, dkv) %>
+            scf.for %j0 = %c0 to %visible step %keys_step {
+<% call(p) parts(vcols, kcols) %>
+${ part_loop(p) }
+                %old = vector.transfer_read %acc[%f, %j0, %${p.at}], %zero {in_bounds = [true, true]}
+                    : memref<?x${BS}x${dkv}xf32>, vector<${krows}x${p.cols}xf32>
+${ head_sum("old", p, krows) }
+                vector.transfer_write %new, %acc[%f, %j0, %${p.at}] {in_bounds = [true, true]}
+                    : vector<${krows}x${p.cols}xf32>, memref<?x${BS}x${dkv}xf32>
+              }
+<% endcall %>
+            }
+<% endmacro %>

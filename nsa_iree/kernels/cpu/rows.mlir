@@ -1,0 +1,61 @@
+// The text the CPU row kernels (forward, dq, one-pass: one work item per (m, g, b)) share, as macros: the
+// constants every CPU kernel (dk/dv's too) starts from, the row's q or do transposed onto the stack, its
+// position, and the test and extent of one selected block.
+
+<# %pad (0 in E) and the configuration's sizes as index constants. #>
+<% macro constants() %>
+      %pad = arith.constant 0.0 : ${E}
+      %heads_per_group = arith.constant ${HPG} : index
+      %head_dim = arith.constant ${D} : index
+      %value_dim = arith.constant ${DV} : index
+      %block_size = arith.constant ${BS} : index
+      %slots = arith.constant ${T} : index
+      %kv_heads = arith.constant ${G} : index
+<% endmacro %>
+
+<# %`name` [`dim`, HPG] f32 on the stack: %`x` [b, m, %`h0` + heads, :] transposed, `cols` elements of `index`
+   at a time (%`step`, up to %`bound`), times %scale_tile when `scaled`. #>
+<% macro transposed(name, x, dim, cols, index, bound, step, h0, scaled) %>
+      scf.for %${index}0 = %c0 to %${bound} step %${step} {
+        %rows = vector.transfer_read %${x}[%b, %m, %${h0}, %${index}0], %pad
+            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, ${index}) -> (h, ${index})>}
+            : memref<?x?x${H}x${dim}x${E}>, vector<${HPG}x${cols}x${E}>
+        %rows32 = ${EXTF} %rows : vector<${HPG}x${cols}x${E}> to vector<${HPG}x${cols}xf32>
+        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${cols}xf32> to vector<${cols}x${HPG}xf32>
+<% if scaled %>
+        %scaled = arith.mulf %cols, %scale_tile : vector<${cols}x${HPG}xf32>
+<% endif %>
+        vector.transfer_write %${ "scaled" if scaled else "cols" }, %${name}[%${index}0, %c0] {in_bounds = [true, true]}
+            : vector<${cols}x${HPG}xf32>, memref<${dim}x${HPG}xf32>
+      }
+<% endmacro %>
+
+<# %offset, %pos (row m's position) and %last_visible (the last block it may see), from %n and %m_rows. #>
+<% macro position() %>
+      // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
+      %offset = arith.subi %n, %m_rows : index
+      %pos = arith.addi %m, %offset : index
+      %last_visible = arith.floordivsi %pos, %block_size : index
+<% endmacro %>
+
+<# %block (slot %t's block) and %selected: whether the row reads it (not skipped, not in the future). #>
+<% macro slot_block() %>
+        %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+        %block = arith.index_cast %block_i32 : i32 to index
+        %not_negative = arith.cmpi sge, %block, %c0 : index
+        %not_future = arith.cmpi sle, %block, %last_visible : index
+        %selected = arith.andi %not_negative, %not_future : i1
+<% endmacro %>
+
+<# Of selected %block: %key0 (its first key), %f (its flat block) and %visible (how many of its keys row m sees). #>
+<% macro block_extent() %>
+          %key0 = arith.muli %block, %block_size : index
+          %bg = arith.muli %b, %kv_heads : index
+          %bg_g = arith.addi %bg, %g : index
+          %f0 = arith.muli %bg_g, %num_blocks : index
+          %f = arith.addi %f0, %block : index
+          // Keys key0 .. key0 + visible - 1 are visible: the whole block, or up to pos(m) in the diagonal one.
+          %to_pos = arith.subi %pos, %key0 : index
+          %to_pos_inclusive = arith.addi %to_pos, %c1 : index
+          %visible = arith.minsi %to_pos_inclusive, %block_size : index
+<% endmacro %>
