@@ -17,6 +17,8 @@
 // the pieces of a block in piece order, so dk and dv stay bitwise reproducible.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/portable/units.mlir" as units %>
+<% set u = {'p': 'dkv', 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N, 'lhs': LHS_UNIT, 'rhs': RHS_UNIT, 'acc': ACC_UNIT, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]} %>
 
 // Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do', 'entries'] %>

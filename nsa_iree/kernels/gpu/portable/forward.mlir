@@ -16,6 +16,8 @@
 // as in the linalg forward. Visibility as in dq_portable.mlir (semantics.md).
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/portable/units.mlir" as units %>
+<% set u = {'p': 'fwp', 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N, 'lhs': LHS_UNIT, 'rhs': RHS_UNIT, 'acc': ACC_UNIT, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]} %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices'] %>

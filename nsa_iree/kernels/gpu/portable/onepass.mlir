@@ -12,6 +12,8 @@
 // Visibility as in dq_portable.mlir: keys past the row's position contribute nothing and are never written.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/portable/units.mlir" as units %>
+<% set u = {'p': 'dqp', 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N, 'lhs': LHS_UNIT, 'rhs': RHS_UNIT, 'acc': ACC_UNIT, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]} %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>

@@ -1,0 +1,61 @@
+// The matrix-unit text the portable kernels share, as macros (forward, dq, dk/dv and one-pass import this file).
+// `u` is the kernel's unit: {'p': its type prefix, 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N,
+// 'lhs'/'rhs'/'acc': the fragment shapes, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]}.
+
+<# The unit's fragment types (!p_lhs, !p_rhs, !p_acc, their reads !p_runs, the flat accumulator) and placement maps. #>
+<% macro types(u) %>
+// One unit's fragments: lhs [16 x K], rhs [K x 16], acc [16 x 16]; the same elements as runs of reads.
+!${u.p}_lhs = vector<${u.lhs}x${E}>
+!${u.p}_rhs = vector<${u.rhs}x${E}>
+!${u.p}_acc = vector<${u.acc}xf32>
+!${u.p}_runs = vector<${u.runs}x${u.run}x${E}>
+!${u.p}_acc_flat = vector<${u.acc_n}xf32>
+// Placement (lane l, read j or element i): row / column and k of read j, row and column of acc element i.
+#${u.p}_run_major = ${u.maps[0]}
+#${u.p}_run_k = ${u.maps[1]}
+#${u.p}_acc_row = ${u.maps[2]}
+#${u.p}_acc_col = ${u.maps[3]}
+#${u.p}_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
+<% endmacro %>
+
+<# out = lhs rhs + acc: one inner_tiled of the unit (all three named by their SSA values). #>
+<% macro mma(out, lhs, rhs, acc, u) %>
+${out} = iree_codegen.inner_tiled ins(${lhs}, ${rhs}) outs(${acc}) <
+  indexing_maps = #${u.p}_contraction,
+  iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
+  kind = #iree_gpu.mma_layout<${u.kind}>,
+  semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
+> : !${u.p}_lhs, !${u.p}_rhs into !${u.p}_acc
+<% endmacro %>
+
+<# out (!p_runs): a fragment's reads from workgroup tile `tile` (type tile_t): read j at [lead major, k],
+   major = major_base + run_major(l, j), k = k_base + run_k(l, j) (a base of none: the map alone). #>
+<% macro read_runs(out, tile, tile_t, major_base, k_base, u, lead='') %>
+${out} = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!${u.p}_runs) {
+  %major = affine.apply #${u.p}_run_major(%lane, %j)
+  %kk = affine.apply #${u.p}_run_k(%lane, %j)
+<% if major_base %>
+  %row = arith.addi ${major_base}, %major : index
+<% endif %>
+<% if k_base %>
+  %col = arith.addi ${k_base}, %kk : index
+<% endif %>
+  %x = vector.load ${tile}[${lead}${"%row" if major_base else "%major"}, ${"%col" if k_base else "%kk"}] : ${tile_t}, vector<${u.run}x${E}>
+  %next = vector.insert %x, %r[%j] : vector<${u.run}x${E}> into !${u.p}_runs
+  scf.yield %next : !${u.p}_runs
+} {unroll_loop}
+<% endmacro %>
+
+<# out (!p_acc) = sum over `units` units u of lhs_units[u] (register fragments, type lhs_units_t) times the rhs
+   read from `tile` at rows major_base + run_major(l, j), columns u K + run_k(l, j); starts from %acc_zero. #>
+<% macro unit_products(out, units, lhs_units, lhs_units_t, tile, tile_t, major_base, u) %>
+${out} = scf.for %u = %c0 to ${units} step %c1 iter_args(%acc = %acc_zero) -> (!${u.p}_acc) {
+  %u0 = arith.muli %u, %unit_k : index
+${ read_runs("%rhs_runs", tile, tile_t, major_base, "%u0", u) }
+  %rhs = vector.shape_cast %rhs_runs : !${u.p}_runs to !${u.p}_rhs
+  %lhs_runs = vector.extract ${lhs_units}[%u] : !${u.p}_runs from ${lhs_units_t}
+  %lhs = vector.shape_cast %lhs_runs : !${u.p}_runs to !${u.p}_lhs
+${ mma("%next", "%lhs", "%rhs", "%acc", u) }
+  scf.yield %next : !${u.p}_acc
+} {unroll_loop}
+<% endmacro %>
