@@ -42,12 +42,7 @@ ${ dispatch.layout("dkdv_portable_layout", 5, inputs, outputs) }
 !dkv_key_tile = memref<${BS}x${ROW_HEADS_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_stats = memref<${ROW_HEADS}x2xf32, #gpu.address_space<workgroup>>
 !dkv_row_info = memref<${ROWS_PER_PIECE}x4xi32, #gpu.address_space<workgroup>>
-// One unit's fragments and their reads (see dq_portable.mlir).
-!dkv_lhs = vector<${LHS_UNIT}x${E}>
-!dkv_rhs = vector<${RHS_UNIT}x${E}>
-!dkv_acc = vector<${ACC_UNIT}xf32>
-!dkv_runs = vector<${RUNS}x${RUN}x${E}>
-!dkv_acc_flat = vector<${ACC_N}xf32>
+${ units.types(u) }
 !dkv_k_units = vector<${D_UNITS}x${RUNS}x${RUN}x${E}>
 !dkv_v_units = vector<${DV_UNITS}x${RUNS}x${RUN}x${E}>
 !dkv_dk_acc = vector<${D_TILES16}x${ACC_N}xf32>
@@ -55,11 +50,6 @@ ${ dispatch.layout("dkdv_portable_layout", 5, inputs, outputs) }
 !dkv_q_staged = vector<${Q_STEP_ITEMS_PER_LANE}x8x${E}>
 !dkv_do_staged = vector<${DO_STEP_ITEMS_PER_LANE}x8x${E}>
 
-#dkv_run_major = ${RUN_MAJOR_MAP}
-#dkv_run_k = ${RUN_K_MAP}
-#dkv_acc_row = ${ACC_ROW_MAP}
-#dkv_acc_col = ${ACC_COL_MAP}
-#dkv_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
 <% call dispatch.executable("selection_attention_dkdv_portable_exe", "selection_attention_dkdv_piece", "dkdv_portable_layout", ['pieces'], lanes=LANES) %>
     func.func @selection_attention_dkdv_piece() attributes {translation_info = #iree_codegen.translation_info<
@@ -313,50 +303,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
               %head_row0 = arith.muli %rho, %c16 : index
               // s^T and dp^T of this row: rhs read j is head run_major(l, j) of the row, columns
               // u K + run_k(l, j) ...
-              %st = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %acc_zero) -> (!dkv_acc) {
-                %u0 = arith.muli %u, %unit_k : index
-                %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
-                  %hj = affine.apply #dkv_run_major(%lane, %j)
-                  %kk = affine.apply #dkv_run_k(%lane, %j)
-                  %rh = arith.addi %head_row0, %hj : index
-                  %col = arith.addi %u0, %kk : index
-                  %x = vector.load %q_step[%rh, %col] : !dkv_q_step, vector<${RUN}x${E}>
-                  %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
-                  scf.yield %next : !dkv_runs
-                } {unroll_loop}
-                %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
-                %lhs_runs = vector.extract %k_units[%u] : !dkv_runs from !dkv_k_units
-                %lhs = vector.shape_cast %lhs_runs : !dkv_runs to !dkv_lhs
-                %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                  indexing_maps = #dkv_contraction,
-                  iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                  kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                  semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-                > : !dkv_lhs, !dkv_rhs into !dkv_acc
-                scf.yield %next : !dkv_acc
-              } {unroll_loop}
-              %dpt = scf.for %u = %c0 to %dv_units step %c1 iter_args(%acc = %acc_zero) -> (!dkv_acc) {
-                %u0 = arith.muli %u, %unit_k : index
-                %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
-                  %hj = affine.apply #dkv_run_major(%lane, %j)
-                  %kk = affine.apply #dkv_run_k(%lane, %j)
-                  %rh = arith.addi %head_row0, %hj : index
-                  %col = arith.addi %u0, %kk : index
-                  %x = vector.load %do_step[%rh, %col] : !dkv_do_step, vector<${RUN}x${E}>
-                  %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
-                  scf.yield %next : !dkv_runs
-                } {unroll_loop}
-                %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
-                %lhs_runs = vector.extract %v_units[%u] : !dkv_runs from !dkv_v_units
-                %lhs = vector.shape_cast %lhs_runs : !dkv_runs to !dkv_lhs
-                %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                  indexing_maps = #dkv_contraction,
-                  iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                  kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                  semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-                > : !dkv_lhs, !dkv_rhs into !dkv_acc
-                scf.yield %next : !dkv_acc
-              } {unroll_loop}
+              ${ units.unit_products("%st", "%d_units", "%k_units", "!dkv_k_units", "%q_step", "!dkv_q_step", "%head_row0", u) }
+              ${ units.unit_products("%dpt", "%dv_units", "%v_units", "!dkv_v_units", "%do_step", "!dkv_do_step", "%head_row0", u) }
 
               // p^T and ds^T element by element: element i is key key_base + acc_row(l, i), head
               // acc_col(l, i); all computed (reading lse and delta) before any is written at
@@ -425,46 +373,22 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
             %lhs_ds = vector.shape_cast %lhs_ds_runs : !dkv_runs to !dkv_lhs
             %dv_new = scf.for %tile = %c0 to %dv_tiles step %c1 iter_args(%acc = %dv_iter) -> (!dkv_dv_acc) {
               %col0 = arith.muli %tile, %c16 : index
-              %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
-                %cj = affine.apply #dkv_run_major(%lane, %j)
-                %kk = affine.apply #dkv_run_k(%lane, %j)
-                %col = arith.addi %col0, %cj : index
-                %x = vector.load %dot_step[%col, %kk] : !dkv_dot_step, vector<${RUN}x${E}>
-                %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
-                scf.yield %next : !dkv_runs
-              } {unroll_loop}
+              ${ units.read_runs("%rhs_runs", "%dot_step", "!dkv_dot_step", "%col0", none, u) }
               %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
               %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from !dkv_dv_acc
               %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
-              %out = iree_codegen.inner_tiled ins(%lhs_p, %rhs) outs(%old) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs into !dkv_acc
+              ${ units.mma("%out", "%lhs_p", "%rhs", "%old", u) }
               %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
               %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into !dkv_dv_acc
               scf.yield %next : !dkv_dv_acc
             } {unroll_loop}
             %dk_new = scf.for %tile = %c0 to %d_tiles step %c1 iter_args(%acc = %dk_iter) -> (!dkv_dk_acc) {
               %col0 = arith.muli %tile, %c16 : index
-              %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
-                %cj = affine.apply #dkv_run_major(%lane, %j)
-                %kk = affine.apply #dkv_run_k(%lane, %j)
-                %col = arith.addi %col0, %cj : index
-                %x = vector.load %qt_step[%col, %kk] : !dkv_qt_step, vector<${RUN}x${E}>
-                %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
-                scf.yield %next : !dkv_runs
-              } {unroll_loop}
+              ${ units.read_runs("%rhs_runs", "%qt_step", "!dkv_qt_step", "%col0", none, u) }
               %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
               %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from !dkv_dk_acc
               %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
-              %out = iree_codegen.inner_tiled ins(%lhs_ds, %rhs) outs(%old) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs into !dkv_acc
+              ${ units.mma("%out", "%lhs_ds", "%rhs", "%old", u) }
               %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
               %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into !dkv_dk_acc
               scf.yield %next : !dkv_dk_acc

@@ -27,12 +27,7 @@
                 %rhs_runs = vector.extract %pair[1] : !dqp_runs from !dqp_runs_pair
                 %lhs = vector.shape_cast %lhs_runs : !dqp_runs to !dqp_lhs
                 %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
-                %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%a) <
-                  indexing_maps = #dqp_contraction,
-                  iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                  kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                  semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-                > : !dqp_lhs, !dqp_rhs into !dqp_acc
+                ${ units.mma("%next", "%lhs", "%rhs", "%a", u) }
                 scf.yield %next : !dqp_acc
               } {unroll_loop}
               %sum_flat = vector.shape_cast %sum : !dqp_acc to !dqp_acc_flat

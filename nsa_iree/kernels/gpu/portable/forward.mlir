@@ -34,23 +34,13 @@ ${ dispatch.layout("fwd_portable_layout", 4, inputs, outputs) }
 !fwp_p = memref<${FWD_SUBGROUPS}x16x${UNIT_K_PADDED}x${E}, #gpu.address_space<workgroup>>
 !fwk_o_parts = memref<${FWD_SUBGROUPS}x16x${DV}xf32, #gpu.address_space<workgroup>>
 !fwk_stats = memref<${FWD_SUBGROUPS}x16xf32, #gpu.address_space<workgroup>>
-// One unit's fragments and their reads (see dq_portable.mlir).
-!fwp_lhs = vector<${LHS_UNIT}x${E}>
-!fwp_rhs = vector<${RHS_UNIT}x${E}>
-!fwp_acc = vector<${ACC_UNIT}xf32>
-!fwp_runs = vector<${RUNS}x${RUN}x${E}>
-!fwp_acc_flat = vector<${ACC_N}xf32>
+${ units.types(u) }
 !fwp_q_units = vector<${D_UNITS}x${RUNS}x${RUN}x${E}>
 !fwp_k_units = vector<${KEY_TILES}x${D_UNITS}x${RUNS}x${RUN}x${E}>
 !fwp_scores = vector<${KEY_TILES}x${ACC_N}xf32>
 !fwp_o_units = vector<${DV_TILES16}x${ACC_N}xf32>
 !fwp_v_staged = vector<${FWD_V_ITEMS_PER_LANE}x8x${E}>
 
-#fwp_run_major = ${RUN_MAJOR_MAP}
-#fwp_run_k = ${RUN_K_MAP}
-#fwp_acc_row = ${ACC_ROW_MAP}
-#fwp_acc_col = ${ACC_COL_MAP}
-#fwp_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
 <% call dispatch.executable("selection_attention_fwd_portable_exe", "selection_attention_fwd_row", "fwd_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=FWD_LANES) %>
     func.func @selection_attention_fwd_row() attributes {translation_info = #iree_codegen.translation_info<
@@ -236,12 +226,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
               %rhs = vector.shape_cast %rhs_runs : !fwp_runs to !fwp_rhs
               %lhs_runs = vector.extract %q_units[%u] : !fwp_runs from !fwp_q_units
               %lhs = vector.shape_cast %lhs_runs : !fwp_runs to !fwp_lhs
-              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                indexing_maps = #fwp_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !fwp_lhs, !fwp_rhs into !fwp_acc
+              ${ units.mma("%next", "%lhs", "%rhs", "%acc", u) }
               scf.yield %next : !fwp_acc
             } {unroll_loop}
             %s_flat = vector.shape_cast %s : !fwp_acc to !fwp_acc_flat
@@ -348,35 +333,16 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
           // o = o alpha (element i of every o unit is head acc_row(l, i)), then o += p v: lhs read j is head
           // run_major(l, j), keys run_k(l, j) ... of this subgroup's tile; rhs read j is V's column (dv)
           // 16 tile + run_major(l, j), keys key_base + run_k(l, j) ...
-          %lhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!fwp_runs) {
-            %h = affine.apply #fwp_run_major(%lane, %j)
-            %kk = affine.apply #fwp_run_k(%lane, %j)
-            %xv = vector.load %p_tiles[%subgroup, %h, %kk] : !fwp_p, vector<${RUN}x${E}>
-            %next = vector.insert %xv, %r[%j] : vector<${RUN}x${E}> into !fwp_runs
-            scf.yield %next : !fwp_runs
-          } {unroll_loop}
+          ${ units.read_runs("%lhs_runs", "%p_tiles", "!fwp_p", none, none, u, lead="%subgroup, ") }
           %lhs = vector.shape_cast %lhs_runs : !fwp_runs to !fwp_lhs
           %o_new = scf.for %tile = %c0 to %dv_tiles step %c1 iter_args(%acc = %o_iter) -> (!fwp_o_units) {
             %col0 = arith.muli %tile, %c16 : index
-            %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!fwp_runs) {
-              %cj = affine.apply #fwp_run_major(%lane, %j)
-              %kk = affine.apply #fwp_run_k(%lane, %j)
-              %e = arith.addi %col0, %cj : index
-              %jj = arith.addi %key_base, %kk : index
-              %xv = vector.load %v_cols[%e, %jj] : !fwp_v_cols, vector<${RUN}x${E}>
-              %next = vector.insert %xv, %r[%j] : vector<${RUN}x${E}> into !fwp_runs
-              scf.yield %next : !fwp_runs
-            } {unroll_loop}
+            ${ units.read_runs("%rhs_runs", "%v_cols", "!fwp_v_cols", "%col0", "%key_base", u) }
             %rhs = vector.shape_cast %rhs_runs : !fwp_runs to !fwp_rhs
             %old_flat = vector.extract %acc[%tile] : !fwp_acc_flat from !fwp_o_units
             %rescaled_flat = arith.mulf %old_flat, %alpha : !fwp_acc_flat
             %rescaled = vector.shape_cast %rescaled_flat : !fwp_acc_flat to !fwp_acc
-            %out = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%rescaled) <
-              indexing_maps = #fwp_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !fwp_lhs, !fwp_rhs into !fwp_acc
+            ${ units.mma("%out", "%lhs", "%rhs", "%rescaled", u) }
             %out_flat = vector.shape_cast %out : !fwp_acc to !fwp_acc_flat
             %next = vector.insert %out_flat, %acc[%tile] : !fwp_acc_flat into !fwp_o_units
             scf.yield %next : !fwp_o_units

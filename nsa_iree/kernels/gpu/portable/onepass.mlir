@@ -271,12 +271,7 @@ ${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'd
           scf.for %x = %c0 to %dv_tiles step %c1 {
             %rhs_runs = vector.extract %do_rhs[%x] : !dqp_runs from !opp_do_rhs
             %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
-            %out = iree_codegen.inner_tiled ins(%lhs_p, %rhs) outs(%acc_zero2) <
-              indexing_maps = #dqp_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dqp_lhs, !dqp_rhs into !dqp_acc
+            ${ units.mma("%out", "%lhs_p", "%rhs", "%acc_zero2", u) }
             %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
             scf.for %i = %c0 to %acc_n step %c1 {
               %kr = affine.apply #dqp_acc_row(%lane, %i)
@@ -304,12 +299,7 @@ ${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'd
           scf.for %x = %c0 to %d_tiles step %c1 {
             %rhs_runs = vector.extract %q_rhs[%x] : !dqp_runs from !opp_q_rhs
             %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
-            %out = iree_codegen.inner_tiled ins(%lhs_ds, %rhs) outs(%acc_zero2) <
-              indexing_maps = #dqp_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dqp_lhs, !dqp_rhs into !dqp_acc
+            ${ units.mma("%out", "%lhs_ds", "%rhs", "%acc_zero2", u) }
             %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
             scf.for %i = %c0 to %acc_n step %c1 {
               %kr = affine.apply #dqp_acc_row(%lane, %i)

@@ -32,16 +32,16 @@ ${out} = iree_codegen.inner_tiled ins(${lhs}, ${rhs}) outs(${acc}) <
    major = major_base + run_major(l, j), k = k_base + run_k(l, j) (a base of none: the map alone). #>
 <% macro read_runs(out, tile, tile_t, major_base, k_base, u, lead='') %>
 ${out} = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!${u.p}_runs) {
-  %major = affine.apply #${u.p}_run_major(%lane, %j)
-  %kk = affine.apply #${u.p}_run_k(%lane, %j)
+  %read_major = affine.apply #${u.p}_run_major(%lane, %j)
+  %read_k = affine.apply #${u.p}_run_k(%lane, %j)
 <% if major_base %>
-  %row = arith.addi ${major_base}, %major : index
+  %read_row = arith.addi ${major_base}, %read_major : index
 <% endif %>
 <% if k_base %>
-  %col = arith.addi ${k_base}, %kk : index
+  %read_col = arith.addi ${k_base}, %read_k : index
 <% endif %>
-  %x = vector.load ${tile}[${lead}${"%row" if major_base else "%major"}, ${"%col" if k_base else "%kk"}] : ${tile_t}, vector<${u.run}x${E}>
-  %next = vector.insert %x, %r[%j] : vector<${u.run}x${E}> into !${u.p}_runs
+  %read_x = vector.load ${tile}[${lead}${"%read_row" if major_base else "%read_major"}, ${"%read_col" if k_base else "%read_k"}] : ${tile_t}, vector<${u.run}x${E}>
+  %next = vector.insert %read_x, %r[%j] : vector<${u.run}x${E}> into !${u.p}_runs
   scf.yield %next : !${u.p}_runs
 } {unroll_loop}
 <% endmacro %>
