@@ -401,40 +401,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
           // Step t's rows into workgroup memory, once every subgroup is done with step t - 1's.
           gpu.barrier
           scf.if %stage {
-            scf.for %i = %c0 to %q_per_lane step %c1 {
-              %i_lanes = arith.muli %i, %lanes : index
-              %c = arith.addi %tid, %i_lanes : index
-              %in_tile = arith.cmpi ult, %c, %q_items : index
-              scf.if %in_tile {
-                %rh = arith.remui %c, %row_heads : index
-                %chunk = arith.divui %c, %row_heads : index
-                %d0 = arith.muli %chunk, %c8 : index
-                %x = vector.extract %q_staged[%i] : vector<8x${E}> from !dkv_q_staged
-                vector.store %x, %q_step[%rh, %d0] : !dkv_q_step, vector<8x${E}>
-                scf.for %e = %c0 to %c8 step %c1 {
-                  %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
-                  %d = arith.addi %d0, %e : index
-                  memref.store %y, %qt_step[%d, %rh] : !dkv_qt_step
-                } {unroll_loop}
-              }
-            } {unroll_loop}
-            scf.for %i = %c0 to %do_per_lane step %c1 {
-              %i_lanes = arith.muli %i, %lanes : index
-              %c = arith.addi %tid, %i_lanes : index
-              %in_tile = arith.cmpi ult, %c, %do_items : index
-              scf.if %in_tile {
-                %rh = arith.remui %c, %row_heads : index
-                %chunk = arith.divui %c, %row_heads : index
-                %e0 = arith.muli %chunk, %c8 : index
-                %x = vector.extract %do_staged[%i] : vector<8x${E}> from !dkv_do_staged
-                vector.store %x, %do_step[%rh, %e0] : !dkv_do_step, vector<8x${E}>
-                scf.for %e = %c0 to %c8 step %c1 {
-                  %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
-                  %d = arith.addi %e0, %e : index
-                  memref.store %y, %dot_step[%d, %rh] : !dkv_dot_step
-                } {unroll_loop}
-              }
-            } {unroll_loop}
+            ${ units.store_rows("%q_per_lane", "%q_items", "%q_staged", "!dkv_q_staged", "%row_heads", "%q_step", "!dkv_q_step", "%qt_step", "!dkv_qt_step") }
+            ${ units.store_rows("%do_per_lane", "%do_items", "%do_staged", "!dkv_do_staged", "%row_heads", "%do_step", "!dkv_do_step", "%dot_step", "!dkv_dot_step") }
             %stats_lane = arith.cmpi ult, %tid, %row_heads : index
             scf.if %stats_lane {
               %pair0 = vector.broadcast %lse_staged : f32 to vector<2xf32>

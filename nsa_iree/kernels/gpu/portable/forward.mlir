@@ -186,25 +186,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
           } {unroll_loop}
           // V chunk c is (key c mod BS, elements 8 (c / BS) ..): consecutive lanes take consecutive keys, so
           // the transposed copy's 16-bit stores are consecutive.
-          %vs = scf.for %i = %c0 to %v_per_lane step %c1 iter_args(%acc = %v_none) -> (!fwp_v_staged) {
-            %i_lanes = arith.muli %i, %lanes : index
-            %c = arith.addi %tid, %i_lanes : index
-            %jj = arith.remui %c, %block_size : index
-            %chunk = arith.divui %c, %block_size : index
-            %e0 = arith.muli %chunk, %c8 : index
-            %in_tile = arith.cmpi ult, %c, %v_chunks : index
-            %is_visible = arith.cmpi slt, %jj, %visible : index
-            %read = arith.andi %in_tile, %is_visible : i1
-            %x = scf.if %read -> (vector<8x${E}>) {
-              %key = arith.addi %key0, %jj : index
-              %y = vector.load %v[%b, %key, %g, %e0] : !fwp_v, vector<8x${E}>
-              scf.yield %y : vector<8x${E}>
-            } else {
-              scf.yield %zero_chunk : vector<8x${E}>
-            }
-            %next = vector.insert %x, %acc[%i] : vector<8x${E}> into !fwp_v_staged
-            scf.yield %next : !fwp_v_staged
-          } {unroll_loop}
+          ${ units.stage_rows("%vs", "%v_per_lane", "%v_none", "%v_chunks", "%v", "!fwp_v", "!fwp_v_staged") }
           scf.yield %ks, %vs : !fwp_k_units, !fwp_v_staged
         } else {
           scf.yield %k_none, %v_none : !fwp_k_units, !fwp_v_staged
@@ -355,22 +337,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
         // Slot t's V rows into workgroup memory, once every subgroup is done with slot t - 1's.
         gpu.barrier
         scf.if %stage {
-          scf.for %i = %c0 to %v_per_lane step %c1 {
-            %i_lanes = arith.muli %i, %lanes : index
-            %c = arith.addi %tid, %i_lanes : index
-            %in_tile = arith.cmpi ult, %c, %v_chunks : index
-            scf.if %in_tile {
-              %jj = arith.remui %c, %block_size : index
-              %chunk = arith.divui %c, %block_size : index
-              %e0 = arith.muli %chunk, %c8 : index
-              %xv = vector.extract %v_staged[%i] : vector<8x${E}> from !fwp_v_staged
-              scf.for %e = %c0 to %c8 step %c1 {
-                %y = vector.extract %xv[%e] : ${E} from vector<8x${E}>
-                %d = arith.addi %e0, %e : index
-                memref.store %y, %v_cols[%d, %jj] : !fwp_v_cols
-              } {unroll_loop}
-            }
-          } {unroll_loop}
+          ${ units.store_rows("%v_per_lane", "%v_chunks", "%v_staged", "!fwp_v_staged", "%block_size", none, none, "%v_cols", "!fwp_v_cols") }
         }
         gpu.barrier
         scf.yield %o_next, %mx_next, %l_next, %k_next, %block : !fwp_o_units, !fwp_acc_flat, !fwp_acc_flat, !fwp_k_units, index

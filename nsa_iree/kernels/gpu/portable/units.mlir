@@ -59,3 +59,53 @@ ${ mma("%next", "%lhs", "%rhs", "%acc", u) }
   scf.yield %next : !${u.p}_acc
 } {unroll_loop}
 <% endmacro %>
+
+<# out (staged_t, per_lane chunks of 8 elements): a lane's part of a block's rows of `src` (src_t) in registers;
+   chunk c = tid + i lanes is key c mod BS, elements 8 (c / BS) ..; starts from `zeros`; zeros past `chunks` and for keys >= %visible. #>
+<% macro stage_rows(out, per_lane, zeros, chunks, src, src_t, staged_t) %>
+${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> (${staged_t}) {
+  %i_lanes = arith.muli %i, %lanes : index
+  %c = arith.addi %tid, %i_lanes : index
+  %j = arith.remui %c, %block_size : index
+  %chunk = arith.divui %c, %block_size : index
+  %d0 = arith.muli %chunk, %c8 : index
+  %in_tile = arith.cmpi ult, %c, ${chunks} : index
+  %is_visible = arith.cmpi slt, %j, %visible : index
+  %read = arith.andi %in_tile, %is_visible : i1
+  %x = scf.if %read -> (vector<8x${E}>) {
+    %key = arith.addi %key0, %j : index
+    %y = vector.load ${src}[%b, %key, %g, %d0] : ${src_t}, vector<8x${E}>
+    scf.yield %y : vector<8x${E}>
+  } else {
+    scf.yield %zero_chunk : vector<8x${E}>
+  }
+  %next = vector.insert %x, %acc[%i] : vector<8x${E}> into ${staged_t}
+  scf.yield %next : ${staged_t}
+} {unroll_loop}
+<% endmacro %>
+
+<# Registers `staged` (staged_t, per_lane chunks; chunk c is row c mod `rows_of`, elements 8 (c / rows_of) ..) into
+   workgroup memory: as rows into `rows` [row][element] and/or transposed into `cols` [element][row] (none: not). #>
+<% macro store_rows(per_lane, chunks, staged, staged_t, rows_of, rows, rows_t, cols, cols_t) %>
+scf.for %i = %c0 to ${per_lane} step %c1 {
+  %i_lanes = arith.muli %i, %lanes : index
+  %c = arith.addi %tid, %i_lanes : index
+  %in_tile = arith.cmpi ult, %c, ${chunks} : index
+  scf.if %in_tile {
+    %j = arith.remui %c, ${rows_of} : index
+    %chunk = arith.divui %c, ${rows_of} : index
+    %d0 = arith.muli %chunk, %c8 : index
+    %x = vector.extract ${staged}[%i] : vector<8x${E}> from ${staged_t}
+<% if rows %>
+    vector.store %x, ${rows}[%j, %d0] : ${rows_t}, vector<8x${E}>
+<% endif %>
+<% if cols %>
+    scf.for %e = %c0 to %c8 step %c1 {
+      %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
+      %d = arith.addi %d0, %e : index
+      memref.store %y, ${cols}[%d, %j] : ${cols_t}
+    } {unroll_loop}
+<% endif %>
+  }
+} {unroll_loop}
+<% endmacro %>
