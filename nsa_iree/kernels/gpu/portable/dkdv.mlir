@@ -137,48 +137,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
 
         // This subgroup's 16 keys of K and V as lhs fragments, read once from global memory: read j of unit u
         // is key key_base + run_major(l, j), columns u K + run_k(l, j) ...; keys past N are zeros.
-        %k_init = arith.constant dense<0.0> : !dkv_k_units
-        %k_units = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %k_init) -> (!dkv_k_units) {
-          %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!dkv_k_units) {
-            %kj = affine.apply #dkv_run_major(%lane, %j)
-            %kk = affine.apply #dkv_run_k(%lane, %j)
-            %u0 = arith.muli %u, %unit_k : index
-            %col = arith.addi %u0, %kk : index
-            %key1 = arith.addi %key0, %key_base : index
-            %key = arith.addi %key1, %kj : index
-            %exists = arith.cmpi ult, %key, %n : index
-            %x = scf.if %exists -> (vector<${RUN}x${E}>) {
-              %y = vector.load %k[%b, %key, %g, %col] : !dkv_k, vector<${RUN}x${E}>
-              scf.yield %y : vector<${RUN}x${E}>
-            } else {
-              scf.yield %zero_run : vector<${RUN}x${E}>
-            }
-            %next = vector.insert %x, %acc2[%u, %j] : vector<${RUN}x${E}> into !dkv_k_units
-            scf.yield %next : !dkv_k_units
-          } {unroll_loop}
-          scf.yield %acc_u : !dkv_k_units
-        } {unroll_loop}
-        %v_init = arith.constant dense<0.0> : !dkv_v_units
-        %v_units = scf.for %u = %c0 to %dv_units step %c1 iter_args(%acc = %v_init) -> (!dkv_v_units) {
-          %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!dkv_v_units) {
-            %kj = affine.apply #dkv_run_major(%lane, %j)
-            %kk = affine.apply #dkv_run_k(%lane, %j)
-            %u0 = arith.muli %u, %unit_k : index
-            %col = arith.addi %u0, %kk : index
-            %key1 = arith.addi %key0, %key_base : index
-            %key = arith.addi %key1, %kj : index
-            %exists = arith.cmpi ult, %key, %n : index
-            %x = scf.if %exists -> (vector<${RUN}x${E}>) {
-              %y = vector.load %v[%b, %key, %g, %col] : !dkv_v, vector<${RUN}x${E}>
-              scf.yield %y : vector<${RUN}x${E}>
-            } else {
-              scf.yield %zero_run : vector<${RUN}x${E}>
-            }
-            %next = vector.insert %x, %acc2[%u, %j] : vector<${RUN}x${E}> into !dkv_v_units
-            scf.yield %next : !dkv_v_units
-          } {unroll_loop}
-          scf.yield %acc_u : !dkv_v_units
-        } {unroll_loop}
+${ units.key_units("%k_units", "%d_units", "!dkv_k_units", "%k", "!dkv_k", u) }
+${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
         gpu.barrier
 
         // Iteration t loads step t's rows into registers (chunk c: (row, head) pair c mod ROW_HEADS, elements

@@ -102,26 +102,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
 
       // q as lhs fragments over all of D, loaded once: read j of unit u is head run_major(l, j), columns
       // u K + run_k(l, j) ...; padding heads (>= HPG) are zeros.
-      %q_init = arith.constant dense<0.0> : !fwp_q_units
-      %q_units = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %q_init) -> (!fwp_q_units) {
-        %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!fwp_q_units) {
-          %h = affine.apply #fwp_run_major(%lane, %j)
-          %kk = affine.apply #fwp_run_k(%lane, %j)
-          %u0 = arith.muli %u, %unit_k : index
-          %col = arith.addi %u0, %kk : index
-          %real = arith.cmpi ult, %h, %heads_per_group : index
-          %x = scf.if %real -> (vector<${RUN}x${E}>) {
-            %head = arith.addi %h0, %h : index
-            %y = vector.load %q[%b, %m, %head, %col] : !fwp_q, vector<${RUN}x${E}>
-            scf.yield %y : vector<${RUN}x${E}>
-          } else {
-            scf.yield %zero_run : vector<${RUN}x${E}>
-          }
-          %next = vector.insert %x, %acc2[%u, %j] : vector<${RUN}x${E}> into !fwp_q_units
-          scf.yield %next : !fwp_q_units
-        } {unroll_loop}
-        scf.yield %acc_u : !fwp_q_units
-      } {unroll_loop}
+${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
 
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
       %offset = arith.subi %n, %m_rows : index

@@ -109,3 +109,55 @@ scf.for %i = %c0 to ${per_lane} step %c1 {
   }
 } {unroll_loop}
 <% endmacro %>
+
+<# out (out_t, [units][RUNS] reads of u.run): register fragments over `units` units of K columns; read j of unit u
+   is major run_major(l, j) (%read_major), columns u K + run_k(l, j) ... (%col). caller("guard") sets %exists from
+   them, caller("load") loads %y where it holds; zeros elsewhere. #>
+<% macro register_units(out, units, out_t, u) %>
+${out}_init = arith.constant dense<0.0> : ${out_t}
+${out} = scf.for %u = %c0 to ${units} step %c1 iter_args(%acc = ${out}_init) -> (${out_t}) {
+  %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (${out_t}) {
+    %read_major = affine.apply #${u.p}_run_major(%lane, %j)
+    %kk = affine.apply #${u.p}_run_k(%lane, %j)
+    %u0 = arith.muli %u, %unit_k : index
+    %col = arith.addi %u0, %kk : index
+${ caller("guard") }
+    %x = scf.if %exists -> (vector<${u.run}x${E}>) {
+${ caller("load") }
+      scf.yield %y : vector<${u.run}x${E}>
+    } else {
+      scf.yield %zero_run : vector<${u.run}x${E}>
+    }
+    %next = vector.insert %x, %acc2[%u, %j] : vector<${u.run}x${E}> into ${out_t}
+    scf.yield %next : ${out_t}
+  } {unroll_loop}
+  scf.yield %acc_u : ${out_t}
+} {unroll_loop}
+<% endmacro %>
+
+<# out: row m's heads of `src` (src_t [B, M, H, cols]) as lhs fragments (major: head of the group, from %h0);
+   padding heads (>= HPG) are zeros. #>
+<% macro head_units(out, units, out_t, src, src_t, u) %>
+<% call(part) register_units(out, units, out_t, u) %>
+<% if part == "guard" %>
+    %exists = arith.cmpi ult, %read_major, %heads_per_group : index
+<% else %>
+      %head = arith.addi %h0, %read_major : index
+      %y = vector.load ${src}[%b, %m, %head, %col] : ${src_t}, vector<${u.run}x${E}>
+<% endif %>
+<% endcall %>
+<% endmacro %>
+
+<# out: the subgroup's keys of block %key0 of `src` (src_t [B, N, G, cols]) as fragments (major: key
+   %key_base + ..); keys past N are zeros. #>
+<% macro key_units(out, units, out_t, src, src_t, u) %>
+<% call(part) register_units(out, units, out_t, u) %>
+<% if part == "guard" %>
+    %key1 = arith.addi %key0, %key_base : index
+    %key = arith.addi %key1, %read_major : index
+    %exists = arith.cmpi ult, %key, %n : index
+<% else %>
+      %y = vector.load ${src}[%b, %key, %g, %col] : ${src_t}, vector<${u.run}x${E}>
+<% endif %>
+<% endcall %>
+<% endmacro %>
