@@ -25,10 +25,6 @@
 <% set outputs = ['dk_pieces', 'dv_pieces'] %>
 ${ dispatch.layout("dkdv_portable_layout", 5, inputs, outputs) }
 
-!dkv_q = memref<?x?x${H}x${D}x${E}>
-!dkv_k = memref<?x?x${G}x${D}x${E}>
-!dkv_v = memref<?x?x${G}x${DV}x${E}>
-!dkv_do = memref<?x?x${H}x${DV}x${E}>
 !dkv_entries = memref<?x${ROWS_PER_PIECE}x2xi32>
 !dkv_dk_pieces = memref<?x${BS}x${D}xf32>
 !dkv_dv_pieces = memref<?x${BS}x${DV}xf32>

@@ -1,9 +1,5 @@
 // Part of dq_portable.mlir and onepass_portable.mlir (`// part: dq_portable_types`): the type aliases and
 // placement maps of the portable dq body (the parts dq_portable_*).
-!dqp_q = memref<?x?x${H}x${D}x${E}>
-!dqp_k = memref<?x?x${G}x${D}x${E}>
-!dqp_v = memref<?x?x${G}x${DV}x${E}>
-!dqp_do = memref<?x?x${H}x${DV}x${E}>
 !dqp_smem = memref<${DQP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // Workgroup tiles (rows padded by ${PAD} elements): K rows, V rows, K transposed, ds.
 !dqp_k_rows = memref<${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>

@@ -24,9 +24,6 @@
 <% set outputs = ['o', 'lse'] %>
 ${ dispatch.layout("fwd_portable_layout", 4, inputs, outputs) }
 
-!fwp_q = memref<?x?x${H}x${D}x${E}>
-!fwp_k = memref<?x?x${G}x${D}x${E}>
-!fwp_v = memref<?x?x${G}x${DV}x${E}>
 !fwk_o = memref<?x?x${H}x${DV}x${E}>
 !fwp_smem = memref<${FWP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // Workgroup tiles: V transposed, each subgroup's p, and after the loop each subgroup's o, max and sum.
@@ -121,22 +118,7 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
       %o_acc, %max_acc, %sum_acc, %k_last, %last_block = scf.for %t = %c0 to %steps step %c1
           iter_args(%o_iter = %o_init, %mx = %stats_init, %l_iter = %sums_init, %k_prev = %k_none, %previous = %block_none)
           -> (!fwp_o_units, !fwp_acc_flat, !fwp_acc_flat, !fwp_k_units, index) {
-        %t_in_range = arith.cmpi ult, %t, %slots : index
-        %block = scf.if %t_in_range -> (index) {
-          %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-          %i = arith.index_cast %block_i32 : i32 to index
-          %not_negative = arith.cmpi sge, %i, %c0 : index
-          %not_future = arith.cmpi sle, %i, %last_visible_block : index
-          %selected = arith.andi %not_negative, %not_future : i1
-          %i_or_none = arith.select %selected, %i, %block_none : index
-          scf.yield %i_or_none : index
-        } else {
-          scf.yield %block_none : index
-        }
-        %stage = arith.cmpi sge, %block, %c0 : index
-        %key0 = arith.muli %block, %block_size : index
-        %to_pos = arith.subi %pos, %key0 : index
-        %visible = arith.addi %to_pos, %c1 : index
+        ${ units.slot_block() }
         %k_next, %v_staged = scf.if %stage -> (!fwp_k_units, !fwp_v_staged) {
           // This subgroup's K as rhs fragments: read j of key tile kt, unit u is key
           // key_base + 16 kt + run_major(l, j), columns u K + run_k(l, j) ...

@@ -2,8 +2,13 @@
 // `u` is the kernel's unit: {'p': its type prefix, 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N,
 // 'lhs'/'rhs'/'acc': the fragment shapes, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]}.
 
-<# The unit's fragment types (!p_lhs, !p_rhs, !p_acc, their reads !p_runs, the flat accumulator) and placement maps. #>
+<# The operands' memref types (!p_q, !p_k, !p_v, !p_do), the unit's fragment types (!p_lhs, !p_rhs, !p_acc, their
+   reads !p_runs, the flat accumulator) and placement maps. #>
 <% macro types(u) %>
+!${u.p}_q = memref<?x?x${H}x${D}x${E}>
+!${u.p}_k = memref<?x?x${G}x${D}x${E}>
+!${u.p}_v = memref<?x?x${G}x${DV}x${E}>
+!${u.p}_do = memref<?x?x${H}x${DV}x${E}>
 // One unit's fragments: lhs [16 x K], rhs [K x 16], acc [16 x 16]; the same elements as runs of reads.
 !${u.p}_lhs = vector<${u.lhs}x${E}>
 !${u.p}_rhs = vector<${u.rhs}x${E}>
@@ -160,4 +165,25 @@ ${ caller("load") }
       %y = vector.load ${src}[%b, %key, %g, %col] : ${src_t}, vector<${u.run}x${E}>
 <% endif %>
 <% endcall %>
+<% endmacro %>
+
+<# Slot t's block %block (-1: skipped, or t = T), %stage (it is staged), its first key %key0 and %visible (how many of
+   its keys row m sees), from %block_indices, %pos and %last_visible_block. #>
+<% macro slot_block() %>
+%t_in_range = arith.cmpi ult, %t, %slots : index
+%block = scf.if %t_in_range -> (index) {
+  %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+  %i = arith.index_cast %block_i32 : i32 to index
+  %not_negative = arith.cmpi sge, %i, %c0 : index
+  %not_future = arith.cmpi sle, %i, %last_visible_block : index
+  %selected = arith.andi %not_negative, %not_future : i1
+  %i_or_none = arith.select %selected, %i, %block_none : index
+  scf.yield %i_or_none : index
+} else {
+  scf.yield %block_none : index
+}
+%stage = arith.cmpi sge, %block, %c0 : index
+%key0 = arith.muli %block, %block_size : index
+%to_pos = arith.subi %pos, %key0 : index
+%visible = arith.addi %to_pos, %c1 : index
 <% endmacro %>
