@@ -47,6 +47,37 @@ ${ units.types(u) }
 !dkv_do_staged = vector<${DO_STEP_ITEMS_PER_LANE}x8x${E}>
 
 
+<# out (staged_t, per_lane chunks of 8): a lane's part of one step's rows of `src` (src_t [B, M, H, cols]) in
+   registers: chunk c = tid + i lanes is (row, head) pair c mod ROW_HEADS, elements 8 (c / ROW_HEADS) ..; zeros
+   for padding rows and heads and past `items`. #>
+<% macro step_rows(out, per_lane, zeros, items, src, src_t, staged_t) %>
+${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> (${staged_t}) {
+  %i_lanes = arith.muli %i, %lanes : index
+  %c = arith.addi %tid, %i_lanes : index
+  %rh = arith.remui %c, %row_heads : index
+  %chunk = arith.divui %c, %row_heads : index
+  %rho = arith.divui %rh, %c16 : index
+  %h = arith.remui %rh, %c16 : index
+  %m_i32 = vector.extract %step_ms[%rho] : i32 from vector<${ROWS_PER_STEP}xi32>
+  %used = arith.cmpi sge, %m_i32, %c0_i32 : i32
+  %real = arith.cmpi ult, %h, %heads_per_group : index
+  %in_tile = arith.cmpi ult, %c, ${items} : index
+  %live0 = arith.andi %used, %real : i1
+  %live = arith.andi %live0, %in_tile : i1
+  %x = scf.if %live -> (vector<8x${E}>) {
+    %m = arith.index_castui %m_i32 : i32 to index
+    %head = arith.addi %h0, %h : index
+    %d0 = arith.muli %chunk, %c8 : index
+    %y = vector.load ${src}[%b, %m, %head, %d0] : ${src_t}, vector<8x${E}>
+    scf.yield %y : vector<8x${E}>
+  } else {
+    scf.yield %zero_chunk : vector<8x${E}>
+  }
+  %next = vector.insert %x, %acc[%i] : vector<8x${E}> into ${staged_t}
+  scf.yield %next : ${staged_t}
+} {unroll_loop}
+<% endmacro %>
+
 <% call dispatch.executable("selection_attention_dkdv_portable_exe", "selection_attention_dkdv_piece", "dkdv_portable_layout", ['pieces'], lanes=LANES) %>
     func.func @selection_attention_dkdv_piece() attributes {translation_info = #iree_codegen.translation_info<
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
@@ -163,56 +194,8 @@ ${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
           %stage = arith.andi %t_in_range, %first_used : i1
           %q_staged, %do_staged, %lse_staged, %delta_staged = scf.if %stage
               -> (!dkv_q_staged, !dkv_do_staged, f32, f32) {
-            %qs = scf.for %i = %c0 to %q_per_lane step %c1 iter_args(%acc = %q_none) -> (!dkv_q_staged) {
-              %i_lanes = arith.muli %i, %lanes : index
-              %c = arith.addi %tid, %i_lanes : index
-              %rh = arith.remui %c, %row_heads : index
-              %chunk = arith.divui %c, %row_heads : index
-              %rho = arith.divui %rh, %c16 : index
-              %h = arith.remui %rh, %c16 : index
-              %m_i32 = vector.extract %step_ms[%rho] : i32 from vector<${ROWS_PER_STEP}xi32>
-              %used = arith.cmpi sge, %m_i32, %c0_i32 : i32
-              %real = arith.cmpi ult, %h, %heads_per_group : index
-              %in_tile = arith.cmpi ult, %c, %q_items : index
-              %live0 = arith.andi %used, %real : i1
-              %live = arith.andi %live0, %in_tile : i1
-              %x = scf.if %live -> (vector<8x${E}>) {
-                %m = arith.index_castui %m_i32 : i32 to index
-                %head = arith.addi %h0, %h : index
-                %d0 = arith.muli %chunk, %c8 : index
-                %y = vector.load %q[%b, %m, %head, %d0] : !dkv_q, vector<8x${E}>
-                scf.yield %y : vector<8x${E}>
-              } else {
-                scf.yield %zero_chunk : vector<8x${E}>
-              }
-              %next = vector.insert %x, %acc[%i] : vector<8x${E}> into !dkv_q_staged
-              scf.yield %next : !dkv_q_staged
-            } {unroll_loop}
-            %dos = scf.for %i = %c0 to %do_per_lane step %c1 iter_args(%acc = %do_none) -> (!dkv_do_staged) {
-              %i_lanes = arith.muli %i, %lanes : index
-              %c = arith.addi %tid, %i_lanes : index
-              %rh = arith.remui %c, %row_heads : index
-              %chunk = arith.divui %c, %row_heads : index
-              %rho = arith.divui %rh, %c16 : index
-              %h = arith.remui %rh, %c16 : index
-              %m_i32 = vector.extract %step_ms[%rho] : i32 from vector<${ROWS_PER_STEP}xi32>
-              %used = arith.cmpi sge, %m_i32, %c0_i32 : i32
-              %real = arith.cmpi ult, %h, %heads_per_group : index
-              %in_tile = arith.cmpi ult, %c, %do_items : index
-              %live0 = arith.andi %used, %real : i1
-              %live = arith.andi %live0, %in_tile : i1
-              %x = scf.if %live -> (vector<8x${E}>) {
-                %m = arith.index_castui %m_i32 : i32 to index
-                %head = arith.addi %h0, %h : index
-                %e0 = arith.muli %chunk, %c8 : index
-                %y = vector.load %do[%b, %m, %head, %e0] : !dkv_do, vector<8x${E}>
-                scf.yield %y : vector<8x${E}>
-              } else {
-                scf.yield %zero_chunk : vector<8x${E}>
-              }
-              %next = vector.insert %x, %acc[%i] : vector<8x${E}> into !dkv_do_staged
-              scf.yield %next : !dkv_do_staged
-            } {unroll_loop}
+            ${ step_rows("%qs", "%q_per_lane", "%q_none", "%q_items", "%q", "!dkv_q", "!dkv_q_staged") }
+            ${ step_rows("%dos", "%do_per_lane", "%do_none", "%do_items", "%do", "!dkv_do", "!dkv_do_staged") }
             // Lane tid < ROW_HEADS: lse and delta of (row tid / 16, head tid mod 16).
             %stats_lane = arith.cmpi ult, %tid, %row_heads : index
             %tid_safe = arith.select %stats_lane, %tid, %c0 : index
