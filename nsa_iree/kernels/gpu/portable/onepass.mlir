@@ -30,6 +30,91 @@ ${ dispatch.layout("onepass_portable_layout", 4, inputs, outputs) }
 !opp_do_rhs = vector<${DV_TILES16}x${RUNS}x${RUN}x${E}>
 !opp_zero_chunk = vector<8x${E}>
 
+<# Zeros into the [row][8-element chunk] tiles `tiles` ((tile, type) pairs, rows of UNIT_K_PADDED elements). #>
+<% macro zero_fill(chunks, tiles) %>
+scf.for %c = %tid to ${chunks} step %lanes {
+  %row = arith.divui %c, %row_chunks : index
+  %chunk = arith.remui %c, %row_chunks : index
+  %e0 = arith.muli %chunk, %c8 : index
+<% for tile, tile_t in tiles %>
+  vector.store %zero8, ${tile}[%row, %e0] : ${tile_t}, !opp_zero_chunk
+<% endfor %>
+}
+<% endmacro %>
+
+<# Row m's heads of `src` (src_t) transposed into `tile` (tile_t [column][head]); chunk c is head c mod 16,
+   columns 8 (c / 16) ..; padding heads are left as they are. #>
+<% macro transpose_heads(chunks, src, src_t, tile, tile_t) %>
+scf.for %c = %tid to ${chunks} step %lanes {
+  %h = arith.remui %c, %head_rows : index
+  %chunk = arith.divui %c, %head_rows : index
+  %d0 = arith.muli %chunk, %c8 : index
+  %real = arith.cmpi ult, %h, %heads_per_group : index
+  scf.if %real {
+    %head = arith.addi %h0, %h : index
+    %x = vector.load ${src}[%b, %m, %head, %d0] : ${src_t}, vector<8x${E}>
+    scf.for %e = %c0 to %c8 step %c1 {
+      %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
+      %d = arith.addi %d0, %e : index
+      memref.store %y, ${tile}[%d, %h] : ${tile_t}
+    } {unroll_loop}
+  }
+}
+<% endmacro %>
+
+<# out (out_t): rhs fragments of the transposed `tile` (tile_t [column][head]), one unit per 16-column tile x <
+   `tiles`: read j is column 16 x + run_major(l, j), heads run_k(l, j) ... #>
+<% macro column_units(out, tiles, tile, tile_t, out_t) %>
+${out}_init = arith.constant dense<0.0> : ${out_t}
+${out} = scf.for %x = %c0 to ${tiles} step %c1 iter_args(%acc = ${out}_init) -> (${out_t}) {
+  %acc_x = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (${out_t}) {
+    %cj = affine.apply #dqp_run_major(%lane, %j)
+    %kk = affine.apply #dqp_run_k(%lane, %j)
+    %x16 = arith.muli %x, %c16 : index
+    %d = arith.addi %x16, %cj : index
+    %y = vector.load ${tile}[%d, %kk] : ${tile_t}, vector<${RUN}x${E}>
+    %next = vector.insert %y, %acc2[%x, %j] : vector<${RUN}x${E}> into ${out_t}
+    scf.yield %next : ${out_t}
+  } {unroll_loop}
+  scf.yield %acc_x : ${out_t}
+} {unroll_loop}
+<% endmacro %>
+
+<# For each 16-column tile x < `tiles`: lhs (the subgroup's keys) times rhs_units[x] (rhs_t), added with atomics
+   to the accumulator's rows of `cols` columns from element `base` (none: 0), for the keys row m sees. #>
+<% macro add_keys(lhs, tiles, rhs_units, rhs_t, cols, base) %>
+scf.for %x = %c0 to ${tiles} step %c1 {
+  %rhs_runs = vector.extract ${rhs_units}[%x] : !dqp_runs from ${rhs_t}
+  %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
+${ units.mma("%out", lhs, "%rhs", "%acc_zero2", u) }
+  %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
+  scf.for %i = %c0 to %acc_n step %c1 {
+    %kr = affine.apply #dqp_acc_row(%lane, %i)
+    %cc = affine.apply #dqp_acc_col(%lane, %i)
+    %j = arith.addi %key_base, %kr : index
+    %key_visible = arith.cmpi slt, %j, %p_visible : index
+    scf.if %key_visible {
+      %key = arith.addi %p_key0, %j : index
+      %kv_row0 = arith.muli %b, %n : index
+      %kv_row = arith.addi %kv_row0, %key : index
+      %row_group0 = arith.muli %kv_row, %kv_heads : index
+      %row_group = arith.addi %row_group0, %g : index
+      %at0 = arith.muli %row_group, ${cols} : index
+      %x16 = arith.muli %x, %c16 : index
+      %col = arith.addi %x16, %cc : index
+      %at = arith.addi %at0, %col : index
+      %at_i64 = arith.index_cast %at : index to i64
+<% if base %>
+      %at_base = arith.addi ${base}, %at_i64 : i64
+<% endif %>
+      %contribution = vector.extract %out_flat[%i] : f32 from !dqp_acc_flat
+      %ptr = llvm.getelementptr %dkv_ptr[${"%at_base" if base else "%at_i64"}] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
+      %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
+    }
+  } {unroll_loop}
+} {unroll_loop}
+<% endmacro %>
+
 <% call dispatch.executable("selection_attention_onepass_portable_exe", "selection_attention_onepass_row", "onepass_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
     func.func @selection_attention_onepass_row() attributes {translation_info = #iree_codegen.translation_info<
         pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
@@ -122,84 +207,16 @@ ${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'd
       %do_cols_chunks = arith.constant ${OPP_DO_COLS_CHUNKS} : index
       %zero8 = arith.constant dense<0.0> : !opp_zero_chunk
       %row_chunks = arith.constant ${UNIT_K_PADDED_CHUNKS} : index
-      scf.for %c = %tid to %pt_chunks step %lanes {
-        %row = arith.divui %c, %row_chunks : index
-        %chunk = arith.remui %c, %row_chunks : index
-        %e0 = arith.muli %chunk, %c8 : index
-        vector.store %zero8, %pt_tile[%row, %e0] : !opp_key_heads, !opp_zero_chunk
-        vector.store %zero8, %dst_tile[%row, %e0] : !opp_key_heads, !opp_zero_chunk
-      }
-      scf.for %c = %tid to %q_cols_chunks step %lanes {
-        %row = arith.divui %c, %row_chunks : index
-        %chunk = arith.remui %c, %row_chunks : index
-        %e0 = arith.muli %chunk, %c8 : index
-        vector.store %zero8, %qt_tile[%row, %e0] : !opp_q_cols, !opp_zero_chunk
-      }
-      scf.for %c = %tid to %do_cols_chunks step %lanes {
-        %row = arith.divui %c, %row_chunks : index
-        %chunk = arith.remui %c, %row_chunks : index
-        %e0 = arith.muli %chunk, %c8 : index
-        vector.store %zero8, %dot_tile[%row, %e0] : !opp_do_cols, !opp_zero_chunk
-      }
+      ${ zero_fill("%pt_chunks", [("%pt_tile", "!opp_key_heads"), ("%dst_tile", "!opp_key_heads")]) }
+      ${ zero_fill("%q_cols_chunks", [("%qt_tile", "!opp_q_cols")]) }
+      ${ zero_fill("%do_cols_chunks", [("%dot_tile", "!opp_do_cols")]) }
       gpu.barrier
       // Chunk c: head c mod 16, elements 8 (c / 16) ..
-      scf.for %c = %tid to %q_chunks step %lanes {
-        %h = arith.remui %c, %head_rows : index
-        %chunk = arith.divui %c, %head_rows : index
-        %d0 = arith.muli %chunk, %c8 : index
-        %real = arith.cmpi ult, %h, %heads_per_group : index
-        scf.if %real {
-          %head = arith.addi %h0, %h : index
-          %x = vector.load %q[%b, %m, %head, %d0] : !dqp_q, vector<8x${E}>
-          scf.for %e = %c0 to %c8 step %c1 {
-            %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
-            %d = arith.addi %d0, %e : index
-            memref.store %y, %qt_tile[%d, %h] : !opp_q_cols
-          } {unroll_loop}
-        }
-      }
-      scf.for %c = %tid to %do_chunks step %lanes {
-        %h = arith.remui %c, %head_rows : index
-        %chunk = arith.divui %c, %head_rows : index
-        %e0 = arith.muli %chunk, %c8 : index
-        %real = arith.cmpi ult, %h, %heads_per_group : index
-        scf.if %real {
-          %head = arith.addi %h0, %h : index
-          %x = vector.load %do[%b, %m, %head, %e0] : !dqp_do, vector<8x${E}>
-          scf.for %e = %c0 to %c8 step %c1 {
-            %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
-            %d = arith.addi %e0, %e : index
-            memref.store %y, %dot_tile[%d, %h] : !opp_do_cols
-          } {unroll_loop}
-        }
-      }
+      ${ transpose_heads("%q_chunks", "%q", "!dqp_q", "%qt_tile", "!opp_q_cols") }
+      ${ transpose_heads("%do_chunks", "%do", "!dqp_do", "%dot_tile", "!opp_do_cols") }
       gpu.barrier
-      %q_rhs_init = arith.constant dense<0.0> : !opp_q_rhs
-      %q_rhs = scf.for %x = %c0 to %d_tiles step %c1 iter_args(%acc = %q_rhs_init) -> (!opp_q_rhs) {
-        %acc_x = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!opp_q_rhs) {
-          %cj = affine.apply #dqp_run_major(%lane, %j)
-          %kk = affine.apply #dqp_run_k(%lane, %j)
-          %x16 = arith.muli %x, %c16 : index
-          %d = arith.addi %x16, %cj : index
-          %y = vector.load %qt_tile[%d, %kk] : !opp_q_cols, vector<${RUN}x${E}>
-          %next = vector.insert %y, %acc2[%x, %j] : vector<${RUN}x${E}> into !opp_q_rhs
-          scf.yield %next : !opp_q_rhs
-        } {unroll_loop}
-        scf.yield %acc_x : !opp_q_rhs
-      } {unroll_loop}
-      %do_rhs_init = arith.constant dense<0.0> : !opp_do_rhs
-      %do_rhs = scf.for %x = %c0 to %dv_tiles step %c1 iter_args(%acc = %do_rhs_init) -> (!opp_do_rhs) {
-        %acc_x = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!opp_do_rhs) {
-          %cj = affine.apply #dqp_run_major(%lane, %j)
-          %kk = affine.apply #dqp_run_k(%lane, %j)
-          %x16 = arith.muli %x, %c16 : index
-          %e = arith.addi %x16, %cj : index
-          %y = vector.load %dot_tile[%e, %kk] : !opp_do_cols, vector<${RUN}x${E}>
-          %next = vector.insert %y, %acc2[%x, %j] : vector<${RUN}x${E}> into !opp_do_rhs
-          scf.yield %next : !opp_do_rhs
-        } {unroll_loop}
-        scf.yield %acc_x : !opp_do_rhs
-      } {unroll_loop}
+      ${ column_units("%q_rhs", "%d_tiles", "%qt_tile", "!opp_q_cols", "!opp_q_rhs") }
+      ${ column_units("%do_rhs", "%dv_tiles", "%dot_tile", "!opp_do_cols", "!opp_do_rhs") }
       gpu.barrier
 
       // Iteration t loads slot t's K and V rows into registers, computes slot t - 1 from workgroup memory
@@ -268,61 +285,8 @@ ${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'd
           %lhs_ds = vector.shape_cast %ds_runs : !dqp_runs to !dqp_lhs
           %acc_zero2 = arith.constant dense<0.0> : !dqp_acc
           %row_base = arith.addi %p_key0, %key_base : index
-          scf.for %x = %c0 to %dv_tiles step %c1 {
-            %rhs_runs = vector.extract %do_rhs[%x] : !dqp_runs from !opp_do_rhs
-            %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
-            ${ units.mma("%out", "%lhs_p", "%rhs", "%acc_zero2", u) }
-            %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
-            scf.for %i = %c0 to %acc_n step %c1 {
-              %kr = affine.apply #dqp_acc_row(%lane, %i)
-              %cc = affine.apply #dqp_acc_col(%lane, %i)
-              %j = arith.addi %key_base, %kr : index
-              %key_visible = arith.cmpi slt, %j, %p_visible : index
-              scf.if %key_visible {
-                %key = arith.addi %p_key0, %j : index
-                %kv_row0 = arith.muli %b, %n : index
-                %kv_row = arith.addi %kv_row0, %key : index
-                %row_group0 = arith.muli %kv_row, %kv_heads : index
-                %row_group = arith.addi %row_group0, %g : index
-                %at0 = arith.muli %row_group, %value_dim : index
-                %x16 = arith.muli %x, %c16 : index
-                %col = arith.addi %x16, %cc : index
-                %at = arith.addi %at0, %col : index
-                %at_i64 = arith.index_cast %at : index to i64
-                %at_dv = arith.addi %dv_base, %at_i64 : i64
-                %contribution = vector.extract %out_flat[%i] : f32 from !dqp_acc_flat
-                %ptr = llvm.getelementptr %dkv_ptr[%at_dv] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
-                %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
-              }
-            } {unroll_loop}
-          } {unroll_loop}
-          scf.for %x = %c0 to %d_tiles step %c1 {
-            %rhs_runs = vector.extract %q_rhs[%x] : !dqp_runs from !opp_q_rhs
-            %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
-            ${ units.mma("%out", "%lhs_ds", "%rhs", "%acc_zero2", u) }
-            %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
-            scf.for %i = %c0 to %acc_n step %c1 {
-              %kr = affine.apply #dqp_acc_row(%lane, %i)
-              %cc = affine.apply #dqp_acc_col(%lane, %i)
-              %j = arith.addi %key_base, %kr : index
-              %key_visible = arith.cmpi slt, %j, %p_visible : index
-              scf.if %key_visible {
-                %key = arith.addi %p_key0, %j : index
-                %kv_row0 = arith.muli %b, %n : index
-                %kv_row = arith.addi %kv_row0, %key : index
-                %row_group0 = arith.muli %kv_row, %kv_heads : index
-                %row_group = arith.addi %row_group0, %g : index
-                %at0 = arith.muli %row_group, %head_dim : index
-                %x16 = arith.muli %x, %c16 : index
-                %col = arith.addi %x16, %cc : index
-                %at = arith.addi %at0, %col : index
-                %at_i64 = arith.index_cast %at : index to i64
-                %contribution = vector.extract %out_flat[%i] : f32 from !dqp_acc_flat
-                %ptr = llvm.getelementptr %dkv_ptr[%at_i64] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
-                %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
-              }
-            } {unroll_loop}
-          } {unroll_loop}
+          ${ add_keys("%lhs_p", "%dv_tiles", "%do_rhs", "!opp_do_rhs", "%value_dim", "%dv_base") }
+          ${ add_keys("%lhs_ds", "%d_tiles", "%q_rhs", "!opp_q_rhs", "%head_dim", none) }
           scf.yield %dq_new : !dqp_dq_units
         } else {
           scf.yield %dq_iter : !dqp_dq_units
