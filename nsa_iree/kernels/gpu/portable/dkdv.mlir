@@ -79,13 +79,8 @@ ${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> 
 <% endmacro %>
 
 <% call dispatch.executable("selection_attention_dkdv_portable_exe", "selection_attention_dkdv_piece", "dkdv_portable_layout", ['pieces'], lanes=LANES) %>
-    func.func @selection_attention_dkdv_piece() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
+${ units.func_begin("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE) }
+      ${ units.index_constants({"c0": 0, "c1": 1, "c8": 8, "c16": 16}) }
       %c0_i32 = arith.constant 0 : i32
       %minus_one = arith.constant -1 : i32
       %zero = arith.constant 0.0 : f32
@@ -93,28 +88,11 @@ ${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> 
       %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
       %zero_runs = arith.constant dense<0.0> : !dkv_runs
       %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %kv_heads = arith.constant ${G} : index
-      %slots = arith.constant ${T} : index
-      %rows = arith.constant ${ROWS_PER_PIECE} : index
-      %rows_per_step = arith.constant ${ROWS_PER_STEP} : index
-      %row_steps = arith.constant ${ROW_STEPS} : index
-      %steps = arith.constant ${ROW_STEPS_PLUS_1} : index
-      %row_heads = arith.constant ${ROW_HEADS} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %unit_k = arith.constant ${UNIT_K} : index
-      %runs = arith.constant ${RUNS} : index
-      %acc_n = arith.constant ${ACC_N} : index
-      %d_units = arith.constant ${D_UNITS} : index
-      %dv_units = arith.constant ${DV_UNITS} : index
-      %d_tiles = arith.constant ${D_TILES16} : index
-      %dv_tiles = arith.constant ${DV_TILES16} : index
-      %q_items = arith.constant ${Q_STEP_ITEMS} : index
-      %do_items = arith.constant ${DO_STEP_ITEMS} : index
-      %q_per_lane = arith.constant ${Q_STEP_ITEMS_PER_LANE} : index
-      %do_per_lane = arith.constant ${DO_STEP_ITEMS_PER_LANE} : index
+      ${ units.index_constants({"heads_per_group": HPG, "block_size": BS, "kv_heads": G, "slots": T, "rows": ROWS_PER_PIECE,
+          "rows_per_step": ROWS_PER_STEP, "row_steps": ROW_STEPS, "steps": ROW_STEPS_PLUS_1, "row_heads": ROW_HEADS, "lanes": LANES,
+          "subgroup_size": SUBGROUP_SIZE, "unit_k": UNIT_K, "runs": RUNS, "acc_n": ACC_N, "d_units": D_UNITS,
+          "dv_units": DV_UNITS, "d_tiles": D_TILES16, "dv_tiles": DV_TILES16, "q_items": Q_STEP_ITEMS, "do_items": DO_STEP_ITEMS,
+          "q_per_lane": Q_STEP_ITEMS_PER_LANE, "do_per_lane": DO_STEP_ITEMS_PER_LANE}) }
 
 ${ dispatch.ids(['piece']) }
 ${ dispatch.push_constants("dkdv_portable_layout", ['batch', 'm_rows', 'n', 'scale', 'pieces']) }

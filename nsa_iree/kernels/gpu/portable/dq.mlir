@@ -30,37 +30,8 @@ ${ dispatch.layout("dq_portable_layout", 4, inputs, outputs) }
 <% include "gpu/portable/dq_types.mlir" %>
 
 <% call dispatch.executable("selection_attention_dq_portable_exe", "selection_attention_dq_row", "dq_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-    func.func @selection_attention_dq_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
-      %zero = arith.constant 0.0 : f32
-      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
-      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
-      %zero_runs = arith.constant dense<0.0> : !dqp_runs
-      %zero_runs2 = arith.constant dense<0.0> : !dqp_runs_pair
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %steps = arith.constant ${T_PLUS_1} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %subgroups = arith.constant ${SUBGROUPS} : index
-      %unit_k = arith.constant ${UNIT_K} : index
-      %runs = arith.constant ${RUNS} : index
-      %acc_n = arith.constant ${ACC_N} : index
-      %d_units = arith.constant ${D_UNITS} : index
-      %dv_units = arith.constant ${DV_UNITS} : index
-      %key_units = arith.constant ${KEY_UNITS} : index
-      %d_tiles = arith.constant ${D_TILES16} : index
-      %dq_units = arith.constant ${DQ_UNITS_PER_SUBGROUP} : index
-      %k_chunks = arith.constant ${K_ITEMS} : index
-      %v_chunks = arith.constant ${V_ITEMS} : index
-      %k_per_lane = arith.constant ${K_ITEMS_PER_LANE} : index
-      %v_per_lane = arith.constant ${V_ITEMS_PER_LANE} : index
+${ units.func_begin("selection_attention_dq_row", LANES, SUBGROUP_SIZE) }
+      <% include "gpu/portable/dq_constants.mlir" %>
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("dq_portable_layout", ['batch', 'm_rows', 'n', 'scale']) }

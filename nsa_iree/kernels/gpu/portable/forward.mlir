@@ -40,13 +40,8 @@ ${ units.types(u) }
 
 
 <% call dispatch.executable("selection_attention_fwd_portable_exe", "selection_attention_fwd_row", "fwd_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=FWD_LANES) %>
-    func.func @selection_attention_fwd_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${FWD_LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
+${ units.func_begin("selection_attention_fwd_row", FWD_LANES, SUBGROUP_SIZE) }
+      ${ units.index_constants({"c0": 0, "c1": 1, "c8": 8, "c16": 16}) }
       %c0_i32 = arith.constant 0 : i32
       %c1_i32 = arith.constant 1 : i32
       %width = arith.constant ${SUBGROUP_SIZE} : i32
@@ -57,23 +52,10 @@ ${ units.types(u) }
       %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
       %zero_runs = arith.constant dense<0.0> : !fwp_runs
       %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %steps = arith.constant ${T_PLUS_1} : index
-      %lanes = arith.constant ${FWD_LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %subgroups = arith.constant ${FWD_SUBGROUPS} : index
-      %unit_k = arith.constant ${UNIT_K} : index
-      %runs = arith.constant ${RUNS} : index
-      %acc_n = arith.constant ${ACC_N} : index
-      %key_tiles = arith.constant ${KEY_TILES} : index
-      %row_shuffles = arith.constant ${ROW_SHUFFLES} : index
-      %d_units = arith.constant ${D_UNITS} : index
-      %dv_tiles = arith.constant ${DV_TILES16} : index
-      %value_dim = arith.constant ${DV} : index
-      %v_chunks = arith.constant ${V_ITEMS} : index
-      %v_per_lane = arith.constant ${FWD_V_ITEMS_PER_LANE} : index
+      ${ units.index_constants({"heads_per_group": HPG, "block_size": BS, "slots": T, "steps": T_PLUS_1, "lanes": FWD_LANES,
+          "subgroup_size": SUBGROUP_SIZE, "subgroups": FWD_SUBGROUPS, "unit_k": UNIT_K, "runs": RUNS, "acc_n": ACC_N,
+          "key_tiles": KEY_TILES, "row_shuffles": ROW_SHUFFLES, "d_units": D_UNITS, "dv_tiles": DV_TILES16, "value_dim": DV,
+          "v_chunks": V_ITEMS, "v_per_lane": FWD_V_ITEMS_PER_LANE}) }
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("fwd_portable_layout", ['batch', 'm_rows', 'n', 'scale']) }

@@ -116,44 +116,10 @@ ${ units.mma("%out", lhs, "%rhs", "%acc_zero2", u) }
 <% endmacro %>
 
 <% call dispatch.executable("selection_attention_onepass_portable_exe", "selection_attention_onepass_row", "onepass_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-    func.func @selection_attention_onepass_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
-      %zero = arith.constant 0.0 : f32
-      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
-      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
-      %zero_runs = arith.constant dense<0.0> : !dqp_runs
-      %zero_runs2 = arith.constant dense<0.0> : !dqp_runs_pair
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %steps = arith.constant ${T_PLUS_1} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %subgroups = arith.constant ${SUBGROUPS} : index
-      %unit_k = arith.constant ${UNIT_K} : index
-      %runs = arith.constant ${RUNS} : index
-      %acc_n = arith.constant ${ACC_N} : index
-      %d_units = arith.constant ${D_UNITS} : index
-      %dv_units = arith.constant ${DV_UNITS} : index
-      %key_units = arith.constant ${KEY_UNITS} : index
-      %d_tiles = arith.constant ${D_TILES16} : index
-      %dq_units = arith.constant ${DQ_UNITS_PER_SUBGROUP} : index
-      %k_chunks = arith.constant ${K_ITEMS} : index
-      %v_chunks = arith.constant ${V_ITEMS} : index
-      %k_per_lane = arith.constant ${K_ITEMS_PER_LANE} : index
-      %v_per_lane = arith.constant ${V_ITEMS_PER_LANE} : index
-      %kv_heads = arith.constant ${G} : index
-      %head_dim = arith.constant ${D} : index
-      %value_dim = arith.constant ${DV} : index
-      %dv_tiles = arith.constant ${DV_TILES16} : index
-      %head_rows = arith.constant 16 : index
-      %q_chunks = arith.constant ${OPP_Q_ITEMS} : index
-      %do_chunks = arith.constant ${OPP_DO_ITEMS} : index
+${ units.func_begin("selection_attention_onepass_row", LANES, SUBGROUP_SIZE) }
+      <% include "gpu/portable/dq_constants.mlir" %>
+      ${ units.index_constants({"kv_heads": G, "head_dim": D, "value_dim": DV, "dv_tiles": DV_TILES16, "head_rows": 16,
+          "q_chunks": OPP_Q_ITEMS, "do_chunks": OPP_DO_ITEMS}) }
       %zero_e = arith.constant 0.0 : ${E}
 
 ${ dispatch.ids(['m', 'g', 'b']) }

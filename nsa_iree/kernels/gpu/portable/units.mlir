@@ -187,3 +187,38 @@ ${ caller("load") }
 %to_pos = arith.subi %pos, %key0 : index
 %visible = arith.addi %to_pos, %c1 : index
 <% endmacro %>
+
+<# The kernel function's opening: @name with its translation info, `lanes` threads in subgroups of subgroup_size. #>
+<% macro func_begin(name, lanes, subgroup_size) %>
+func.func @${name}() attributes {translation_info = #iree_codegen.translation_info<
+    pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
+    workgroup_size = [${lanes}, 1, 1] subgroup_size = ${subgroup_size}>} {
+<% endmacro %>
+
+<# %name = arith.constant value : index for each name: value of the dict `values`, in order. #>
+<% macro index_constants(values) %>
+<% for name, value in values.items() %>
+%${name} = arith.constant ${value} : index
+<% endfor %>
+<% endmacro %>
+
+<# %smem (smem_t) allocated, then per (name, byte offset, type) of `tiles` a view %name of that type at the offset. #>
+<% macro views(smem_t, tiles) %>
+%smem = memref.alloc() : ${smem_t}
+<% for name, offset, type in tiles %>
+<% if offset | string == "0" %>
+%${name} = memref.view %smem[%c0][] : ${smem_t} to ${type}
+<% else %>
+%${name}_offset = arith.constant ${offset} : index
+%${name} = memref.view %smem[%${name}_offset][] : ${smem_t} to ${type}
+<% endif %>
+<% endfor %>
+<% endmacro %>
+
+<# %tid, its %subgroup and %lane, and %key_base = subgroup keys_per_subgroup (an SSA value), the subgroup's first key. #>
+<% macro lane_ids(keys_per_subgroup) %>
+%tid = gpu.thread_id x
+%subgroup = arith.divui %tid, %subgroup_size : index
+%lane = arith.remui %tid, %subgroup_size : index
+%key_base = arith.muli %subgroup, ${keys_per_subgroup} : index
+<% endmacro %>
