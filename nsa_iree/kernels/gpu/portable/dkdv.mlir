@@ -103,27 +103,12 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
       %first_row_i32 = memref.load %entries[%piece, %c0, %c0] : !dkv_entries
       %piece_used = arith.cmpi sge, %first_row_i32, %c0_i32 : i32
       scf.if %piece_used {
-        %smem = memref.alloc() : !dkv_smem
-        %qt_offset = arith.constant ${DKP_QT_OFFSET} : index
-        %do_offset = arith.constant ${DKP_DO_OFFSET} : index
-        %dot_offset = arith.constant ${DKP_DOT_OFFSET} : index
-        %pt_offset = arith.constant ${DKP_PT_OFFSET} : index
-        %dst_offset = arith.constant ${DKP_DST_OFFSET} : index
-        %stats_offset = arith.constant ${DKP_STATS_OFFSET} : index
-        %row_info_offset = arith.constant ${DKP_ROW_INFO_OFFSET} : index
-        %q_step = memref.view %smem[%c0][] : !dkv_smem to !dkv_q_step
-        %qt_step = memref.view %smem[%qt_offset][] : !dkv_smem to !dkv_qt_step
-        %do_step = memref.view %smem[%do_offset][] : !dkv_smem to !dkv_do_step
-        %dot_step = memref.view %smem[%dot_offset][] : !dkv_smem to !dkv_dot_step
-        %pt_tile = memref.view %smem[%pt_offset][] : !dkv_smem to !dkv_key_tile
-        %dst_tile = memref.view %smem[%dst_offset][] : !dkv_smem to !dkv_key_tile
-        %stats_step = memref.view %smem[%stats_offset][] : !dkv_smem to !dkv_stats
-        %row_info = memref.view %smem[%row_info_offset][] : !dkv_smem to !dkv_row_info
+        ${ units.views("!dkv_smem", [("q_step", 0, "!dkv_q_step"), ("qt_step", DKP_QT_OFFSET, "!dkv_qt_step"),
+            ("do_step", DKP_DO_OFFSET, "!dkv_do_step"), ("dot_step", DKP_DOT_OFFSET, "!dkv_dot_step"),
+            ("pt_tile", DKP_PT_OFFSET, "!dkv_key_tile"), ("dst_tile", DKP_DST_OFFSET, "!dkv_key_tile"),
+            ("stats_step", DKP_STATS_OFFSET, "!dkv_stats"), ("row_info", DKP_ROW_INFO_OFFSET, "!dkv_row_info")]) }
 
-        %tid = gpu.thread_id x
-        %subgroup = arith.divui %tid, %subgroup_size : index
-        %lane = arith.remui %tid, %subgroup_size : index
-        %key_base = arith.muli %subgroup, %c16 : index
+        ${ units.lane_ids("%c16") }
 
         // The piece's flat block fb = (b * G + g) * NB + i.
         %num_blocks = arith.ceildivui %n, %block_size : index

@@ -38,19 +38,10 @@ ${ dispatch.push_constants("dq_portable_layout", ['batch', 'm_rows', 'n', 'scale
 
 ${ dispatch.bindings("dq_portable_layout", inputs, outputs) }
 
-      %smem = memref.alloc() : !dqp_smem
-      %v_offset = arith.constant ${DQP_V_OFFSET} : index
-      %kt_offset = arith.constant ${DQP_KT_OFFSET} : index
-      %ds_offset = arith.constant ${DQP_DS_OFFSET} : index
-      %k_rows = memref.view %smem[%c0][] : !dqp_smem to !dqp_k_rows
-      %v_rows = memref.view %smem[%v_offset][] : !dqp_smem to !dqp_v_rows
-      %k_cols = memref.view %smem[%kt_offset][] : !dqp_smem to !dqp_k_cols
-      %ds_tile = memref.view %smem[%ds_offset][] : !dqp_smem to !dqp_ds
+      ${ units.views("!dqp_smem", [("k_rows", 0, "!dqp_k_rows"), ("v_rows", DQP_V_OFFSET, "!dqp_v_rows"),
+          ("k_cols", DQP_KT_OFFSET, "!dqp_k_cols"), ("ds_tile", DQP_DS_OFFSET, "!dqp_ds")]) }
 
-      %tid = gpu.thread_id x
-      %subgroup = arith.divui %tid, %subgroup_size : index
-      %lane = arith.remui %tid, %subgroup_size : index
-      %key_base = arith.muli %subgroup, %c16 : index
+      ${ units.lane_ids("%c16") }
       %h0 = arith.muli %g, %heads_per_group : index
 
       <% include "gpu/portable/dq_prologue.mlir" %>

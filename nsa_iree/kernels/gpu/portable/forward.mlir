@@ -62,21 +62,11 @@ ${ dispatch.push_constants("fwd_portable_layout", ['batch', 'm_rows', 'n', 'scal
 
 ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
 
-      %smem = memref.alloc() : !fwp_smem
-      %p_offset = arith.constant ${FWP_P_OFFSET} : index
-      %o_parts_offset = arith.constant ${FWP_O_PARTS_OFFSET} : index
-      %max_offset = arith.constant ${FWP_MAX_OFFSET} : index
-      %sum_offset = arith.constant ${FWP_SUM_OFFSET} : index
-      %v_cols = memref.view %smem[%c0][] : !fwp_smem to !fwp_v_cols
-      %p_tiles = memref.view %smem[%p_offset][] : !fwp_smem to !fwp_p
-      %o_parts = memref.view %smem[%o_parts_offset][] : !fwp_smem to !fwk_o_parts
-      %max_parts = memref.view %smem[%max_offset][] : !fwp_smem to !fwk_stats
-      %sum_parts = memref.view %smem[%sum_offset][] : !fwp_smem to !fwk_stats
+      ${ units.views("!fwp_smem", [("v_cols", 0, "!fwp_v_cols"), ("p_tiles", FWP_P_OFFSET, "!fwp_p"),
+          ("o_parts", FWP_O_PARTS_OFFSET, "!fwk_o_parts"), ("max_parts", FWP_MAX_OFFSET, "!fwk_stats"),
+          ("sum_parts", FWP_SUM_OFFSET, "!fwk_stats")]) }
 
-      %tid = gpu.thread_id x
-      %subgroup = arith.divui %tid, %subgroup_size : index
-      %lane = arith.remui %tid, %subgroup_size : index
-      %key_base = arith.muli %subgroup, %unit_k : index
+      ${ units.lane_ids("%unit_k") }
       %h0 = arith.muli %g, %heads_per_group : index
 
       // q as lhs fragments over all of D, loaded once: read j of unit u is head run_major(l, j), columns

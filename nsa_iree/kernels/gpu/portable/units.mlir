@@ -202,16 +202,15 @@ func.func @${name}() attributes {translation_info = #iree_codegen.translation_in
 <% endfor %>
 <% endmacro %>
 
-<# %smem (smem_t) allocated, then per (name, byte offset, type) of `tiles` a view %name of that type at the offset. #>
+<# %smem (smem_t) allocated, then per (name, byte offset, type) of `tiles` a view %name of that type at the offset
+   (the offsets' constants first). #>
 <% macro views(smem_t, tiles) %>
 %smem = memref.alloc() : ${smem_t}
-<% for name, offset, type in tiles %>
-<% if offset | string == "0" %>
-%${name} = memref.view %smem[%c0][] : ${smem_t} to ${type}
-<% else %>
+<% for name, offset, type in tiles if offset | string != "0" %>
 %${name}_offset = arith.constant ${offset} : index
-%${name} = memref.view %smem[%${name}_offset][] : ${smem_t} to ${type}
-<% endif %>
+<% endfor %>
+<% for name, offset, type in tiles %>
+%${name} = memref.view %smem[${"%c0" if offset | string == "0" else "%" ~ name ~ "_offset"}][] : ${smem_t} to ${type}
 <% endfor %>
 <% endmacro %>
 
