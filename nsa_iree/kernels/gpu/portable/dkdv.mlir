@@ -229,14 +229,8 @@ ${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
                 %dl = vector.extract %stats[1] : f32 from vector<2xf32>
                 %sv = vector.extract %st_flat[%i] : f32 from !dkv_acc_flat
                 %dpv = vector.extract %dpt_flat[%i] : f32 from !dkv_acc_flat
-                %scaled = arith.mulf %sv, %scale : f32
-                %shifted = arith.subf %scaled, %l : f32
-                %ex = math.exp %shifted : f32
-                %p_raw = arith.mulf %weight, %ex : f32
-                %dp_minus_delta = arith.subf %dpv, %dl : f32
-                %ds_raw = arith.mulf %p_raw, %dp_minus_delta : f32
-                %ds_scaled = arith.mulf %ds_raw, %scale : f32
-                %p_live = arith.select %live, %p_raw, %zero : f32
+                ${ units.p_ds("%weight") }
+                %p_live = arith.select %live, %p, %zero : f32
                 %ds_live = arith.select %live, %ds_scaled, %zero : f32
                 %p_e = ${TRUNCF} %p_live : f32 to ${E}
                 %ds_e = ${TRUNCF} %ds_live : f32 to ${E}

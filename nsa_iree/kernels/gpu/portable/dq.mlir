@@ -59,29 +59,7 @@ ${ dispatch.bindings("dq_portable_layout", inputs, outputs) }
         %dq_next = scf.if %compute -> (!dqp_dq_units) {
           <% include "gpu/portable/dq_scores.mlir" %>
           // ds, element by element: element i is head acc_row(l, i), key key_base + acc_col(l, i).
-          %s_flat = vector.shape_cast %s_acc : !dqp_acc to !dqp_acc_flat
-          %dp_flat = vector.shape_cast %dp_acc : !dqp_acc to !dqp_acc_flat
-          scf.for %i = %c0 to %acc_n step %c1 {
-            %h = affine.apply #dqp_acc_row(%lane, %i)
-            %col = affine.apply #dqp_acc_col(%lane, %i)
-            %j = arith.addi %key_base, %col : index
-            %key_visible = arith.cmpi slt, %j, %p_visible : index
-            %head_real = arith.cmpi ult, %h, %heads_per_group : index
-            %live = arith.andi %key_visible, %head_real : i1
-            %sv = vector.extract %s_flat[%i] : f32 from !dqp_acc_flat
-            %dpv = vector.extract %dp_flat[%i] : f32 from !dqp_acc_flat
-            %l = vector.extract %lse_e[%i] : f32 from !dqp_acc_flat
-            %dl = vector.extract %delta_e[%i] : f32 from !dqp_acc_flat
-            %scaled = arith.mulf %sv, %scale : f32
-            %shifted = arith.subf %scaled, %l : f32
-            %p = math.exp %shifted : f32
-            %dp_minus_delta = arith.subf %dpv, %dl : f32
-            %ds_raw = arith.mulf %p, %dp_minus_delta : f32
-            %ds_scaled = arith.mulf %ds_raw, %scale : f32
-            %ds_live = arith.select %live, %ds_scaled, %zero : f32
-            %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
-            memref.store %ds_e, %ds_tile[%h, %j] : !dqp_ds
-          } {unroll_loop}
+          ${ units.ds_elements(u, false) }
           gpu.barrier
 
           <% include "gpu/portable/dq_update.mlir" %>

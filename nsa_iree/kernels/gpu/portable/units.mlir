@@ -221,3 +221,53 @@ func.func @${name}() attributes {translation_info = #iree_codegen.translation_in
 %lane = arith.remui %tid, %subgroup_size : index
 %key_base = arith.muli %subgroup, ${keys_per_subgroup} : index
 <% endmacro %>
+
+<# %p and %ds_scaled of one element from %sv (s), %dpv (dp), %l (lse) and %dl (delta): p = w exp(scale s - lse)
+   (w the SSA value `weight`; none: 1), ds = scale p (dp - delta). #>
+<% macro p_ds(weight) %>
+%scaled = arith.mulf %sv, %scale : f32
+%shifted = arith.subf %scaled, %l : f32
+<% if weight %>
+%ex = math.exp %shifted : f32
+%p = arith.mulf ${weight}, %ex : f32
+<% else %>
+%p = math.exp %shifted : f32
+<% endif %>
+%dp_minus_delta = arith.subf %dpv, %dl : f32
+%ds_raw = arith.mulf %p, %dp_minus_delta : f32
+%ds_scaled = arith.mulf %ds_raw, %scale : f32
+<% endmacro %>
+
+<# dq and one-pass, slot t - 1: ds of each element of %s_acc and %dp_acc (head acc_row(l, i), key key_base +
+   acc_col(l, i); 0 where the key is invisible or the head padding) into %ds_tile [head][key]; with key_heads, also
+   p and ds into %pt_tile and %dst_tile [key][head] (!opp_key_heads). #>
+<% macro ds_elements(u, key_heads) %>
+%s_flat = vector.shape_cast %s_acc : !${u.p}_acc to !${u.p}_acc_flat
+%dp_flat = vector.shape_cast %dp_acc : !${u.p}_acc to !${u.p}_acc_flat
+scf.for %i = %c0 to %acc_n step %c1 {
+  %h = affine.apply #${u.p}_acc_row(%lane, %i)
+  %col = affine.apply #${u.p}_acc_col(%lane, %i)
+  %j = arith.addi %key_base, %col : index
+  %key_visible = arith.cmpi slt, %j, %p_visible : index
+  %head_real = arith.cmpi ult, %h, %heads_per_group : index
+  %live = arith.andi %key_visible, %head_real : i1
+  %sv = vector.extract %s_flat[%i] : f32 from !${u.p}_acc_flat
+  %dpv = vector.extract %dp_flat[%i] : f32 from !${u.p}_acc_flat
+  %l = vector.extract %lse_e[%i] : f32 from !${u.p}_acc_flat
+  %dl = vector.extract %delta_e[%i] : f32 from !${u.p}_acc_flat
+${ p_ds(none) }
+<% if key_heads %>
+  %p_live = arith.select %live, %p, %zero : f32
+<% endif %>
+  %ds_live = arith.select %live, %ds_scaled, %zero : f32
+<% if key_heads %>
+  %p_e = ${TRUNCF} %p_live : f32 to ${E}
+<% endif %>
+  %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
+  memref.store %ds_e, %ds_tile[%h, %j] : !${u.p}_ds
+<% if key_heads %>
+  memref.store %p_e, %pt_tile[%j, %h] : !opp_key_heads
+  memref.store %ds_e, %dst_tile[%j, %h] : !opp_key_heads
+<% endif %>
+} {unroll_loop}
+<% endmacro %>
