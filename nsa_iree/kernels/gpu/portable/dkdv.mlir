@@ -78,6 +78,38 @@ ${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> 
 } {unroll_loop}
 <% endmacro %>
 
+<# out (acc_t, one flat unit per 16-column tile < tiles) = iter + lhs times the rhs read from the transposed step
+   tile `tile` (tile_t [column][pair]): read j is column 16 tile + run_major(l, j), pairs run_k(l, j) ... #>
+<% macro add_tiles(out, tiles, iter, acc_t, lhs, tile, tile_t) %>
+${out} = scf.for %tile = %c0 to ${tiles} step %c1 iter_args(%acc = ${iter}) -> (${acc_t}) {
+  %col0 = arith.muli %tile, %c16 : index
+${ units.read_runs("%rhs_runs", tile, tile_t, "%col0", none, u) }
+  %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
+  %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from ${acc_t}
+  %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
+${ units.mma("%out", lhs, "%rhs", "%old", u) }
+  %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
+  %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into ${acc_t}
+  scf.yield %next : ${acc_t}
+} {unroll_loop}
+<% endmacro %>
+
+<# The piece's partials `acc` (acc_t) into `pieces` (pieces_t): element i of unit tile is key key_base +
+   acc_row(l, i), column 16 tile + acc_col(l, i). #>
+<% macro write_pieces(tiles, acc, acc_t, pieces, pieces_t) %>
+scf.for %tile = %c0 to ${tiles} step %c1 {
+  scf.for %i = %c0 to %acc_n step %c1 {
+    %kr = affine.apply #dkv_acc_row(%lane, %i)
+    %cc = affine.apply #dkv_acc_col(%lane, %i)
+    %j = arith.addi %key_base, %kr : index
+    %col0 = arith.muli %tile, %c16 : index
+    %col = arith.addi %col0, %cc : index
+    %x = vector.extract ${acc}[%tile, %i] : f32 from ${acc_t}
+    memref.store %x, ${pieces}[%piece, %j, %col] : ${pieces_t}
+  } {unroll_loop}
+} {unroll_loop}
+<% endmacro %>
+
 <% call dispatch.executable("selection_attention_dkdv_portable_exe", "selection_attention_dkdv_piece", "dkdv_portable_layout", ['pieces'], lanes=LANES) %>
 ${ units.func_begin("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE) }
       ${ units.index_constants({"c0": 0, "c1": 1, "c8": 8, "c16": 16}) }
@@ -267,28 +299,8 @@ ${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
             } {unroll_loop}
             %lhs_p = vector.shape_cast %lhs_p_runs : !dkv_runs to !dkv_lhs
             %lhs_ds = vector.shape_cast %lhs_ds_runs : !dkv_runs to !dkv_lhs
-            %dv_new = scf.for %tile = %c0 to %dv_tiles step %c1 iter_args(%acc = %dv_iter) -> (!dkv_dv_acc) {
-              %col0 = arith.muli %tile, %c16 : index
-              ${ units.read_runs("%rhs_runs", "%dot_step", "!dkv_dot_step", "%col0", none, u) }
-              %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
-              %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from !dkv_dv_acc
-              %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
-              ${ units.mma("%out", "%lhs_p", "%rhs", "%old", u) }
-              %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
-              %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into !dkv_dv_acc
-              scf.yield %next : !dkv_dv_acc
-            } {unroll_loop}
-            %dk_new = scf.for %tile = %c0 to %d_tiles step %c1 iter_args(%acc = %dk_iter) -> (!dkv_dk_acc) {
-              %col0 = arith.muli %tile, %c16 : index
-              ${ units.read_runs("%rhs_runs", "%qt_step", "!dkv_qt_step", "%col0", none, u) }
-              %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
-              %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from !dkv_dk_acc
-              %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
-              ${ units.mma("%out", "%lhs_ds", "%rhs", "%old", u) }
-              %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
-              %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into !dkv_dk_acc
-              scf.yield %next : !dkv_dk_acc
-            } {unroll_loop}
+            ${ add_tiles("%dv_new", "%dv_tiles", "%dv_iter", "!dkv_dv_acc", "%lhs_p", "%dot_step", "!dkv_dot_step") }
+            ${ add_tiles("%dk_new", "%d_tiles", "%dk_iter", "!dkv_dk_acc", "%lhs_ds", "%qt_step", "!dkv_qt_step") }
             scf.yield %dk_new, %dv_new : !dkv_dk_acc, !dkv_dv_acc
           } else {
             scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc
@@ -312,28 +324,8 @@ ${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
 
         // The piece's partials: element i of unit tile is key key_base + acc_row(l, i), column
         // 16 tile + acc_col(l, i).
-        scf.for %tile = %c0 to %d_tiles step %c1 {
-          scf.for %i = %c0 to %acc_n step %c1 {
-            %kr = affine.apply #dkv_acc_row(%lane, %i)
-            %cc = affine.apply #dkv_acc_col(%lane, %i)
-            %j = arith.addi %key_base, %kr : index
-            %col0 = arith.muli %tile, %c16 : index
-            %col = arith.addi %col0, %cc : index
-            %x = vector.extract %dk_acc[%tile, %i] : f32 from !dkv_dk_acc
-            memref.store %x, %dk_pieces[%piece, %j, %col] : !dkv_dk_pieces
-          } {unroll_loop}
-        } {unroll_loop}
-        scf.for %tile = %c0 to %dv_tiles step %c1 {
-          scf.for %i = %c0 to %acc_n step %c1 {
-            %kr = affine.apply #dkv_acc_row(%lane, %i)
-            %cc = affine.apply #dkv_acc_col(%lane, %i)
-            %j = arith.addi %key_base, %kr : index
-            %col0 = arith.muli %tile, %c16 : index
-            %col = arith.addi %col0, %cc : index
-            %x = vector.extract %dv_acc[%tile, %i] : f32 from !dkv_dv_acc
-            memref.store %x, %dv_pieces[%piece, %j, %col] : !dkv_dv_pieces
-          } {unroll_loop}
-        } {unroll_loop}
+        ${ write_pieces("%d_tiles", "%dk_acc", "!dkv_dk_acc", "%dk_pieces", "!dkv_dk_pieces") }
+        ${ write_pieces("%dv_tiles", "%dv_acc", "!dkv_dv_acc", "%dv_pieces", "!dkv_dv_pieces") }
       }
       return
     }
