@@ -39,6 +39,43 @@ ${ units.types(u) }
 !fwp_v_staged = vector<${FWD_V_ITEMS_PER_LANE}x8x${E}>
 
 
+<# out (!fwp_acc_flat): per element i, `combine` (arith.maximumf, arith.addf) from `start` over this lane's elements
+   of `scores` (!fwp_scores) in i's row (same row offset, every key tile). #>
+<% macro lane_fold(out, init, start, scores, combine) %>
+${out} = scf.for %i = %c0 to %acc_n step %c1 iter_args(%acc = ${init}) -> (!fwp_acc_flat) {
+  %row_i = affine.apply #fwp_acc_row(%c0, %i)
+  %folded = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%a = ${start}) -> (f32) {
+    %a_kt = scf.for %i2 = %c0 to %acc_n step %c1 iter_args(%a2 = %a) -> (f32) {
+      %row_i2 = affine.apply #fwp_acc_row(%c0, %i2)
+      %same = arith.cmpi eq, %row_i, %row_i2 : index
+      %xv = vector.extract ${scores}[%kt, %i2] : f32 from !fwp_scores
+      %candidate = ${combine} %a2, %xv : f32
+      %next = arith.select %same, %candidate, %a2 : f32
+      scf.yield %next : f32
+    } {unroll_loop}
+    scf.yield %a_kt : f32
+  } {unroll_loop}
+  %next = vector.insert %folded, %acc[%i] : f32 into !fwp_acc_flat
+  scf.yield %next : !fwp_acc_flat
+} {unroll_loop}
+<% endmacro %>
+
+<# out (!fwp_acc_flat): `combine` of each element of `init` over the lanes of its row (xor shuffles). #>
+<% macro row_shuffle(out, init, combine) %>
+${out} = scf.for %sh = %c0 to %row_shuffles step %c1 iter_args(%acc = ${init}) -> (!fwp_acc_flat) {
+  %sh_i32 = arith.index_cast %sh : index to i32
+  %distance = arith.shli %row_stride, %sh_i32 : i32
+  %reduced = scf.for %i = %c0 to %acc_n step %c1 iter_args(%a = %acc) -> (!fwp_acc_flat) {
+    %mine = vector.extract %a[%i] : f32 from !fwp_acc_flat
+    %theirs, %valid = gpu.shuffle xor %mine, %distance, %width : f32
+    %both = ${combine} %mine, %theirs : f32
+    %next = vector.insert %both, %a[%i] : f32 into !fwp_acc_flat
+    scf.yield %next : !fwp_acc_flat
+  } {unroll_loop}
+  scf.yield %reduced : !fwp_acc_flat
+} {unroll_loop}
+<% endmacro %>
+
 <% call dispatch.executable("selection_attention_fwd_portable_exe", "selection_attention_fwd_row", "fwd_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=FWD_LANES) %>
 ${ units.func_begin("selection_attention_fwd_row", FWD_LANES, SUBGROUP_SIZE) }
       ${ units.index_constants({"c0": 0, "c1": 1, "c8": 8, "c16": 16}) }
@@ -169,34 +206,8 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
           // Block max of element i's head: over this lane's elements of that head (element i' with the same
           // row offset, every key tile), then over the lanes of the row (xor shuffles).
           %bm_init = arith.constant dense<0xFF800000> : !fwp_acc_flat
-          %lane_max = scf.for %i = %c0 to %acc_n step %c1 iter_args(%acc = %bm_init) -> (!fwp_acc_flat) {
-            %row_i = affine.apply #fwp_acc_row(%c0, %i)
-            %mi = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%a = %minus_inf) -> (f32) {
-              %a_kt = scf.for %i2 = %c0 to %acc_n step %c1 iter_args(%a2 = %a) -> (f32) {
-                %row_i2 = affine.apply #fwp_acc_row(%c0, %i2)
-                %same = arith.cmpi eq, %row_i, %row_i2 : index
-                %xv = vector.extract %x[%kt, %i2] : f32 from !fwp_scores
-                %candidate = arith.maximumf %a2, %xv : f32
-                %next = arith.select %same, %candidate, %a2 : f32
-                scf.yield %next : f32
-              } {unroll_loop}
-              scf.yield %a_kt : f32
-            } {unroll_loop}
-            %next = vector.insert %mi, %acc[%i] : f32 into !fwp_acc_flat
-            scf.yield %next : !fwp_acc_flat
-          } {unroll_loop}
-          %block_max = scf.for %sh = %c0 to %row_shuffles step %c1 iter_args(%acc = %lane_max) -> (!fwp_acc_flat) {
-            %sh_i32 = arith.index_cast %sh : index to i32
-            %distance = arith.shli %row_stride, %sh_i32 : i32
-            %reduced = scf.for %i = %c0 to %acc_n step %c1 iter_args(%a = %acc) -> (!fwp_acc_flat) {
-              %mine = vector.extract %a[%i] : f32 from !fwp_acc_flat
-              %theirs, %valid = gpu.shuffle xor %mine, %distance, %width : f32
-              %both = arith.maximumf %mine, %theirs : f32
-              %next = vector.insert %both, %a[%i] : f32 into !fwp_acc_flat
-              scf.yield %next : !fwp_acc_flat
-            } {unroll_loop}
-            scf.yield %reduced : !fwp_acc_flat
-          } {unroll_loop}
+          ${ lane_fold("%lane_max", "%bm_init", "%minus_inf", "%x", "arith.maximumf") }
+          ${ row_shuffle("%block_max", "%lane_max", "arith.maximumf") }
           // New max, rescale factors (a head that has seen no key keeps max -inf, o = 0 and sum 0), p and this
           // lane's row sums (over the same elements as the max).
           %new_max = arith.maximumf %mx, %block_max : !fwp_acc_flat
@@ -214,22 +225,7 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
             %next = vector.insert %p_kt, %acc[%kt] : !fwp_acc_flat into !fwp_scores
             scf.yield %next : !fwp_scores
           } {unroll_loop}
-          %psum = scf.for %i = %c0 to %acc_n step %c1 iter_args(%acc = %zeros) -> (!fwp_acc_flat) {
-            %row_i = affine.apply #fwp_acc_row(%c0, %i)
-            %si = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%a = %zero) -> (f32) {
-              %a_kt = scf.for %i2 = %c0 to %acc_n step %c1 iter_args(%a2 = %a) -> (f32) {
-                %row_i2 = affine.apply #fwp_acc_row(%c0, %i2)
-                %same = arith.cmpi eq, %row_i, %row_i2 : index
-                %pv = vector.extract %p_all[%kt, %i2] : f32 from !fwp_scores
-                %added = arith.addf %a2, %pv : f32
-                %next = arith.select %same, %added, %a2 : f32
-                scf.yield %next : f32
-              } {unroll_loop}
-              scf.yield %a_kt : f32
-            } {unroll_loop}
-            %next = vector.insert %si, %acc[%i] : f32 into !fwp_acc_flat
-            scf.yield %next : !fwp_acc_flat
-          } {unroll_loop}
+          ${ lane_fold("%psum", "%zeros", "%zero", "%p_all", "arith.addf") }
           %l_scaled = arith.mulf %l_iter, %alpha : !fwp_acc_flat
           %l_new = arith.addf %l_scaled, %psum : !fwp_acc_flat
 
@@ -280,18 +276,7 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
 
       // Each subgroup's o, max and sum (sum over the lanes of a row) into workgroup memory: the lane holding
       // column 0 of a head writes that head's max and sum.
-      %row_sums = scf.for %sh = %c0 to %row_shuffles step %c1 iter_args(%acc = %sum_acc) -> (!fwp_acc_flat) {
-        %sh_i32 = arith.index_cast %sh : index to i32
-        %distance = arith.shli %row_stride, %sh_i32 : i32
-        %reduced = scf.for %i = %c0 to %acc_n step %c1 iter_args(%a = %acc) -> (!fwp_acc_flat) {
-          %mine = vector.extract %a[%i] : f32 from !fwp_acc_flat
-          %theirs, %valid = gpu.shuffle xor %mine, %distance, %width : f32
-          %both = arith.addf %mine, %theirs : f32
-          %next = vector.insert %both, %a[%i] : f32 into !fwp_acc_flat
-          scf.yield %next : !fwp_acc_flat
-        } {unroll_loop}
-        scf.yield %reduced : !fwp_acc_flat
-      } {unroll_loop}
+      ${ row_shuffle("%row_sums", "%sum_acc", "arith.addf") }
       scf.for %i = %c0 to %acc_n step %c1 {
         %h = affine.apply #fwp_acc_row(%lane, %i)
         %col = affine.apply #fwp_acc_col(%lane, %i)
