@@ -27,6 +27,7 @@
 <% set outputs = ['dq'] %>
 ${ dispatch.layout("dq_portable_layout", 4, inputs, outputs) }
 
+<% set onepass = false %>
 <% include "gpu/portable/dq_types.mlir" %>
 
 <% call dispatch.executable("selection_attention_dq_portable_exe", "selection_attention_dq_row", "dq_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
@@ -45,34 +46,7 @@ ${ dispatch.bindings("dq_portable_layout", inputs, outputs) }
       %h0 = arith.muli %g, %heads_per_group : index
 
       <% include "gpu/portable/dq_prologue.mlir" %>
-      // Iteration t loads slot t's K and V rows into registers (zeros for keys past the last visible one),
-      // computes slot t - 1 from workgroup memory, then stores the registers there for iteration t + 1.
-      %dq_init = arith.constant dense<0.0> : !dqp_dq_units
-      %k_none = arith.constant dense<0.0> : !dqp_k_staged
-      %v_none = arith.constant dense<0.0> : !dqp_v_staged
-      %block_none = arith.constant -1 : index
-      %dq_acc, %last_block = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init, %previous = %block_none)
-          -> (!dqp_dq_units, index) {
-        <% include "gpu/portable/dq_stage_load.mlir" %>
-        // Slot t - 1 (its rows are in workgroup memory).
-        %compute = arith.cmpi sge, %previous, %c0 : index
-        %dq_next = scf.if %compute -> (!dqp_dq_units) {
-          <% include "gpu/portable/dq_scores.mlir" %>
-          // ds, element by element: element i is head acc_row(l, i), key key_base + acc_col(l, i).
-          ${ units.ds_elements(u, false) }
-          gpu.barrier
-
-          <% include "gpu/portable/dq_update.mlir" %>
-          scf.yield %dq_new : !dqp_dq_units
-        } else {
-          scf.yield %dq_iter : !dqp_dq_units
-        }
-
-        <% include "gpu/portable/dq_stage_store.mlir" %>
-        scf.yield %dq_next, %block : !dqp_dq_units, index
-      }
-
-      <% include "gpu/portable/dq_write.mlir" %>
+      <% include "gpu/portable/dq_slots.mlir" %>
       return
     }
 <% endcall %>

@@ -20,6 +20,7 @@
 <% set outputs = ['dkv', 'dq'] %>
 ${ dispatch.layout("onepass_portable_layout", 4, inputs, outputs) }
 
+<% set onepass = true %>
 <% include "gpu/portable/dq_types.mlir" %>
 !opp_smem = memref<${OPP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // p^T and ds^T of the block ([key][head], K heads per row), q and do transposed ([d][head]).
@@ -115,6 +116,32 @@ ${ units.mma("%out", lhs, "%rhs", "%acc_zero2", u) }
 } {unroll_loop}
 <% endmacro %>
 
+<# Slot t - 1's dk and dv (from %pt_tile, %dst_tile, %q_rhs, %do_rhs) added to the accumulator. #>
+<% macro key_contributions() %>
+// dv and dk of this subgroup's 16 keys, one [16 keys x 16 columns] unit per column tile: lhs read j
+// is key key_base + run_major(l, j), heads run_k(l, j) ...; element i of the result is key
+// key_base + acc_row(l, i), column 16 x + acc_col(l, i), added to the accumulator when the key is
+// visible.
+%lhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs2) -> (!dqp_runs_pair) {
+  %kj = affine.apply #dqp_run_major(%lane, %j)
+  %kk = affine.apply #dqp_run_k(%lane, %j)
+  %key = arith.addi %key_base, %kj : index
+  %x = vector.load %pt_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
+  %y = vector.load %dst_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
+  %r1 = vector.insert %x, %r[0, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
+  %r2 = vector.insert %y, %r1[1, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
+  scf.yield %r2 : !dqp_runs_pair
+} {unroll_loop}
+%p_runs = vector.extract %lhs_runs[0] : !dqp_runs from !dqp_runs_pair
+%ds_runs = vector.extract %lhs_runs[1] : !dqp_runs from !dqp_runs_pair
+%lhs_p = vector.shape_cast %p_runs : !dqp_runs to !dqp_lhs
+%lhs_ds = vector.shape_cast %ds_runs : !dqp_runs to !dqp_lhs
+%acc_zero2 = arith.constant dense<0.0> : !dqp_acc
+%row_base = arith.addi %p_key0, %key_base : index
+${ add_keys("%lhs_p", "%dv_tiles", "%do_rhs", "!opp_do_rhs", "%value_dim", "%dv_base") }
+${ add_keys("%lhs_ds", "%d_tiles", "%q_rhs", "!opp_q_rhs", "%head_dim", none) }
+<% endmacro %>
+
 <% call dispatch.executable("selection_attention_onepass_portable_exe", "selection_attention_onepass_row", "onepass_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
 ${ units.func_begin("selection_attention_onepass_row", LANES, SUBGROUP_SIZE) }
       <% include "gpu/portable/dq_constants.mlir" %>
@@ -170,58 +197,8 @@ ${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'd
       ${ column_units("%do_rhs", "%dv_tiles", "%dot_tile", "!opp_do_cols", "!opp_do_rhs") }
       gpu.barrier
 
-      // Iteration t loads slot t's K and V rows into registers, computes slot t - 1 from workgroup memory
-      // (dq on chip, dk and dv added to the accumulator), then stores the registers for iteration t + 1.
-      %dq_init = arith.constant dense<0.0> : !dqp_dq_units
-      %k_none = arith.constant dense<0.0> : !dqp_k_staged
-      %v_none = arith.constant dense<0.0> : !dqp_v_staged
-      %block_none = arith.constant -1 : index
-      %dq_acc, %last_block = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init, %previous = %block_none)
-          -> (!dqp_dq_units, index) {
-        <% include "gpu/portable/dq_stage_load.mlir" %>
-        // Slot t - 1 (its rows are in workgroup memory).
-        %compute = arith.cmpi sge, %previous, %c0 : index
-        %dq_next = scf.if %compute -> (!dqp_dq_units) {
-          <% include "gpu/portable/dq_scores.mlir" %>
-          // p and ds, element by element: element i is head acc_row(l, i), key key_base + acc_col(l, i);
-          // ds into the [head][key] tile (for dq), p and ds into the [key][head] tiles (for dv and dk).
-          ${ units.ds_elements(u, true) }
-          gpu.barrier
-
-          <% include "gpu/portable/dq_update.mlir" %>
-
-          // dv and dk of this subgroup's 16 keys, one [16 keys x 16 columns] unit per column tile: lhs read j
-          // is key key_base + run_major(l, j), heads run_k(l, j) ...; element i of the result is key
-          // key_base + acc_row(l, i), column 16 x + acc_col(l, i), added to the accumulator when the key is
-          // visible.
-          %lhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs2) -> (!dqp_runs_pair) {
-            %kj = affine.apply #dqp_run_major(%lane, %j)
-            %kk = affine.apply #dqp_run_k(%lane, %j)
-            %key = arith.addi %key_base, %kj : index
-            %x = vector.load %pt_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
-            %y = vector.load %dst_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
-            %r1 = vector.insert %x, %r[0, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
-            %r2 = vector.insert %y, %r1[1, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
-            scf.yield %r2 : !dqp_runs_pair
-          } {unroll_loop}
-          %p_runs = vector.extract %lhs_runs[0] : !dqp_runs from !dqp_runs_pair
-          %ds_runs = vector.extract %lhs_runs[1] : !dqp_runs from !dqp_runs_pair
-          %lhs_p = vector.shape_cast %p_runs : !dqp_runs to !dqp_lhs
-          %lhs_ds = vector.shape_cast %ds_runs : !dqp_runs to !dqp_lhs
-          %acc_zero2 = arith.constant dense<0.0> : !dqp_acc
-          %row_base = arith.addi %p_key0, %key_base : index
-          ${ add_keys("%lhs_p", "%dv_tiles", "%do_rhs", "!opp_do_rhs", "%value_dim", "%dv_base") }
-          ${ add_keys("%lhs_ds", "%d_tiles", "%q_rhs", "!opp_q_rhs", "%head_dim", none) }
-          scf.yield %dq_new : !dqp_dq_units
-        } else {
-          scf.yield %dq_iter : !dqp_dq_units
-        }
-
-        <% include "gpu/portable/dq_stage_store.mlir" %>
-        scf.yield %dq_next, %block : !dqp_dq_units, index
-      }
-
-      <% include "gpu/portable/dq_write.mlir" %>
+      // dq's slot loop; slot t - 1 also adds its dk and dv to the accumulator (key_contributions).
+      <% include "gpu/portable/dq_slots.mlir" %>
       return
     }
 <% endcall %>
