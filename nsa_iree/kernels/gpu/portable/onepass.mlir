@@ -122,16 +122,11 @@ ${ units.mma("%out", lhs, "%rhs", "%acc_zero2", u) }
 // is key key_base + run_major(l, j), heads run_k(l, j) ...; element i of the result is key
 // key_base + acc_row(l, i), column 16 x + acc_col(l, i), added to the accumulator when the key is
 // visible.
-%lhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs2) -> (!dqp_runs_pair) {
-  %kj = affine.apply #dqp_run_major(%lane, %j)
-  %kk = affine.apply #dqp_run_k(%lane, %j)
-  %key = arith.addi %key_base, %kj : index
-  %x = vector.load %pt_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
-  %y = vector.load %dst_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
-  %r1 = vector.insert %x, %r[0, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
-  %r2 = vector.insert %y, %r1[1, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
-  scf.yield %r2 : !dqp_runs_pair
-} {unroll_loop}
+<% call units.read_pair("%lhs_runs", u) %>
+  %key = arith.addi %key_base, %read_major : index
+  %x = vector.load %pt_tile[%key, %read_k] : !opp_key_heads, vector<${RUN}x${E}>
+  %y = vector.load %dst_tile[%key, %read_k] : !opp_key_heads, vector<${RUN}x${E}>
+<% endcall %>
 %p_runs = vector.extract %lhs_runs[0] : !dqp_runs from !dqp_runs_pair
 %ds_runs = vector.extract %lhs_runs[1] : !dqp_runs from !dqp_runs_pair
 %lhs_p = vector.shape_cast %p_runs : !dqp_runs to !dqp_lhs

@@ -271,3 +271,16 @@ ${ p_ds(none) }
 <% endif %>
 } {unroll_loop}
 <% endmacro %>
+
+<# out (!p_runs_pair): two fragments read together, read j of each: caller() loads %x (first) and %y (second) from
+   %read_major = run_major(l, j) and %read_k = run_k(l, j). #>
+<% macro read_pair(out, u) %>
+${out} = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs2) -> (!${u.p}_runs_pair) {
+  %read_major = affine.apply #${u.p}_run_major(%lane, %j)
+  %read_k = affine.apply #${u.p}_run_k(%lane, %j)
+${ caller() }
+  %r1 = vector.insert %x, %r[0, %j] : vector<${u.run}x${E}> into !${u.p}_runs_pair
+  %r2 = vector.insert %y, %r1[1, %j] : vector<${u.run}x${E}> into !${u.p}_runs_pair
+  scf.yield %r2 : !${u.p}_runs_pair
+} {unroll_loop}
+<% endmacro %>
