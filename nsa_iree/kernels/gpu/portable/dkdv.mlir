@@ -117,9 +117,7 @@ ${ units.func_begin("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE) }
       %minus_one = arith.constant -1 : i32
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
-      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
-      %zero_runs = arith.constant dense<0.0> : !dkv_runs
-      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
+      ${ units.zero_reads(u) }
       ${ units.index_constants({"heads_per_group": HPG, "block_size": BS, "kv_heads": G, "slots": T, "rows": ROWS_PER_PIECE,
           "rows_per_step": ROWS_PER_STEP, "row_steps": ROW_STEPS, "steps": ROW_STEPS_PLUS_1, "row_heads": ROW_HEADS, "lanes": LANES,
           "subgroup_size": SUBGROUP_SIZE, "unit_k": UNIT_K, "runs": RUNS, "acc_n": ACC_N, "d_units": D_UNITS,

@@ -86,9 +86,7 @@ ${ units.func_begin("selection_attention_fwd_row", FWD_LANES, SUBGROUP_SIZE) }
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
       %minus_inf = arith.constant 0xFF800000 : f32
-      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
-      %zero_runs = arith.constant dense<0.0> : !fwp_runs
-      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
+      ${ units.zero_reads(u) }
       ${ units.index_constants({"heads_per_group": HPG, "block_size": BS, "slots": T, "steps": T_PLUS_1, "lanes": FWD_LANES,
           "subgroup_size": SUBGROUP_SIZE, "subgroups": FWD_SUBGROUPS, "unit_k": UNIT_K, "runs": RUNS, "acc_n": ACC_N,
           "key_tiles": KEY_TILES, "row_shuffles": ROW_SHUFFLES, "d_units": D_UNITS, "dv_tiles": DV_TILES16, "value_dim": DV,

@@ -284,3 +284,10 @@ ${ caller() }
   scf.yield %r2 : !${u.p}_runs_pair
 } {unroll_loop}
 <% endmacro %>
+
+<# The zero read, zero fragment reads (!p_runs) and zero 8-element chunk of the staging loops. #>
+<% macro zero_reads(u) %>
+%zero_run = arith.constant dense<0.0> : vector<${u.run}x${E}>
+%zero_runs = arith.constant dense<0.0> : !${u.p}_runs
+%zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
+<% endmacro %>
