@@ -160,12 +160,18 @@ ${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'd
       %dkv_ptr = llvm.inttoptr %dkv_address_i64 : i64 to ${ONEPASS_GLOBAL_PTR}
       %dv_base = arith.index_cast %dk_size : index to i64
 
+      ${ units.views("!opp_smem", [("k_rows", 0, "!dqp_k_rows"), ("v_rows", DQP_V_OFFSET, "!dqp_v_rows"),
+          ("k_cols", DQP_KT_OFFSET, "!dqp_k_cols"), ("ds_tile", DQP_DS_OFFSET, "!dqp_ds")]) }
+      %pt_offset = arith.constant ${OPP_PT_OFFSET} : index
+      %dst_offset = arith.constant ${OPP_DST_OFFSET} : index
+      %qt_offset = arith.constant ${OPP_QT_OFFSET} : index
+      %dot_offset = arith.constant ${OPP_DOT_OFFSET} : index
+      %pt_tile = memref.view %smem[%pt_offset][] : !opp_smem to !opp_key_heads
+      %dst_tile = memref.view %smem[%dst_offset][] : !opp_smem to !opp_key_heads
       // q and do transposed ([d][head], heads past HPG zero) live only until their fragments are in
       // registers, in the bytes the K and V rows use later.
-      ${ units.views("!opp_smem", [("k_rows", 0, "!dqp_k_rows"), ("v_rows", DQP_V_OFFSET, "!dqp_v_rows"),
-          ("k_cols", DQP_KT_OFFSET, "!dqp_k_cols"), ("ds_tile", DQP_DS_OFFSET, "!dqp_ds"),
-          ("pt_tile", OPP_PT_OFFSET, "!opp_key_heads"), ("dst_tile", OPP_DST_OFFSET, "!opp_key_heads"),
-          ("qt_tile", OPP_QT_OFFSET, "!opp_q_cols"), ("dot_tile", OPP_DOT_OFFSET, "!opp_do_cols")]) }
+      %qt_tile = memref.view %smem[%qt_offset][] : !opp_smem to !opp_q_cols
+      %dot_tile = memref.view %smem[%dot_offset][] : !opp_smem to !opp_do_cols
 
       ${ units.lane_ids("%c16") }
       %h0 = arith.muli %g, %heads_per_group : index
