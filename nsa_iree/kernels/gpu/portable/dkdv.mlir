@@ -17,16 +17,14 @@
 // the pieces of a block in piece order, so dk and dv stay bitwise reproducible.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/portable/units.mlir" as units %>
+<% set u = {'p': 'dkv', 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N, 'lhs': LHS_UNIT, 'rhs': RHS_UNIT, 'acc': ACC_UNIT, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]} %>
 
 // Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do', 'entries'] %>
 <% set outputs = ['dk_pieces', 'dv_pieces'] %>
 ${ dispatch.layout("dkdv_portable_layout", 5, inputs, outputs) }
 
-!dkv_q = memref<?x?x${H}x${D}x${E}>
-!dkv_k = memref<?x?x${G}x${D}x${E}>
-!dkv_v = memref<?x?x${G}x${DV}x${E}>
-!dkv_do = memref<?x?x${H}x${DV}x${E}>
 !dkv_entries = memref<?x${ROWS_PER_PIECE}x2xi32>
 !dkv_dk_pieces = memref<?x${BS}x${D}xf32>
 !dkv_dv_pieces = memref<?x${BS}x${DV}xf32>
@@ -40,12 +38,7 @@ ${ dispatch.layout("dkdv_portable_layout", 5, inputs, outputs) }
 !dkv_key_tile = memref<${BS}x${ROW_HEADS_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_stats = memref<${ROW_HEADS}x2xf32, #gpu.address_space<workgroup>>
 !dkv_row_info = memref<${ROWS_PER_PIECE}x4xi32, #gpu.address_space<workgroup>>
-// One unit's fragments and their reads (see dq_portable.mlir).
-!dkv_lhs = vector<${LHS_UNIT}x${E}>
-!dkv_rhs = vector<${RHS_UNIT}x${E}>
-!dkv_acc = vector<${ACC_UNIT}xf32>
-!dkv_runs = vector<${RUNS}x${RUN}x${E}>
-!dkv_acc_flat = vector<${ACC_N}xf32>
+${ units.types(u) }
 !dkv_k_units = vector<${D_UNITS}x${RUNS}x${RUN}x${E}>
 !dkv_v_units = vector<${DV_UNITS}x${RUNS}x${RUN}x${E}>
 !dkv_dk_acc = vector<${D_TILES16}x${ACC_N}xf32>
@@ -53,49 +46,83 @@ ${ dispatch.layout("dkdv_portable_layout", 5, inputs, outputs) }
 !dkv_q_staged = vector<${Q_STEP_ITEMS_PER_LANE}x8x${E}>
 !dkv_do_staged = vector<${DO_STEP_ITEMS_PER_LANE}x8x${E}>
 
-#dkv_run_major = ${RUN_MAJOR_MAP}
-#dkv_run_k = ${RUN_K_MAP}
-#dkv_acc_row = ${ACC_ROW_MAP}
-#dkv_acc_col = ${ACC_COL_MAP}
-#dkv_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
+
+<# out (staged_t, per_lane chunks of 8): a lane's part of one step's rows of `src` (src_t [B, M, H, cols]) in
+   registers: chunk c = tid + i lanes is (row, head) pair c mod ROW_HEADS, elements 8 (c / ROW_HEADS) ..; zeros
+   for padding rows and heads and past `items`. #>
+<% macro step_rows(out, per_lane, zeros, items, src, src_t, staged_t) %>
+${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> (${staged_t}) {
+  %i_lanes = arith.muli %i, %lanes : index
+  %c = arith.addi %tid, %i_lanes : index
+  %rh = arith.remui %c, %row_heads : index
+  %chunk = arith.divui %c, %row_heads : index
+  %rho = arith.divui %rh, %c16 : index
+  %h = arith.remui %rh, %c16 : index
+  %m_i32 = vector.extract %step_ms[%rho] : i32 from vector<${ROWS_PER_STEP}xi32>
+  %used = arith.cmpi sge, %m_i32, %c0_i32 : i32
+  %real = arith.cmpi ult, %h, %heads_per_group : index
+  %in_tile = arith.cmpi ult, %c, ${items} : index
+  %live0 = arith.andi %used, %real : i1
+  %live = arith.andi %live0, %in_tile : i1
+  %x = scf.if %live -> (vector<8x${E}>) {
+    %m = arith.index_castui %m_i32 : i32 to index
+    %head = arith.addi %h0, %h : index
+    %d0 = arith.muli %chunk, %c8 : index
+    %y = vector.load ${src}[%b, %m, %head, %d0] : ${src_t}, vector<8x${E}>
+    scf.yield %y : vector<8x${E}>
+  } else {
+    scf.yield %zero_chunk : vector<8x${E}>
+  }
+  %next = vector.insert %x, %acc[%i] : vector<8x${E}> into ${staged_t}
+  scf.yield %next : ${staged_t}
+} {unroll_loop}
+<% endmacro %>
+
+<# out (acc_t, one flat unit per 16-column tile < tiles) = iter + lhs times the rhs read from the transposed step
+   tile `tile` (tile_t [column][pair]): read j is column 16 tile + run_major(l, j), pairs run_k(l, j) ... #>
+<% macro add_tiles(out, tiles, iter, acc_t, lhs, tile, tile_t) %>
+${out} = scf.for %tile = %c0 to ${tiles} step %c1 iter_args(%acc = ${iter}) -> (${acc_t}) {
+  %col0 = arith.muli %tile, %c16 : index
+${ units.read_runs("%rhs_runs", tile, tile_t, "%col0", none, u) }
+  %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
+  %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from ${acc_t}
+  %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
+${ units.mma("%out", lhs, "%rhs", "%old", u) }
+  %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
+  %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into ${acc_t}
+  scf.yield %next : ${acc_t}
+} {unroll_loop}
+<% endmacro %>
+
+<# The piece's partials `acc` (acc_t) into `pieces` (pieces_t): element i of unit tile is key key_base +
+   acc_row(l, i), column 16 tile + acc_col(l, i). #>
+<% macro write_pieces(tiles, acc, acc_t, pieces, pieces_t) %>
+scf.for %tile = %c0 to ${tiles} step %c1 {
+  scf.for %i = %c0 to %acc_n step %c1 {
+    %kr = affine.apply #dkv_acc_row(%lane, %i)
+    %cc = affine.apply #dkv_acc_col(%lane, %i)
+    %j = arith.addi %key_base, %kr : index
+    %col0 = arith.muli %tile, %c16 : index
+    %col = arith.addi %col0, %cc : index
+    %x = vector.extract ${acc}[%tile, %i] : f32 from ${acc_t}
+    memref.store %x, ${pieces}[%piece, %j, %col] : ${pieces_t}
+  } {unroll_loop}
+} {unroll_loop}
+<% endmacro %>
 
 <% call dispatch.executable("selection_attention_dkdv_portable_exe", "selection_attention_dkdv_piece", "dkdv_portable_layout", ['pieces'], lanes=LANES) %>
-    func.func @selection_attention_dkdv_piece() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
+${ units.func_begin("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE) }
+      ${ units.index_constants({"c0": 0, "c1": 1, "c8": 8, "c16": 16}) }
       %c0_i32 = arith.constant 0 : i32
       %minus_one = arith.constant -1 : i32
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
-      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
-      %zero_runs = arith.constant dense<0.0> : !dkv_runs
-      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %kv_heads = arith.constant ${G} : index
-      %slots = arith.constant ${T} : index
-      %rows = arith.constant ${ROWS_PER_PIECE} : index
-      %rows_per_step = arith.constant ${ROWS_PER_STEP} : index
-      %row_steps = arith.constant ${ROW_STEPS} : index
-      %steps = arith.constant ${ROW_STEPS_PLUS_1} : index
-      %row_heads = arith.constant ${ROW_HEADS} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %unit_k = arith.constant ${UNIT_K} : index
-      %runs = arith.constant ${RUNS} : index
-      %acc_n = arith.constant ${ACC_N} : index
-      %d_units = arith.constant ${D_UNITS} : index
-      %dv_units = arith.constant ${DV_UNITS} : index
-      %d_tiles = arith.constant ${D_TILES16} : index
-      %dv_tiles = arith.constant ${DV_TILES16} : index
-      %q_items = arith.constant ${Q_STEP_ITEMS} : index
-      %do_items = arith.constant ${DO_STEP_ITEMS} : index
-      %q_per_lane = arith.constant ${Q_STEP_ITEMS_PER_LANE} : index
-      %do_per_lane = arith.constant ${DO_STEP_ITEMS_PER_LANE} : index
+      ${ units.zero_reads(u) }
+      ${ units.index_constants({"heads_per_group": HPG, "block_size": BS, "kv_heads": G, "slots": T, "rows": ROWS_PER_PIECE,
+          "rows_per_step": ROWS_PER_STEP, "row_steps": ROW_STEPS, "steps": ROW_STEPS_PLUS_1, "row_heads": ROW_HEADS, "lanes": LANES,
+          "subgroup_size": SUBGROUP_SIZE, "unit_k": UNIT_K, "runs": RUNS, "acc_n": ACC_N, "d_units": D_UNITS,
+          "dv_units": DV_UNITS, "d_tiles": D_TILES16, "dv_tiles": DV_TILES16, "q_items": Q_STEP_ITEMS, "do_items": DO_STEP_ITEMS,
+          "q_per_lane": Q_STEP_ITEMS_PER_LANE, "do_per_lane": DO_STEP_ITEMS_PER_LANE}) }
 
 ${ dispatch.ids(['piece']) }
 ${ dispatch.push_constants("dkdv_portable_layout", ['batch', 'm_rows', 'n', 'scale', 'pieces']) }
@@ -106,27 +133,12 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
       %first_row_i32 = memref.load %entries[%piece, %c0, %c0] : !dkv_entries
       %piece_used = arith.cmpi sge, %first_row_i32, %c0_i32 : i32
       scf.if %piece_used {
-        %smem = memref.alloc() : !dkv_smem
-        %qt_offset = arith.constant ${DKP_QT_OFFSET} : index
-        %do_offset = arith.constant ${DKP_DO_OFFSET} : index
-        %dot_offset = arith.constant ${DKP_DOT_OFFSET} : index
-        %pt_offset = arith.constant ${DKP_PT_OFFSET} : index
-        %dst_offset = arith.constant ${DKP_DST_OFFSET} : index
-        %stats_offset = arith.constant ${DKP_STATS_OFFSET} : index
-        %row_info_offset = arith.constant ${DKP_ROW_INFO_OFFSET} : index
-        %q_step = memref.view %smem[%c0][] : !dkv_smem to !dkv_q_step
-        %qt_step = memref.view %smem[%qt_offset][] : !dkv_smem to !dkv_qt_step
-        %do_step = memref.view %smem[%do_offset][] : !dkv_smem to !dkv_do_step
-        %dot_step = memref.view %smem[%dot_offset][] : !dkv_smem to !dkv_dot_step
-        %pt_tile = memref.view %smem[%pt_offset][] : !dkv_smem to !dkv_key_tile
-        %dst_tile = memref.view %smem[%dst_offset][] : !dkv_smem to !dkv_key_tile
-        %stats_step = memref.view %smem[%stats_offset][] : !dkv_smem to !dkv_stats
-        %row_info = memref.view %smem[%row_info_offset][] : !dkv_smem to !dkv_row_info
+        ${ units.views("!dkv_smem", [("q_step", 0, "!dkv_q_step"), ("qt_step", DKP_QT_OFFSET, "!dkv_qt_step"),
+            ("do_step", DKP_DO_OFFSET, "!dkv_do_step"), ("dot_step", DKP_DOT_OFFSET, "!dkv_dot_step"),
+            ("pt_tile", DKP_PT_OFFSET, "!dkv_key_tile"), ("dst_tile", DKP_DST_OFFSET, "!dkv_key_tile"),
+            ("stats_step", DKP_STATS_OFFSET, "!dkv_stats"), ("row_info", DKP_ROW_INFO_OFFSET, "!dkv_row_info")]) }
 
-        %tid = gpu.thread_id x
-        %subgroup = arith.divui %tid, %subgroup_size : index
-        %lane = arith.remui %tid, %subgroup_size : index
-        %key_base = arith.muli %subgroup, %c16 : index
+        ${ units.lane_ids("%c16") }
 
         // The piece's flat block fb = (b * G + g) * NB + i.
         %num_blocks = arith.ceildivui %n, %block_size : index
@@ -145,48 +157,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
 
         // This subgroup's 16 keys of K and V as lhs fragments, read once from global memory: read j of unit u
         // is key key_base + run_major(l, j), columns u K + run_k(l, j) ...; keys past N are zeros.
-        %k_init = arith.constant dense<0.0> : !dkv_k_units
-        %k_units = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %k_init) -> (!dkv_k_units) {
-          %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!dkv_k_units) {
-            %kj = affine.apply #dkv_run_major(%lane, %j)
-            %kk = affine.apply #dkv_run_k(%lane, %j)
-            %u0 = arith.muli %u, %unit_k : index
-            %col = arith.addi %u0, %kk : index
-            %key1 = arith.addi %key0, %key_base : index
-            %key = arith.addi %key1, %kj : index
-            %exists = arith.cmpi ult, %key, %n : index
-            %x = scf.if %exists -> (vector<${RUN}x${E}>) {
-              %y = vector.load %k[%b, %key, %g, %col] : !dkv_k, vector<${RUN}x${E}>
-              scf.yield %y : vector<${RUN}x${E}>
-            } else {
-              scf.yield %zero_run : vector<${RUN}x${E}>
-            }
-            %next = vector.insert %x, %acc2[%u, %j] : vector<${RUN}x${E}> into !dkv_k_units
-            scf.yield %next : !dkv_k_units
-          } {unroll_loop}
-          scf.yield %acc_u : !dkv_k_units
-        } {unroll_loop}
-        %v_init = arith.constant dense<0.0> : !dkv_v_units
-        %v_units = scf.for %u = %c0 to %dv_units step %c1 iter_args(%acc = %v_init) -> (!dkv_v_units) {
-          %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!dkv_v_units) {
-            %kj = affine.apply #dkv_run_major(%lane, %j)
-            %kk = affine.apply #dkv_run_k(%lane, %j)
-            %u0 = arith.muli %u, %unit_k : index
-            %col = arith.addi %u0, %kk : index
-            %key1 = arith.addi %key0, %key_base : index
-            %key = arith.addi %key1, %kj : index
-            %exists = arith.cmpi ult, %key, %n : index
-            %x = scf.if %exists -> (vector<${RUN}x${E}>) {
-              %y = vector.load %v[%b, %key, %g, %col] : !dkv_v, vector<${RUN}x${E}>
-              scf.yield %y : vector<${RUN}x${E}>
-            } else {
-              scf.yield %zero_run : vector<${RUN}x${E}>
-            }
-            %next = vector.insert %x, %acc2[%u, %j] : vector<${RUN}x${E}> into !dkv_v_units
-            scf.yield %next : !dkv_v_units
-          } {unroll_loop}
-          scf.yield %acc_u : !dkv_v_units
-        } {unroll_loop}
+${ units.key_units("%k_units", "%d_units", "!dkv_k_units", "%k", "!dkv_k", u) }
+${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
         gpu.barrier
 
         // Iteration t loads step t's rows into registers (chunk c: (row, head) pair c mod ROW_HEADS, elements
@@ -215,56 +187,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
           %stage = arith.andi %t_in_range, %first_used : i1
           %q_staged, %do_staged, %lse_staged, %delta_staged = scf.if %stage
               -> (!dkv_q_staged, !dkv_do_staged, f32, f32) {
-            %qs = scf.for %i = %c0 to %q_per_lane step %c1 iter_args(%acc = %q_none) -> (!dkv_q_staged) {
-              %i_lanes = arith.muli %i, %lanes : index
-              %c = arith.addi %tid, %i_lanes : index
-              %rh = arith.remui %c, %row_heads : index
-              %chunk = arith.divui %c, %row_heads : index
-              %rho = arith.divui %rh, %c16 : index
-              %h = arith.remui %rh, %c16 : index
-              %m_i32 = vector.extract %step_ms[%rho] : i32 from vector<${ROWS_PER_STEP}xi32>
-              %used = arith.cmpi sge, %m_i32, %c0_i32 : i32
-              %real = arith.cmpi ult, %h, %heads_per_group : index
-              %in_tile = arith.cmpi ult, %c, %q_items : index
-              %live0 = arith.andi %used, %real : i1
-              %live = arith.andi %live0, %in_tile : i1
-              %x = scf.if %live -> (vector<8x${E}>) {
-                %m = arith.index_castui %m_i32 : i32 to index
-                %head = arith.addi %h0, %h : index
-                %d0 = arith.muli %chunk, %c8 : index
-                %y = vector.load %q[%b, %m, %head, %d0] : !dkv_q, vector<8x${E}>
-                scf.yield %y : vector<8x${E}>
-              } else {
-                scf.yield %zero_chunk : vector<8x${E}>
-              }
-              %next = vector.insert %x, %acc[%i] : vector<8x${E}> into !dkv_q_staged
-              scf.yield %next : !dkv_q_staged
-            } {unroll_loop}
-            %dos = scf.for %i = %c0 to %do_per_lane step %c1 iter_args(%acc = %do_none) -> (!dkv_do_staged) {
-              %i_lanes = arith.muli %i, %lanes : index
-              %c = arith.addi %tid, %i_lanes : index
-              %rh = arith.remui %c, %row_heads : index
-              %chunk = arith.divui %c, %row_heads : index
-              %rho = arith.divui %rh, %c16 : index
-              %h = arith.remui %rh, %c16 : index
-              %m_i32 = vector.extract %step_ms[%rho] : i32 from vector<${ROWS_PER_STEP}xi32>
-              %used = arith.cmpi sge, %m_i32, %c0_i32 : i32
-              %real = arith.cmpi ult, %h, %heads_per_group : index
-              %in_tile = arith.cmpi ult, %c, %do_items : index
-              %live0 = arith.andi %used, %real : i1
-              %live = arith.andi %live0, %in_tile : i1
-              %x = scf.if %live -> (vector<8x${E}>) {
-                %m = arith.index_castui %m_i32 : i32 to index
-                %head = arith.addi %h0, %h : index
-                %e0 = arith.muli %chunk, %c8 : index
-                %y = vector.load %do[%b, %m, %head, %e0] : !dkv_do, vector<8x${E}>
-                scf.yield %y : vector<8x${E}>
-              } else {
-                scf.yield %zero_chunk : vector<8x${E}>
-              }
-              %next = vector.insert %x, %acc[%i] : vector<8x${E}> into !dkv_do_staged
-              scf.yield %next : !dkv_do_staged
-            } {unroll_loop}
+            ${ step_rows("%qs", "%q_per_lane", "%q_none", "%q_items", "%q", "!dkv_q", "!dkv_q_staged") }
+            ${ step_rows("%dos", "%do_per_lane", "%do_none", "%do_items", "%do", "!dkv_do", "!dkv_do_staged") }
             // Lane tid < ROW_HEADS: lse and delta of (row tid / 16, head tid mod 16).
             %stats_lane = arith.cmpi ult, %tid, %row_heads : index
             %tid_safe = arith.select %stats_lane, %tid, %c0 : index
@@ -311,50 +235,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
               %head_row0 = arith.muli %rho, %c16 : index
               // s^T and dp^T of this row: rhs read j is head run_major(l, j) of the row, columns
               // u K + run_k(l, j) ...
-              %st = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %acc_zero) -> (!dkv_acc) {
-                %u0 = arith.muli %u, %unit_k : index
-                %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
-                  %hj = affine.apply #dkv_run_major(%lane, %j)
-                  %kk = affine.apply #dkv_run_k(%lane, %j)
-                  %rh = arith.addi %head_row0, %hj : index
-                  %col = arith.addi %u0, %kk : index
-                  %x = vector.load %q_step[%rh, %col] : !dkv_q_step, vector<${RUN}x${E}>
-                  %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
-                  scf.yield %next : !dkv_runs
-                } {unroll_loop}
-                %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
-                %lhs_runs = vector.extract %k_units[%u] : !dkv_runs from !dkv_k_units
-                %lhs = vector.shape_cast %lhs_runs : !dkv_runs to !dkv_lhs
-                %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                  indexing_maps = #dkv_contraction,
-                  iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                  kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                  semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-                > : !dkv_lhs, !dkv_rhs into !dkv_acc
-                scf.yield %next : !dkv_acc
-              } {unroll_loop}
-              %dpt = scf.for %u = %c0 to %dv_units step %c1 iter_args(%acc = %acc_zero) -> (!dkv_acc) {
-                %u0 = arith.muli %u, %unit_k : index
-                %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
-                  %hj = affine.apply #dkv_run_major(%lane, %j)
-                  %kk = affine.apply #dkv_run_k(%lane, %j)
-                  %rh = arith.addi %head_row0, %hj : index
-                  %col = arith.addi %u0, %kk : index
-                  %x = vector.load %do_step[%rh, %col] : !dkv_do_step, vector<${RUN}x${E}>
-                  %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
-                  scf.yield %next : !dkv_runs
-                } {unroll_loop}
-                %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
-                %lhs_runs = vector.extract %v_units[%u] : !dkv_runs from !dkv_v_units
-                %lhs = vector.shape_cast %lhs_runs : !dkv_runs to !dkv_lhs
-                %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                  indexing_maps = #dkv_contraction,
-                  iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                  kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                  semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-                > : !dkv_lhs, !dkv_rhs into !dkv_acc
-                scf.yield %next : !dkv_acc
-              } {unroll_loop}
+              ${ units.unit_products("%st", "%d_units", "%k_units", "!dkv_k_units", "%q_step", "!dkv_q_step", "%head_row0", u) }
+              ${ units.unit_products("%dpt", "%dv_units", "%v_units", "!dkv_v_units", "%do_step", "!dkv_do_step", "%head_row0", u) }
 
               // p^T and ds^T element by element: element i is key key_base + acc_row(l, i), head
               // acc_col(l, i); all computed (reading lse and delta) before any is written at
@@ -377,14 +259,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
                 %dl = vector.extract %stats[1] : f32 from vector<2xf32>
                 %sv = vector.extract %st_flat[%i] : f32 from !dkv_acc_flat
                 %dpv = vector.extract %dpt_flat[%i] : f32 from !dkv_acc_flat
-                %scaled = arith.mulf %sv, %scale : f32
-                %shifted = arith.subf %scaled, %l : f32
-                %ex = math.exp %shifted : f32
-                %p_raw = arith.mulf %weight, %ex : f32
-                %dp_minus_delta = arith.subf %dpv, %dl : f32
-                %ds_raw = arith.mulf %p_raw, %dp_minus_delta : f32
-                %ds_scaled = arith.mulf %ds_raw, %scale : f32
-                %p_live = arith.select %live, %p_raw, %zero : f32
+                ${ units.p_ds("%weight") }
+                %p_live = arith.select %live, %p, %zero : f32
                 %ds_live = arith.select %live, %ds_scaled, %zero : f32
                 %p_e = ${TRUNCF} %p_live : f32 to ${E}
                 %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
@@ -421,52 +297,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
             } {unroll_loop}
             %lhs_p = vector.shape_cast %lhs_p_runs : !dkv_runs to !dkv_lhs
             %lhs_ds = vector.shape_cast %lhs_ds_runs : !dkv_runs to !dkv_lhs
-            %dv_new = scf.for %tile = %c0 to %dv_tiles step %c1 iter_args(%acc = %dv_iter) -> (!dkv_dv_acc) {
-              %col0 = arith.muli %tile, %c16 : index
-              %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
-                %cj = affine.apply #dkv_run_major(%lane, %j)
-                %kk = affine.apply #dkv_run_k(%lane, %j)
-                %col = arith.addi %col0, %cj : index
-                %x = vector.load %dot_step[%col, %kk] : !dkv_dot_step, vector<${RUN}x${E}>
-                %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
-                scf.yield %next : !dkv_runs
-              } {unroll_loop}
-              %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
-              %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from !dkv_dv_acc
-              %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
-              %out = iree_codegen.inner_tiled ins(%lhs_p, %rhs) outs(%old) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs into !dkv_acc
-              %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
-              %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into !dkv_dv_acc
-              scf.yield %next : !dkv_dv_acc
-            } {unroll_loop}
-            %dk_new = scf.for %tile = %c0 to %d_tiles step %c1 iter_args(%acc = %dk_iter) -> (!dkv_dk_acc) {
-              %col0 = arith.muli %tile, %c16 : index
-              %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!dkv_runs) {
-                %cj = affine.apply #dkv_run_major(%lane, %j)
-                %kk = affine.apply #dkv_run_k(%lane, %j)
-                %col = arith.addi %col0, %cj : index
-                %x = vector.load %qt_step[%col, %kk] : !dkv_qt_step, vector<${RUN}x${E}>
-                %next = vector.insert %x, %r[%j] : vector<${RUN}x${E}> into !dkv_runs
-                scf.yield %next : !dkv_runs
-              } {unroll_loop}
-              %rhs = vector.shape_cast %rhs_runs : !dkv_runs to !dkv_rhs
-              %old_flat = vector.extract %acc[%tile] : !dkv_acc_flat from !dkv_dk_acc
-              %old = vector.shape_cast %old_flat : !dkv_acc_flat to !dkv_acc
-              %out = iree_codegen.inner_tiled ins(%lhs_ds, %rhs) outs(%old) <
-                indexing_maps = #dkv_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !dkv_lhs, !dkv_rhs into !dkv_acc
-              %out_flat = vector.shape_cast %out : !dkv_acc to !dkv_acc_flat
-              %next = vector.insert %out_flat, %acc[%tile] : !dkv_acc_flat into !dkv_dk_acc
-              scf.yield %next : !dkv_dk_acc
-            } {unroll_loop}
+            ${ add_tiles("%dv_new", "%dv_tiles", "%dv_iter", "!dkv_dv_acc", "%lhs_p", "%dot_step", "!dkv_dot_step") }
+            ${ add_tiles("%dk_new", "%d_tiles", "%dk_iter", "!dkv_dk_acc", "%lhs_ds", "%qt_step", "!dkv_qt_step") }
             scf.yield %dk_new, %dv_new : !dkv_dk_acc, !dkv_dv_acc
           } else {
             scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc
@@ -475,40 +307,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
           // Step t's rows into workgroup memory, once every subgroup is done with step t - 1's.
           gpu.barrier
           scf.if %stage {
-            scf.for %i = %c0 to %q_per_lane step %c1 {
-              %i_lanes = arith.muli %i, %lanes : index
-              %c = arith.addi %tid, %i_lanes : index
-              %in_tile = arith.cmpi ult, %c, %q_items : index
-              scf.if %in_tile {
-                %rh = arith.remui %c, %row_heads : index
-                %chunk = arith.divui %c, %row_heads : index
-                %d0 = arith.muli %chunk, %c8 : index
-                %x = vector.extract %q_staged[%i] : vector<8x${E}> from !dkv_q_staged
-                vector.store %x, %q_step[%rh, %d0] : !dkv_q_step, vector<8x${E}>
-                scf.for %e = %c0 to %c8 step %c1 {
-                  %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
-                  %d = arith.addi %d0, %e : index
-                  memref.store %y, %qt_step[%d, %rh] : !dkv_qt_step
-                } {unroll_loop}
-              }
-            } {unroll_loop}
-            scf.for %i = %c0 to %do_per_lane step %c1 {
-              %i_lanes = arith.muli %i, %lanes : index
-              %c = arith.addi %tid, %i_lanes : index
-              %in_tile = arith.cmpi ult, %c, %do_items : index
-              scf.if %in_tile {
-                %rh = arith.remui %c, %row_heads : index
-                %chunk = arith.divui %c, %row_heads : index
-                %e0 = arith.muli %chunk, %c8 : index
-                %x = vector.extract %do_staged[%i] : vector<8x${E}> from !dkv_do_staged
-                vector.store %x, %do_step[%rh, %e0] : !dkv_do_step, vector<8x${E}>
-                scf.for %e = %c0 to %c8 step %c1 {
-                  %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
-                  %d = arith.addi %e0, %e : index
-                  memref.store %y, %dot_step[%d, %rh] : !dkv_dot_step
-                } {unroll_loop}
-              }
-            } {unroll_loop}
+            ${ units.store_rows("%q_per_lane", "%q_items", "%q_staged", "!dkv_q_staged", "%row_heads", "%q_step", "!dkv_q_step", "%qt_step", "!dkv_qt_step") }
+            ${ units.store_rows("%do_per_lane", "%do_items", "%do_staged", "!dkv_do_staged", "%row_heads", "%do_step", "!dkv_do_step", "%dot_step", "!dkv_dot_step") }
             %stats_lane = arith.cmpi ult, %tid, %row_heads : index
             scf.if %stats_lane {
               %pair0 = vector.broadcast %lse_staged : f32 to vector<2xf32>
@@ -522,28 +322,8 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
 
         // The piece's partials: element i of unit tile is key key_base + acc_row(l, i), column
         // 16 tile + acc_col(l, i).
-        scf.for %tile = %c0 to %d_tiles step %c1 {
-          scf.for %i = %c0 to %acc_n step %c1 {
-            %kr = affine.apply #dkv_acc_row(%lane, %i)
-            %cc = affine.apply #dkv_acc_col(%lane, %i)
-            %j = arith.addi %key_base, %kr : index
-            %col0 = arith.muli %tile, %c16 : index
-            %col = arith.addi %col0, %cc : index
-            %x = vector.extract %dk_acc[%tile, %i] : f32 from !dkv_dk_acc
-            memref.store %x, %dk_pieces[%piece, %j, %col] : !dkv_dk_pieces
-          } {unroll_loop}
-        } {unroll_loop}
-        scf.for %tile = %c0 to %dv_tiles step %c1 {
-          scf.for %i = %c0 to %acc_n step %c1 {
-            %kr = affine.apply #dkv_acc_row(%lane, %i)
-            %cc = affine.apply #dkv_acc_col(%lane, %i)
-            %j = arith.addi %key_base, %kr : index
-            %col0 = arith.muli %tile, %c16 : index
-            %col = arith.addi %col0, %cc : index
-            %x = vector.extract %dv_acc[%tile, %i] : f32 from !dkv_dv_acc
-            memref.store %x, %dv_pieces[%piece, %j, %col] : !dkv_dv_pieces
-          } {unroll_loop}
-        } {unroll_loop}
+        ${ write_pieces("%d_tiles", "%dk_acc", "!dkv_dk_acc", "%dk_pieces", "!dkv_dk_pieces") }
+        ${ write_pieces("%dv_tiles", "%dv_acc", "!dkv_dv_acc", "%dv_pieces", "!dkv_dv_pieces") }
       }
       return
     }

@@ -19,118 +19,34 @@
 // Keys past that are staged as zeros and their ds is 0, so a NaN in an unread key reaches nothing.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/portable/units.mlir" as units %>
+<% set u = {'p': 'dqp', 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N, 'lhs': LHS_UNIT, 'rhs': RHS_UNIT, 'acc': ACC_UNIT, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]} %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
 <% set outputs = ['dq'] %>
 ${ dispatch.layout("dq_portable_layout", 4, inputs, outputs) }
 
+<% set onepass = false %>
 <% include "gpu/portable/dq_types.mlir" %>
 
 <% call dispatch.executable("selection_attention_dq_portable_exe", "selection_attention_dq_row", "dq_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-    func.func @selection_attention_dq_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
-      %zero = arith.constant 0.0 : f32
-      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
-      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
-      %zero_runs = arith.constant dense<0.0> : !dqp_runs
-      %zero_runs2 = arith.constant dense<0.0> : !dqp_runs_pair
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %steps = arith.constant ${T_PLUS_1} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %subgroups = arith.constant ${SUBGROUPS} : index
-      %unit_k = arith.constant ${UNIT_K} : index
-      %runs = arith.constant ${RUNS} : index
-      %acc_n = arith.constant ${ACC_N} : index
-      %d_units = arith.constant ${D_UNITS} : index
-      %dv_units = arith.constant ${DV_UNITS} : index
-      %key_units = arith.constant ${KEY_UNITS} : index
-      %d_tiles = arith.constant ${D_TILES16} : index
-      %dq_units = arith.constant ${DQ_UNITS_PER_SUBGROUP} : index
-      %k_chunks = arith.constant ${K_ITEMS} : index
-      %v_chunks = arith.constant ${V_ITEMS} : index
-      %k_per_lane = arith.constant ${K_ITEMS_PER_LANE} : index
-      %v_per_lane = arith.constant ${V_ITEMS_PER_LANE} : index
+${ units.func_begin("selection_attention_dq_row", LANES, SUBGROUP_SIZE) }
+      <% include "gpu/portable/dq_constants.mlir" %>
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("dq_portable_layout", ['batch', 'm_rows', 'n', 'scale']) }
 
 ${ dispatch.bindings("dq_portable_layout", inputs, outputs) }
 
-      %smem = memref.alloc() : !dqp_smem
-      %v_offset = arith.constant ${DQP_V_OFFSET} : index
-      %kt_offset = arith.constant ${DQP_KT_OFFSET} : index
-      %ds_offset = arith.constant ${DQP_DS_OFFSET} : index
-      %k_rows = memref.view %smem[%c0][] : !dqp_smem to !dqp_k_rows
-      %v_rows = memref.view %smem[%v_offset][] : !dqp_smem to !dqp_v_rows
-      %k_cols = memref.view %smem[%kt_offset][] : !dqp_smem to !dqp_k_cols
-      %ds_tile = memref.view %smem[%ds_offset][] : !dqp_smem to !dqp_ds
+      ${ units.views("!dqp_smem", [("k_rows", 0, "!dqp_k_rows"), ("v_rows", DQP_V_OFFSET, "!dqp_v_rows"),
+          ("k_cols", DQP_KT_OFFSET, "!dqp_k_cols"), ("ds_tile", DQP_DS_OFFSET, "!dqp_ds")]) }
 
-      %tid = gpu.thread_id x
-      %subgroup = arith.divui %tid, %subgroup_size : index
-      %lane = arith.remui %tid, %subgroup_size : index
-      %key_base = arith.muli %subgroup, %c16 : index
+      ${ units.lane_ids("%c16") }
       %h0 = arith.muli %g, %heads_per_group : index
 
       <% include "gpu/portable/dq_prologue.mlir" %>
-      // Iteration t loads slot t's K and V rows into registers (zeros for keys past the last visible one),
-      // computes slot t - 1 from workgroup memory, then stores the registers there for iteration t + 1.
-      %dq_init = arith.constant dense<0.0> : !dqp_dq_units
-      %k_none = arith.constant dense<0.0> : !dqp_k_staged
-      %v_none = arith.constant dense<0.0> : !dqp_v_staged
-      %block_none = arith.constant -1 : index
-      %dq_acc, %last_block = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init, %previous = %block_none)
-          -> (!dqp_dq_units, index) {
-        <% include "gpu/portable/dq_stage_load.mlir" %>
-        // Slot t - 1 (its rows are in workgroup memory).
-        %compute = arith.cmpi sge, %previous, %c0 : index
-        %dq_next = scf.if %compute -> (!dqp_dq_units) {
-          <% include "gpu/portable/dq_scores.mlir" %>
-          // ds, element by element: element i is head acc_row(l, i), key key_base + acc_col(l, i).
-          %s_flat = vector.shape_cast %s_acc : !dqp_acc to !dqp_acc_flat
-          %dp_flat = vector.shape_cast %dp_acc : !dqp_acc to !dqp_acc_flat
-          scf.for %i = %c0 to %acc_n step %c1 {
-            %h = affine.apply #dqp_acc_row(%lane, %i)
-            %col = affine.apply #dqp_acc_col(%lane, %i)
-            %j = arith.addi %key_base, %col : index
-            %key_visible = arith.cmpi slt, %j, %p_visible : index
-            %head_real = arith.cmpi ult, %h, %heads_per_group : index
-            %live = arith.andi %key_visible, %head_real : i1
-            %sv = vector.extract %s_flat[%i] : f32 from !dqp_acc_flat
-            %dpv = vector.extract %dp_flat[%i] : f32 from !dqp_acc_flat
-            %l = vector.extract %lse_e[%i] : f32 from !dqp_acc_flat
-            %dl = vector.extract %delta_e[%i] : f32 from !dqp_acc_flat
-            %scaled = arith.mulf %sv, %scale : f32
-            %shifted = arith.subf %scaled, %l : f32
-            %p = math.exp %shifted : f32
-            %dp_minus_delta = arith.subf %dpv, %dl : f32
-            %ds_raw = arith.mulf %p, %dp_minus_delta : f32
-            %ds_scaled = arith.mulf %ds_raw, %scale : f32
-            %ds_live = arith.select %live, %ds_scaled, %zero : f32
-            %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
-            memref.store %ds_e, %ds_tile[%h, %j] : !dqp_ds
-          } {unroll_loop}
-          gpu.barrier
-
-          <% include "gpu/portable/dq_update.mlir" %>
-          scf.yield %dq_new : !dqp_dq_units
-        } else {
-          scf.yield %dq_iter : !dqp_dq_units
-        }
-
-        <% include "gpu/portable/dq_stage_store.mlir" %>
-        scf.yield %dq_next, %block : !dqp_dq_units, index
-      }
-
-      <% include "gpu/portable/dq_write.mlir" %>
+      <% include "gpu/portable/dq_slots.mlir" %>
       return
     }
 <% endcall %>

@@ -1,31 +1,15 @@
 // Part of dq_portable.mlir and onepass_portable.mlir (`// part: dq_portable_types`): the type aliases and
 // placement maps of the portable dq body (the parts dq_portable_*).
-!dqp_q = memref<?x?x${H}x${D}x${E}>
-!dqp_k = memref<?x?x${G}x${D}x${E}>
-!dqp_v = memref<?x?x${G}x${DV}x${E}>
-!dqp_do = memref<?x?x${H}x${DV}x${E}>
 !dqp_smem = memref<${DQP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // Workgroup tiles (rows padded by ${PAD} elements): K rows, V rows, K transposed, ds.
 !dqp_k_rows = memref<${BS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dqp_v_rows = memref<${BS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dqp_k_cols = memref<${D}x${BS_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dqp_ds = memref<16x${BS_PADDED}x${E}, #gpu.address_space<workgroup>>
-// One unit's fragments: lhs [16 x K], rhs [K x 16], acc [16 x 16]; the same elements as runs of reads.
-!dqp_lhs = vector<${LHS_UNIT}x${E}>
-!dqp_rhs = vector<${RHS_UNIT}x${E}>
-!dqp_acc = vector<${ACC_UNIT}xf32>
-!dqp_runs = vector<${RUNS}x${RUN}x${E}>
 !dqp_runs_pair = vector<2x${RUNS}x${RUN}x${E}>
-!dqp_acc_flat = vector<${ACC_N}xf32>
 !dqp_q_units = vector<${D_UNITS}x${RUNS}x${RUN}x${E}>
 !dqp_do_units = vector<${DV_UNITS}x${RUNS}x${RUN}x${E}>
 !dqp_dq_units = vector<${DQ_UNITS_PER_SUBGROUP}x${ACC_N}xf32>
 !dqp_k_staged = vector<${K_ITEMS_PER_LANE}x8x${E}>
 !dqp_v_staged = vector<${V_ITEMS_PER_LANE}x8x${E}>
-
-// Placement (lane l, read j or element i): row / column and k of read j, row and column of acc element i.
-#dqp_run_major = ${RUN_MAJOR_MAP}
-#dqp_run_k = ${RUN_K_MAP}
-#dqp_acc_row = ${ACC_ROW_MAP}
-#dqp_acc_col = ${ACC_COL_MAP}
-#dqp_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
+${ units.types(u) }

@@ -12,27 +12,17 @@
               %old = vector.shape_cast %old_flat : !dqp_acc_flat to !dqp_acc
               %sum = scf.for %u = %c0 to %key_units step %c1 iter_args(%a = %old) -> (!dqp_acc) {
                 %u0 = arith.muli %u, %unit_k : index
-                %pair = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs2) -> (!dqp_runs_pair) {
-                  %major = affine.apply #dqp_run_major(%lane, %j)
-                  %kk = affine.apply #dqp_run_k(%lane, %j)
-                  %key = arith.addi %u0, %kk : index
-                  %x = vector.load %ds_tile[%major, %key] : !dqp_ds, vector<${RUN}x${E}>
-                  %d = arith.addi %d_base, %major : index
+                <% call units.read_pair("%pair", u) %>
+                  %key = arith.addi %u0, %read_k : index
+                  %x = vector.load %ds_tile[%read_major, %key] : !dqp_ds, vector<${RUN}x${E}>
+                  %d = arith.addi %d_base, %read_major : index
                   %y = vector.load %k_cols[%d, %key] : !dqp_k_cols, vector<${RUN}x${E}>
-                  %r1 = vector.insert %x, %r[0, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
-                  %r2 = vector.insert %y, %r1[1, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
-                  scf.yield %r2 : !dqp_runs_pair
-                } {unroll_loop}
+                <% endcall %>
                 %lhs_runs = vector.extract %pair[0] : !dqp_runs from !dqp_runs_pair
                 %rhs_runs = vector.extract %pair[1] : !dqp_runs from !dqp_runs_pair
                 %lhs = vector.shape_cast %lhs_runs : !dqp_runs to !dqp_lhs
                 %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
-                %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%a) <
-                  indexing_maps = #dqp_contraction,
-                  iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                  kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                  semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-                > : !dqp_lhs, !dqp_rhs into !dqp_acc
+                ${ units.mma("%next", "%lhs", "%rhs", "%a", u) }
                 scf.yield %next : !dqp_acc
               } {unroll_loop}
               %sum_flat = vector.shape_cast %sum : !dqp_acc to !dqp_acc_flat

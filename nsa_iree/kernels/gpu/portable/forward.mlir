@@ -16,15 +16,14 @@
 // as in the linalg forward. Visibility as in dq_portable.mlir (semantics.md).
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/portable/units.mlir" as units %>
+<% set u = {'p': 'fwp', 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N, 'lhs': LHS_UNIT, 'rhs': RHS_UNIT, 'acc': ACC_UNIT, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]} %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices'] %>
 <% set outputs = ['o', 'lse'] %>
 ${ dispatch.layout("fwd_portable_layout", 4, inputs, outputs) }
 
-!fwp_q = memref<?x?x${H}x${D}x${E}>
-!fwp_k = memref<?x?x${G}x${D}x${E}>
-!fwp_v = memref<?x?x${G}x${DV}x${E}>
 !fwk_o = memref<?x?x${H}x${DV}x${E}>
 !fwp_smem = memref<${FWP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // Workgroup tiles: V transposed, each subgroup's p, and after the loop each subgroup's o, max and sum.
@@ -32,32 +31,54 @@ ${ dispatch.layout("fwd_portable_layout", 4, inputs, outputs) }
 !fwp_p = memref<${FWD_SUBGROUPS}x16x${UNIT_K_PADDED}x${E}, #gpu.address_space<workgroup>>
 !fwk_o_parts = memref<${FWD_SUBGROUPS}x16x${DV}xf32, #gpu.address_space<workgroup>>
 !fwk_stats = memref<${FWD_SUBGROUPS}x16xf32, #gpu.address_space<workgroup>>
-// One unit's fragments and their reads (see dq_portable.mlir).
-!fwp_lhs = vector<${LHS_UNIT}x${E}>
-!fwp_rhs = vector<${RHS_UNIT}x${E}>
-!fwp_acc = vector<${ACC_UNIT}xf32>
-!fwp_runs = vector<${RUNS}x${RUN}x${E}>
-!fwp_acc_flat = vector<${ACC_N}xf32>
+${ units.types(u) }
 !fwp_q_units = vector<${D_UNITS}x${RUNS}x${RUN}x${E}>
 !fwp_k_units = vector<${KEY_TILES}x${D_UNITS}x${RUNS}x${RUN}x${E}>
 !fwp_scores = vector<${KEY_TILES}x${ACC_N}xf32>
 !fwp_o_units = vector<${DV_TILES16}x${ACC_N}xf32>
 !fwp_v_staged = vector<${FWD_V_ITEMS_PER_LANE}x8x${E}>
 
-#fwp_run_major = ${RUN_MAJOR_MAP}
-#fwp_run_k = ${RUN_K_MAP}
-#fwp_acc_row = ${ACC_ROW_MAP}
-#fwp_acc_col = ${ACC_COL_MAP}
-#fwp_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
+
+<# out (!fwp_acc_flat): per element i, `combine` (arith.maximumf, arith.addf) from `start` over this lane's elements
+   of `scores` (!fwp_scores) in i's row (same row offset, every key tile). #>
+<% macro lane_fold(out, init, start, scores, combine) %>
+${out} = scf.for %i = %c0 to %acc_n step %c1 iter_args(%acc = ${init}) -> (!fwp_acc_flat) {
+  %row_i = affine.apply #fwp_acc_row(%c0, %i)
+  %folded = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%a = ${start}) -> (f32) {
+    %a_kt = scf.for %i2 = %c0 to %acc_n step %c1 iter_args(%a2 = %a) -> (f32) {
+      %row_i2 = affine.apply #fwp_acc_row(%c0, %i2)
+      %same = arith.cmpi eq, %row_i, %row_i2 : index
+      %xv = vector.extract ${scores}[%kt, %i2] : f32 from !fwp_scores
+      %candidate = ${combine} %a2, %xv : f32
+      %next = arith.select %same, %candidate, %a2 : f32
+      scf.yield %next : f32
+    } {unroll_loop}
+    scf.yield %a_kt : f32
+  } {unroll_loop}
+  %next = vector.insert %folded, %acc[%i] : f32 into !fwp_acc_flat
+  scf.yield %next : !fwp_acc_flat
+} {unroll_loop}
+<% endmacro %>
+
+<# out (!fwp_acc_flat): `combine` of each element of `init` over the lanes of its row (xor shuffles). #>
+<% macro row_shuffle(out, init, combine) %>
+${out} = scf.for %sh = %c0 to %row_shuffles step %c1 iter_args(%acc = ${init}) -> (!fwp_acc_flat) {
+  %sh_i32 = arith.index_cast %sh : index to i32
+  %distance = arith.shli %row_stride, %sh_i32 : i32
+  %reduced = scf.for %i = %c0 to %acc_n step %c1 iter_args(%a = %acc) -> (!fwp_acc_flat) {
+    %mine = vector.extract %a[%i] : f32 from !fwp_acc_flat
+    %theirs, %valid = gpu.shuffle xor %mine, %distance, %width : f32
+    %both = ${combine} %mine, %theirs : f32
+    %next = vector.insert %both, %a[%i] : f32 into !fwp_acc_flat
+    scf.yield %next : !fwp_acc_flat
+  } {unroll_loop}
+  scf.yield %reduced : !fwp_acc_flat
+} {unroll_loop}
+<% endmacro %>
 
 <% call dispatch.executable("selection_attention_fwd_portable_exe", "selection_attention_fwd_row", "fwd_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=FWD_LANES) %>
-    func.func @selection_attention_fwd_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${FWD_LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
+${ units.func_begin("selection_attention_fwd_row", FWD_LANES, SUBGROUP_SIZE) }
+      ${ units.index_constants({"c0": 0, "c1": 1, "c8": 8, "c16": 16}) }
       %c0_i32 = arith.constant 0 : i32
       %c1_i32 = arith.constant 1 : i32
       %width = arith.constant ${SUBGROUP_SIZE} : i32
@@ -65,71 +86,27 @@ ${ dispatch.layout("fwd_portable_layout", 4, inputs, outputs) }
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
       %minus_inf = arith.constant 0xFF800000 : f32
-      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
-      %zero_runs = arith.constant dense<0.0> : !fwp_runs
-      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %steps = arith.constant ${T_PLUS_1} : index
-      %lanes = arith.constant ${FWD_LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %subgroups = arith.constant ${FWD_SUBGROUPS} : index
-      %unit_k = arith.constant ${UNIT_K} : index
-      %runs = arith.constant ${RUNS} : index
-      %acc_n = arith.constant ${ACC_N} : index
-      %key_tiles = arith.constant ${KEY_TILES} : index
-      %row_shuffles = arith.constant ${ROW_SHUFFLES} : index
-      %d_units = arith.constant ${D_UNITS} : index
-      %dv_tiles = arith.constant ${DV_TILES16} : index
-      %value_dim = arith.constant ${DV} : index
-      %v_chunks = arith.constant ${V_ITEMS} : index
-      %v_per_lane = arith.constant ${FWD_V_ITEMS_PER_LANE} : index
+      ${ units.zero_reads(u) }
+      ${ units.index_constants({"heads_per_group": HPG, "block_size": BS, "slots": T, "steps": T_PLUS_1, "lanes": FWD_LANES,
+          "subgroup_size": SUBGROUP_SIZE, "subgroups": FWD_SUBGROUPS, "unit_k": UNIT_K, "runs": RUNS, "acc_n": ACC_N,
+          "key_tiles": KEY_TILES, "row_shuffles": ROW_SHUFFLES, "d_units": D_UNITS, "dv_tiles": DV_TILES16, "value_dim": DV,
+          "v_chunks": V_ITEMS, "v_per_lane": FWD_V_ITEMS_PER_LANE}) }
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("fwd_portable_layout", ['batch', 'm_rows', 'n', 'scale']) }
 
 ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
 
-      %smem = memref.alloc() : !fwp_smem
-      %p_offset = arith.constant ${FWP_P_OFFSET} : index
-      %o_parts_offset = arith.constant ${FWP_O_PARTS_OFFSET} : index
-      %max_offset = arith.constant ${FWP_MAX_OFFSET} : index
-      %sum_offset = arith.constant ${FWP_SUM_OFFSET} : index
-      %v_cols = memref.view %smem[%c0][] : !fwp_smem to !fwp_v_cols
-      %p_tiles = memref.view %smem[%p_offset][] : !fwp_smem to !fwp_p
-      %o_parts = memref.view %smem[%o_parts_offset][] : !fwp_smem to !fwk_o_parts
-      %max_parts = memref.view %smem[%max_offset][] : !fwp_smem to !fwk_stats
-      %sum_parts = memref.view %smem[%sum_offset][] : !fwp_smem to !fwk_stats
+      ${ units.views("!fwp_smem", [("v_cols", 0, "!fwp_v_cols"), ("p_tiles", FWP_P_OFFSET, "!fwp_p"),
+          ("o_parts", FWP_O_PARTS_OFFSET, "!fwk_o_parts"), ("max_parts", FWP_MAX_OFFSET, "!fwk_stats"),
+          ("sum_parts", FWP_SUM_OFFSET, "!fwk_stats")]) }
 
-      %tid = gpu.thread_id x
-      %subgroup = arith.divui %tid, %subgroup_size : index
-      %lane = arith.remui %tid, %subgroup_size : index
-      %key_base = arith.muli %subgroup, %unit_k : index
+      ${ units.lane_ids("%unit_k") }
       %h0 = arith.muli %g, %heads_per_group : index
 
       // q as lhs fragments over all of D, loaded once: read j of unit u is head run_major(l, j), columns
       // u K + run_k(l, j) ...; padding heads (>= HPG) are zeros.
-      %q_init = arith.constant dense<0.0> : !fwp_q_units
-      %q_units = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %q_init) -> (!fwp_q_units) {
-        %acc_u = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!fwp_q_units) {
-          %h = affine.apply #fwp_run_major(%lane, %j)
-          %kk = affine.apply #fwp_run_k(%lane, %j)
-          %u0 = arith.muli %u, %unit_k : index
-          %col = arith.addi %u0, %kk : index
-          %real = arith.cmpi ult, %h, %heads_per_group : index
-          %x = scf.if %real -> (vector<${RUN}x${E}>) {
-            %head = arith.addi %h0, %h : index
-            %y = vector.load %q[%b, %m, %head, %col] : !fwp_q, vector<${RUN}x${E}>
-            scf.yield %y : vector<${RUN}x${E}>
-          } else {
-            scf.yield %zero_run : vector<${RUN}x${E}>
-          }
-          %next = vector.insert %x, %acc2[%u, %j] : vector<${RUN}x${E}> into !fwp_q_units
-          scf.yield %next : !fwp_q_units
-        } {unroll_loop}
-        scf.yield %acc_u : !fwp_q_units
-      } {unroll_loop}
+${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
 
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
       %offset = arith.subi %n, %m_rows : index
@@ -148,22 +125,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
       %o_acc, %max_acc, %sum_acc, %k_last, %last_block = scf.for %t = %c0 to %steps step %c1
           iter_args(%o_iter = %o_init, %mx = %stats_init, %l_iter = %sums_init, %k_prev = %k_none, %previous = %block_none)
           -> (!fwp_o_units, !fwp_acc_flat, !fwp_acc_flat, !fwp_k_units, index) {
-        %t_in_range = arith.cmpi ult, %t, %slots : index
-        %block = scf.if %t_in_range -> (index) {
-          %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
-          %i = arith.index_cast %block_i32 : i32 to index
-          %not_negative = arith.cmpi sge, %i, %c0 : index
-          %not_future = arith.cmpi sle, %i, %last_visible_block : index
-          %selected = arith.andi %not_negative, %not_future : i1
-          %i_or_none = arith.select %selected, %i, %block_none : index
-          scf.yield %i_or_none : index
-        } else {
-          scf.yield %block_none : index
-        }
-        %stage = arith.cmpi sge, %block, %c0 : index
-        %key0 = arith.muli %block, %block_size : index
-        %to_pos = arith.subi %pos, %key0 : index
-        %visible = arith.addi %to_pos, %c1 : index
+        ${ units.slot_block() }
         %k_next, %v_staged = scf.if %stage -> (!fwp_k_units, !fwp_v_staged) {
           // This subgroup's K as rhs fragments: read j of key tile kt, unit u is key
           // key_base + 16 kt + run_major(l, j), columns u K + run_k(l, j) ...
@@ -194,25 +156,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
           } {unroll_loop}
           // V chunk c is (key c mod BS, elements 8 (c / BS) ..): consecutive lanes take consecutive keys, so
           // the transposed copy's 16-bit stores are consecutive.
-          %vs = scf.for %i = %c0 to %v_per_lane step %c1 iter_args(%acc = %v_none) -> (!fwp_v_staged) {
-            %i_lanes = arith.muli %i, %lanes : index
-            %c = arith.addi %tid, %i_lanes : index
-            %jj = arith.remui %c, %block_size : index
-            %chunk = arith.divui %c, %block_size : index
-            %e0 = arith.muli %chunk, %c8 : index
-            %in_tile = arith.cmpi ult, %c, %v_chunks : index
-            %is_visible = arith.cmpi slt, %jj, %visible : index
-            %read = arith.andi %in_tile, %is_visible : i1
-            %x = scf.if %read -> (vector<8x${E}>) {
-              %key = arith.addi %key0, %jj : index
-              %y = vector.load %v[%b, %key, %g, %e0] : !fwp_v, vector<8x${E}>
-              scf.yield %y : vector<8x${E}>
-            } else {
-              scf.yield %zero_chunk : vector<8x${E}>
-            }
-            %next = vector.insert %x, %acc[%i] : vector<8x${E}> into !fwp_v_staged
-            scf.yield %next : !fwp_v_staged
-          } {unroll_loop}
+          ${ units.stage_rows("%vs", "%v_per_lane", "%v_none", "%v_chunks", "%v", "!fwp_v", "!fwp_v_staged") }
           scf.yield %ks, %vs : !fwp_k_units, !fwp_v_staged
         } else {
           scf.yield %k_none, %v_none : !fwp_k_units, !fwp_v_staged
@@ -234,12 +178,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
               %rhs = vector.shape_cast %rhs_runs : !fwp_runs to !fwp_rhs
               %lhs_runs = vector.extract %q_units[%u] : !fwp_runs from !fwp_q_units
               %lhs = vector.shape_cast %lhs_runs : !fwp_runs to !fwp_lhs
-              %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-                indexing_maps = #fwp_contraction,
-                iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-                kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-                semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-              > : !fwp_lhs, !fwp_rhs into !fwp_acc
+              ${ units.mma("%next", "%lhs", "%rhs", "%acc", u) }
               scf.yield %next : !fwp_acc
             } {unroll_loop}
             %s_flat = vector.shape_cast %s : !fwp_acc to !fwp_acc_flat
@@ -265,34 +204,8 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
           // Block max of element i's head: over this lane's elements of that head (element i' with the same
           // row offset, every key tile), then over the lanes of the row (xor shuffles).
           %bm_init = arith.constant dense<0xFF800000> : !fwp_acc_flat
-          %lane_max = scf.for %i = %c0 to %acc_n step %c1 iter_args(%acc = %bm_init) -> (!fwp_acc_flat) {
-            %row_i = affine.apply #fwp_acc_row(%c0, %i)
-            %mi = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%a = %minus_inf) -> (f32) {
-              %a_kt = scf.for %i2 = %c0 to %acc_n step %c1 iter_args(%a2 = %a) -> (f32) {
-                %row_i2 = affine.apply #fwp_acc_row(%c0, %i2)
-                %same = arith.cmpi eq, %row_i, %row_i2 : index
-                %xv = vector.extract %x[%kt, %i2] : f32 from !fwp_scores
-                %candidate = arith.maximumf %a2, %xv : f32
-                %next = arith.select %same, %candidate, %a2 : f32
-                scf.yield %next : f32
-              } {unroll_loop}
-              scf.yield %a_kt : f32
-            } {unroll_loop}
-            %next = vector.insert %mi, %acc[%i] : f32 into !fwp_acc_flat
-            scf.yield %next : !fwp_acc_flat
-          } {unroll_loop}
-          %block_max = scf.for %sh = %c0 to %row_shuffles step %c1 iter_args(%acc = %lane_max) -> (!fwp_acc_flat) {
-            %sh_i32 = arith.index_cast %sh : index to i32
-            %distance = arith.shli %row_stride, %sh_i32 : i32
-            %reduced = scf.for %i = %c0 to %acc_n step %c1 iter_args(%a = %acc) -> (!fwp_acc_flat) {
-              %mine = vector.extract %a[%i] : f32 from !fwp_acc_flat
-              %theirs, %valid = gpu.shuffle xor %mine, %distance, %width : f32
-              %both = arith.maximumf %mine, %theirs : f32
-              %next = vector.insert %both, %a[%i] : f32 into !fwp_acc_flat
-              scf.yield %next : !fwp_acc_flat
-            } {unroll_loop}
-            scf.yield %reduced : !fwp_acc_flat
-          } {unroll_loop}
+          ${ lane_fold("%lane_max", "%bm_init", "%minus_inf", "%x", "arith.maximumf") }
+          ${ row_shuffle("%block_max", "%lane_max", "arith.maximumf") }
           // New max, rescale factors (a head that has seen no key keeps max -inf, o = 0 and sum 0), p and this
           // lane's row sums (over the same elements as the max).
           %new_max = arith.maximumf %mx, %block_max : !fwp_acc_flat
@@ -310,22 +223,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
             %next = vector.insert %p_kt, %acc[%kt] : !fwp_acc_flat into !fwp_scores
             scf.yield %next : !fwp_scores
           } {unroll_loop}
-          %psum = scf.for %i = %c0 to %acc_n step %c1 iter_args(%acc = %zeros) -> (!fwp_acc_flat) {
-            %row_i = affine.apply #fwp_acc_row(%c0, %i)
-            %si = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%a = %zero) -> (f32) {
-              %a_kt = scf.for %i2 = %c0 to %acc_n step %c1 iter_args(%a2 = %a) -> (f32) {
-                %row_i2 = affine.apply #fwp_acc_row(%c0, %i2)
-                %same = arith.cmpi eq, %row_i, %row_i2 : index
-                %pv = vector.extract %p_all[%kt, %i2] : f32 from !fwp_scores
-                %added = arith.addf %a2, %pv : f32
-                %next = arith.select %same, %added, %a2 : f32
-                scf.yield %next : f32
-              } {unroll_loop}
-              scf.yield %a_kt : f32
-            } {unroll_loop}
-            %next = vector.insert %si, %acc[%i] : f32 into !fwp_acc_flat
-            scf.yield %next : !fwp_acc_flat
-          } {unroll_loop}
+          ${ lane_fold("%psum", "%zeros", "%zero", "%p_all", "arith.addf") }
           %l_scaled = arith.mulf %l_iter, %alpha : !fwp_acc_flat
           %l_new = arith.addf %l_scaled, %psum : !fwp_acc_flat
 
@@ -346,35 +244,16 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
           // o = o alpha (element i of every o unit is head acc_row(l, i)), then o += p v: lhs read j is head
           // run_major(l, j), keys run_k(l, j) ... of this subgroup's tile; rhs read j is V's column (dv)
           // 16 tile + run_major(l, j), keys key_base + run_k(l, j) ...
-          %lhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!fwp_runs) {
-            %h = affine.apply #fwp_run_major(%lane, %j)
-            %kk = affine.apply #fwp_run_k(%lane, %j)
-            %xv = vector.load %p_tiles[%subgroup, %h, %kk] : !fwp_p, vector<${RUN}x${E}>
-            %next = vector.insert %xv, %r[%j] : vector<${RUN}x${E}> into !fwp_runs
-            scf.yield %next : !fwp_runs
-          } {unroll_loop}
+          ${ units.read_runs("%lhs_runs", "%p_tiles", "!fwp_p", none, none, u, lead="%subgroup, ") }
           %lhs = vector.shape_cast %lhs_runs : !fwp_runs to !fwp_lhs
           %o_new = scf.for %tile = %c0 to %dv_tiles step %c1 iter_args(%acc = %o_iter) -> (!fwp_o_units) {
             %col0 = arith.muli %tile, %c16 : index
-            %rhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs) -> (!fwp_runs) {
-              %cj = affine.apply #fwp_run_major(%lane, %j)
-              %kk = affine.apply #fwp_run_k(%lane, %j)
-              %e = arith.addi %col0, %cj : index
-              %jj = arith.addi %key_base, %kk : index
-              %xv = vector.load %v_cols[%e, %jj] : !fwp_v_cols, vector<${RUN}x${E}>
-              %next = vector.insert %xv, %r[%j] : vector<${RUN}x${E}> into !fwp_runs
-              scf.yield %next : !fwp_runs
-            } {unroll_loop}
+            ${ units.read_runs("%rhs_runs", "%v_cols", "!fwp_v_cols", "%col0", "%key_base", u) }
             %rhs = vector.shape_cast %rhs_runs : !fwp_runs to !fwp_rhs
             %old_flat = vector.extract %acc[%tile] : !fwp_acc_flat from !fwp_o_units
             %rescaled_flat = arith.mulf %old_flat, %alpha : !fwp_acc_flat
             %rescaled = vector.shape_cast %rescaled_flat : !fwp_acc_flat to !fwp_acc
-            %out = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%rescaled) <
-              indexing_maps = #fwp_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !fwp_lhs, !fwp_rhs into !fwp_acc
+            ${ units.mma("%out", "%lhs", "%rhs", "%rescaled", u) }
             %out_flat = vector.shape_cast %out : !fwp_acc to !fwp_acc_flat
             %next = vector.insert %out_flat, %acc[%tile] : !fwp_acc_flat into !fwp_o_units
             scf.yield %next : !fwp_o_units
@@ -387,22 +266,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
         // Slot t's V rows into workgroup memory, once every subgroup is done with slot t - 1's.
         gpu.barrier
         scf.if %stage {
-          scf.for %i = %c0 to %v_per_lane step %c1 {
-            %i_lanes = arith.muli %i, %lanes : index
-            %c = arith.addi %tid, %i_lanes : index
-            %in_tile = arith.cmpi ult, %c, %v_chunks : index
-            scf.if %in_tile {
-              %jj = arith.remui %c, %block_size : index
-              %chunk = arith.divui %c, %block_size : index
-              %e0 = arith.muli %chunk, %c8 : index
-              %xv = vector.extract %v_staged[%i] : vector<8x${E}> from !fwp_v_staged
-              scf.for %e = %c0 to %c8 step %c1 {
-                %y = vector.extract %xv[%e] : ${E} from vector<8x${E}>
-                %d = arith.addi %e0, %e : index
-                memref.store %y, %v_cols[%d, %jj] : !fwp_v_cols
-              } {unroll_loop}
-            }
-          } {unroll_loop}
+          ${ units.store_rows("%v_per_lane", "%v_chunks", "%v_staged", "!fwp_v_staged", "%block_size", none, none, "%v_cols", "!fwp_v_cols") }
         }
         gpu.barrier
         scf.yield %o_next, %mx_next, %l_next, %k_next, %block : !fwp_o_units, !fwp_acc_flat, !fwp_acc_flat, !fwp_k_units, index
@@ -410,18 +274,7 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
 
       // Each subgroup's o, max and sum (sum over the lanes of a row) into workgroup memory: the lane holding
       // column 0 of a head writes that head's max and sum.
-      %row_sums = scf.for %sh = %c0 to %row_shuffles step %c1 iter_args(%acc = %sum_acc) -> (!fwp_acc_flat) {
-        %sh_i32 = arith.index_cast %sh : index to i32
-        %distance = arith.shli %row_stride, %sh_i32 : i32
-        %reduced = scf.for %i = %c0 to %acc_n step %c1 iter_args(%a = %acc) -> (!fwp_acc_flat) {
-          %mine = vector.extract %a[%i] : f32 from !fwp_acc_flat
-          %theirs, %valid = gpu.shuffle xor %mine, %distance, %width : f32
-          %both = arith.addf %mine, %theirs : f32
-          %next = vector.insert %both, %a[%i] : f32 into !fwp_acc_flat
-          scf.yield %next : !fwp_acc_flat
-        } {unroll_loop}
-        scf.yield %reduced : !fwp_acc_flat
-      } {unroll_loop}
+      ${ row_shuffle("%row_sums", "%sum_acc", "arith.addf") }
       scf.for %i = %c0 to %acc_n step %c1 {
         %h = affine.apply #fwp_acc_row(%lane, %i)
         %col = affine.apply #fwp_acc_col(%lane, %i)

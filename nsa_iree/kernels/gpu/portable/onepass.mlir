@@ -12,12 +12,15 @@
 // Visibility as in dq_portable.mlir: keys past the row's position contribute nothing and are never written.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/portable/units.mlir" as units %>
+<% set u = {'p': 'dqp', 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N, 'lhs': LHS_UNIT, 'rhs': RHS_UNIT, 'acc': ACC_UNIT, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]} %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
 <% set outputs = ['dkv', 'dq'] %>
 ${ dispatch.layout("onepass_portable_layout", 4, inputs, outputs) }
 
+<% set onepass = true %>
 <% include "gpu/portable/dq_types.mlir" %>
 !opp_smem = memref<${OPP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // p^T and ds^T of the block ([key][head], K heads per row), q and do transposed ([d][head]).
@@ -28,45 +31,117 @@ ${ dispatch.layout("onepass_portable_layout", 4, inputs, outputs) }
 !opp_do_rhs = vector<${DV_TILES16}x${RUNS}x${RUN}x${E}>
 !opp_zero_chunk = vector<8x${E}>
 
+<# Zeros into the [row][8-element chunk] tiles `tiles` ((tile, type) pairs, rows of UNIT_K_PADDED elements). #>
+<% macro zero_fill(chunks, tiles) %>
+scf.for %c = %tid to ${chunks} step %lanes {
+  %row = arith.divui %c, %row_chunks : index
+  %chunk = arith.remui %c, %row_chunks : index
+  %e0 = arith.muli %chunk, %c8 : index
+<% for tile, tile_t in tiles %>
+  vector.store %zero8, ${tile}[%row, %e0] : ${tile_t}, !opp_zero_chunk
+<% endfor %>
+}
+<% endmacro %>
+
+<# Row m's heads of `src` (src_t) transposed into `tile` (tile_t [column][head]); chunk c is head c mod 16,
+   columns 8 (c / 16) ..; padding heads are left as they are. #>
+<% macro transpose_heads(chunks, src, src_t, tile, tile_t) %>
+scf.for %c = %tid to ${chunks} step %lanes {
+  %h = arith.remui %c, %head_rows : index
+  %chunk = arith.divui %c, %head_rows : index
+  %d0 = arith.muli %chunk, %c8 : index
+  %real = arith.cmpi ult, %h, %heads_per_group : index
+  scf.if %real {
+    %head = arith.addi %h0, %h : index
+    %x = vector.load ${src}[%b, %m, %head, %d0] : ${src_t}, vector<8x${E}>
+    scf.for %e = %c0 to %c8 step %c1 {
+      %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
+      %d = arith.addi %d0, %e : index
+      memref.store %y, ${tile}[%d, %h] : ${tile_t}
+    } {unroll_loop}
+  }
+}
+<% endmacro %>
+
+<# out (out_t): rhs fragments of the transposed `tile` (tile_t [column][head]), one unit per 16-column tile x <
+   `tiles`: read j is column 16 x + run_major(l, j), heads run_k(l, j) ... #>
+<% macro column_units(out, tiles, tile, tile_t, out_t) %>
+${out}_init = arith.constant dense<0.0> : ${out_t}
+${out} = scf.for %x = %c0 to ${tiles} step %c1 iter_args(%acc = ${out}_init) -> (${out_t}) {
+  %acc_x = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (${out_t}) {
+    %cj = affine.apply #dqp_run_major(%lane, %j)
+    %kk = affine.apply #dqp_run_k(%lane, %j)
+    %x16 = arith.muli %x, %c16 : index
+    %d = arith.addi %x16, %cj : index
+    %y = vector.load ${tile}[%d, %kk] : ${tile_t}, vector<${RUN}x${E}>
+    %next = vector.insert %y, %acc2[%x, %j] : vector<${RUN}x${E}> into ${out_t}
+    scf.yield %next : ${out_t}
+  } {unroll_loop}
+  scf.yield %acc_x : ${out_t}
+} {unroll_loop}
+<% endmacro %>
+
+<# For each 16-column tile x < `tiles`: lhs (the subgroup's keys) times rhs_units[x] (rhs_t), added with atomics
+   to the accumulator's rows of `cols` columns from element `base` (none: 0), for the keys row m sees. #>
+<% macro add_keys(lhs, tiles, rhs_units, rhs_t, cols, base) %>
+scf.for %x = %c0 to ${tiles} step %c1 {
+  %rhs_runs = vector.extract ${rhs_units}[%x] : !dqp_runs from ${rhs_t}
+  %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
+${ units.mma("%out", lhs, "%rhs", "%acc_zero2", u) }
+  %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
+  scf.for %i = %c0 to %acc_n step %c1 {
+    %kr = affine.apply #dqp_acc_row(%lane, %i)
+    %cc = affine.apply #dqp_acc_col(%lane, %i)
+    %j = arith.addi %key_base, %kr : index
+    %key_visible = arith.cmpi slt, %j, %p_visible : index
+    scf.if %key_visible {
+      %key = arith.addi %p_key0, %j : index
+      %kv_row0 = arith.muli %b, %n : index
+      %kv_row = arith.addi %kv_row0, %key : index
+      %row_group0 = arith.muli %kv_row, %kv_heads : index
+      %row_group = arith.addi %row_group0, %g : index
+      %at0 = arith.muli %row_group, ${cols} : index
+      %x16 = arith.muli %x, %c16 : index
+      %col = arith.addi %x16, %cc : index
+      %at = arith.addi %at0, %col : index
+      %at_i64 = arith.index_cast %at : index to i64
+<% if base %>
+      %at_base = arith.addi ${base}, %at_i64 : i64
+<% endif %>
+      %contribution = vector.extract %out_flat[%i] : f32 from !dqp_acc_flat
+      %ptr = llvm.getelementptr %dkv_ptr[${"%at_base" if base else "%at_i64"}] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
+      %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
+    }
+  } {unroll_loop}
+} {unroll_loop}
+<% endmacro %>
+
+<# Slot t - 1's dk and dv (from %pt_tile, %dst_tile, %q_rhs, %do_rhs) added to the accumulator. #>
+<% macro key_contributions() %>
+// dv and dk of this subgroup's 16 keys, one [16 keys x 16 columns] unit per column tile: lhs read j
+// is key key_base + run_major(l, j), heads run_k(l, j) ...; element i of the result is key
+// key_base + acc_row(l, i), column 16 x + acc_col(l, i), added to the accumulator when the key is
+// visible.
+<% call units.read_pair("%lhs_runs", u) %>
+  %key = arith.addi %key_base, %read_major : index
+  %x = vector.load %pt_tile[%key, %read_k] : !opp_key_heads, vector<${RUN}x${E}>
+  %y = vector.load %dst_tile[%key, %read_k] : !opp_key_heads, vector<${RUN}x${E}>
+<% endcall %>
+%p_runs = vector.extract %lhs_runs[0] : !dqp_runs from !dqp_runs_pair
+%ds_runs = vector.extract %lhs_runs[1] : !dqp_runs from !dqp_runs_pair
+%lhs_p = vector.shape_cast %p_runs : !dqp_runs to !dqp_lhs
+%lhs_ds = vector.shape_cast %ds_runs : !dqp_runs to !dqp_lhs
+%acc_zero2 = arith.constant dense<0.0> : !dqp_acc
+%row_base = arith.addi %p_key0, %key_base : index
+${ add_keys("%lhs_p", "%dv_tiles", "%do_rhs", "!opp_do_rhs", "%value_dim", "%dv_base") }
+${ add_keys("%lhs_ds", "%d_tiles", "%q_rhs", "!opp_q_rhs", "%head_dim", none) }
+<% endmacro %>
+
 <% call dispatch.executable("selection_attention_onepass_portable_exe", "selection_attention_onepass_row", "onepass_portable_layout", ['m_rows', 'kv_heads', 'batch'], lanes=LANES) %>
-    func.func @selection_attention_onepass_row() attributes {translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_codegen.pass_pipeline<"iree-codegen-unroll-annotated-loops,canonicalize,cse,iree-gpu-unroll-to-intrinsics,canonicalize,cse,iree-gpu-lower-ops,canonicalize,cse">
-        workgroup_size = [${LANES}, 1, 1] subgroup_size = ${SUBGROUP_SIZE}>} {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c8 = arith.constant 8 : index
-      %c16 = arith.constant 16 : index
-      %zero = arith.constant 0.0 : f32
-      %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>
-      %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
-      %zero_runs = arith.constant dense<0.0> : !dqp_runs
-      %zero_runs2 = arith.constant dense<0.0> : !dqp_runs_pair
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %slots = arith.constant ${T} : index
-      %steps = arith.constant ${T_PLUS_1} : index
-      %lanes = arith.constant ${LANES} : index
-      %subgroup_size = arith.constant ${SUBGROUP_SIZE} : index
-      %subgroups = arith.constant ${SUBGROUPS} : index
-      %unit_k = arith.constant ${UNIT_K} : index
-      %runs = arith.constant ${RUNS} : index
-      %acc_n = arith.constant ${ACC_N} : index
-      %d_units = arith.constant ${D_UNITS} : index
-      %dv_units = arith.constant ${DV_UNITS} : index
-      %key_units = arith.constant ${KEY_UNITS} : index
-      %d_tiles = arith.constant ${D_TILES16} : index
-      %dq_units = arith.constant ${DQ_UNITS_PER_SUBGROUP} : index
-      %k_chunks = arith.constant ${K_ITEMS} : index
-      %v_chunks = arith.constant ${V_ITEMS} : index
-      %k_per_lane = arith.constant ${K_ITEMS_PER_LANE} : index
-      %v_per_lane = arith.constant ${V_ITEMS_PER_LANE} : index
-      %kv_heads = arith.constant ${G} : index
-      %head_dim = arith.constant ${D} : index
-      %value_dim = arith.constant ${DV} : index
-      %dv_tiles = arith.constant ${DV_TILES16} : index
-      %head_rows = arith.constant 16 : index
-      %q_chunks = arith.constant ${OPP_Q_ITEMS} : index
-      %do_chunks = arith.constant ${OPP_DO_ITEMS} : index
+${ units.func_begin("selection_attention_onepass_row", LANES, SUBGROUP_SIZE) }
+      <% include "gpu/portable/dq_constants.mlir" %>
+      ${ units.index_constants({"kv_heads": G, "head_dim": D, "value_dim": DV, "dv_tiles": DV_TILES16, "head_rows": 16,
+          "q_chunks": OPP_Q_ITEMS, "do_chunks": OPP_DO_ITEMS}) }
       %zero_e = arith.constant 0.0 : ${E}
 
 ${ dispatch.ids(['m', 'g', 'b']) }
@@ -85,14 +160,8 @@ ${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'd
       %dkv_ptr = llvm.inttoptr %dkv_address_i64 : i64 to ${ONEPASS_GLOBAL_PTR}
       %dv_base = arith.index_cast %dk_size : index to i64
 
-      %smem = memref.alloc() : !opp_smem
-      %v_offset = arith.constant ${DQP_V_OFFSET} : index
-      %kt_offset = arith.constant ${DQP_KT_OFFSET} : index
-      %ds_offset = arith.constant ${DQP_DS_OFFSET} : index
-      %k_rows = memref.view %smem[%c0][] : !opp_smem to !dqp_k_rows
-      %v_rows = memref.view %smem[%v_offset][] : !opp_smem to !dqp_v_rows
-      %k_cols = memref.view %smem[%kt_offset][] : !opp_smem to !dqp_k_cols
-      %ds_tile = memref.view %smem[%ds_offset][] : !opp_smem to !dqp_ds
+      ${ units.views("!opp_smem", [("k_rows", 0, "!dqp_k_rows"), ("v_rows", DQP_V_OFFSET, "!dqp_v_rows"),
+          ("k_cols", DQP_KT_OFFSET, "!dqp_k_cols"), ("ds_tile", DQP_DS_OFFSET, "!dqp_ds")]) }
       %pt_offset = arith.constant ${OPP_PT_OFFSET} : index
       %dst_offset = arith.constant ${OPP_DST_OFFSET} : index
       %qt_offset = arith.constant ${OPP_QT_OFFSET} : index
@@ -104,10 +173,7 @@ ${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'd
       %qt_tile = memref.view %smem[%qt_offset][] : !opp_smem to !opp_q_cols
       %dot_tile = memref.view %smem[%dot_offset][] : !opp_smem to !opp_do_cols
 
-      %tid = gpu.thread_id x
-      %subgroup = arith.divui %tid, %subgroup_size : index
-      %lane = arith.remui %tid, %subgroup_size : index
-      %key_base = arith.muli %subgroup, %c16 : index
+      ${ units.lane_ids("%c16") }
       %h0 = arith.muli %g, %heads_per_group : index
 
       <% include "gpu/portable/dq_prologue.mlir" %>
@@ -120,227 +186,20 @@ ${ dispatch.bindings("onepass_portable_layout", inputs, outputs, only=['dkv', 'd
       %do_cols_chunks = arith.constant ${OPP_DO_COLS_CHUNKS} : index
       %zero8 = arith.constant dense<0.0> : !opp_zero_chunk
       %row_chunks = arith.constant ${UNIT_K_PADDED_CHUNKS} : index
-      scf.for %c = %tid to %pt_chunks step %lanes {
-        %row = arith.divui %c, %row_chunks : index
-        %chunk = arith.remui %c, %row_chunks : index
-        %e0 = arith.muli %chunk, %c8 : index
-        vector.store %zero8, %pt_tile[%row, %e0] : !opp_key_heads, !opp_zero_chunk
-        vector.store %zero8, %dst_tile[%row, %e0] : !opp_key_heads, !opp_zero_chunk
-      }
-      scf.for %c = %tid to %q_cols_chunks step %lanes {
-        %row = arith.divui %c, %row_chunks : index
-        %chunk = arith.remui %c, %row_chunks : index
-        %e0 = arith.muli %chunk, %c8 : index
-        vector.store %zero8, %qt_tile[%row, %e0] : !opp_q_cols, !opp_zero_chunk
-      }
-      scf.for %c = %tid to %do_cols_chunks step %lanes {
-        %row = arith.divui %c, %row_chunks : index
-        %chunk = arith.remui %c, %row_chunks : index
-        %e0 = arith.muli %chunk, %c8 : index
-        vector.store %zero8, %dot_tile[%row, %e0] : !opp_do_cols, !opp_zero_chunk
-      }
+      ${ zero_fill("%pt_chunks", [("%pt_tile", "!opp_key_heads"), ("%dst_tile", "!opp_key_heads")]) }
+      ${ zero_fill("%q_cols_chunks", [("%qt_tile", "!opp_q_cols")]) }
+      ${ zero_fill("%do_cols_chunks", [("%dot_tile", "!opp_do_cols")]) }
       gpu.barrier
       // Chunk c: head c mod 16, elements 8 (c / 16) ..
-      scf.for %c = %tid to %q_chunks step %lanes {
-        %h = arith.remui %c, %head_rows : index
-        %chunk = arith.divui %c, %head_rows : index
-        %d0 = arith.muli %chunk, %c8 : index
-        %real = arith.cmpi ult, %h, %heads_per_group : index
-        scf.if %real {
-          %head = arith.addi %h0, %h : index
-          %x = vector.load %q[%b, %m, %head, %d0] : !dqp_q, vector<8x${E}>
-          scf.for %e = %c0 to %c8 step %c1 {
-            %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
-            %d = arith.addi %d0, %e : index
-            memref.store %y, %qt_tile[%d, %h] : !opp_q_cols
-          } {unroll_loop}
-        }
-      }
-      scf.for %c = %tid to %do_chunks step %lanes {
-        %h = arith.remui %c, %head_rows : index
-        %chunk = arith.divui %c, %head_rows : index
-        %e0 = arith.muli %chunk, %c8 : index
-        %real = arith.cmpi ult, %h, %heads_per_group : index
-        scf.if %real {
-          %head = arith.addi %h0, %h : index
-          %x = vector.load %do[%b, %m, %head, %e0] : !dqp_do, vector<8x${E}>
-          scf.for %e = %c0 to %c8 step %c1 {
-            %y = vector.extract %x[%e] : ${E} from vector<8x${E}>
-            %d = arith.addi %e0, %e : index
-            memref.store %y, %dot_tile[%d, %h] : !opp_do_cols
-          } {unroll_loop}
-        }
-      }
+      ${ transpose_heads("%q_chunks", "%q", "!dqp_q", "%qt_tile", "!opp_q_cols") }
+      ${ transpose_heads("%do_chunks", "%do", "!dqp_do", "%dot_tile", "!opp_do_cols") }
       gpu.barrier
-      %q_rhs_init = arith.constant dense<0.0> : !opp_q_rhs
-      %q_rhs = scf.for %x = %c0 to %d_tiles step %c1 iter_args(%acc = %q_rhs_init) -> (!opp_q_rhs) {
-        %acc_x = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!opp_q_rhs) {
-          %cj = affine.apply #dqp_run_major(%lane, %j)
-          %kk = affine.apply #dqp_run_k(%lane, %j)
-          %x16 = arith.muli %x, %c16 : index
-          %d = arith.addi %x16, %cj : index
-          %y = vector.load %qt_tile[%d, %kk] : !opp_q_cols, vector<${RUN}x${E}>
-          %next = vector.insert %y, %acc2[%x, %j] : vector<${RUN}x${E}> into !opp_q_rhs
-          scf.yield %next : !opp_q_rhs
-        } {unroll_loop}
-        scf.yield %acc_x : !opp_q_rhs
-      } {unroll_loop}
-      %do_rhs_init = arith.constant dense<0.0> : !opp_do_rhs
-      %do_rhs = scf.for %x = %c0 to %dv_tiles step %c1 iter_args(%acc = %do_rhs_init) -> (!opp_do_rhs) {
-        %acc_x = scf.for %j = %c0 to %runs step %c1 iter_args(%acc2 = %acc) -> (!opp_do_rhs) {
-          %cj = affine.apply #dqp_run_major(%lane, %j)
-          %kk = affine.apply #dqp_run_k(%lane, %j)
-          %x16 = arith.muli %x, %c16 : index
-          %e = arith.addi %x16, %cj : index
-          %y = vector.load %dot_tile[%e, %kk] : !opp_do_cols, vector<${RUN}x${E}>
-          %next = vector.insert %y, %acc2[%x, %j] : vector<${RUN}x${E}> into !opp_do_rhs
-          scf.yield %next : !opp_do_rhs
-        } {unroll_loop}
-        scf.yield %acc_x : !opp_do_rhs
-      } {unroll_loop}
+      ${ column_units("%q_rhs", "%d_tiles", "%qt_tile", "!opp_q_cols", "!opp_q_rhs") }
+      ${ column_units("%do_rhs", "%dv_tiles", "%dot_tile", "!opp_do_cols", "!opp_do_rhs") }
       gpu.barrier
 
-      // Iteration t loads slot t's K and V rows into registers, computes slot t - 1 from workgroup memory
-      // (dq on chip, dk and dv added to the accumulator), then stores the registers for iteration t + 1.
-      %dq_init = arith.constant dense<0.0> : !dqp_dq_units
-      %k_none = arith.constant dense<0.0> : !dqp_k_staged
-      %v_none = arith.constant dense<0.0> : !dqp_v_staged
-      %block_none = arith.constant -1 : index
-      %dq_acc, %last_block = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init, %previous = %block_none)
-          -> (!dqp_dq_units, index) {
-        <% include "gpu/portable/dq_stage_load.mlir" %>
-        // Slot t - 1 (its rows are in workgroup memory).
-        %compute = arith.cmpi sge, %previous, %c0 : index
-        %dq_next = scf.if %compute -> (!dqp_dq_units) {
-          <% include "gpu/portable/dq_scores.mlir" %>
-          // p and ds, element by element: element i is head acc_row(l, i), key key_base + acc_col(l, i);
-          // ds into the [head][key] tile (for dq), p and ds into the [key][head] tiles (for dv and dk).
-          %s_flat = vector.shape_cast %s_acc : !dqp_acc to !dqp_acc_flat
-          %dp_flat = vector.shape_cast %dp_acc : !dqp_acc to !dqp_acc_flat
-          scf.for %i = %c0 to %acc_n step %c1 {
-            %h = affine.apply #dqp_acc_row(%lane, %i)
-            %col = affine.apply #dqp_acc_col(%lane, %i)
-            %j = arith.addi %key_base, %col : index
-            %key_visible = arith.cmpi slt, %j, %p_visible : index
-            %head_real = arith.cmpi ult, %h, %heads_per_group : index
-            %live = arith.andi %key_visible, %head_real : i1
-            %sv = vector.extract %s_flat[%i] : f32 from !dqp_acc_flat
-            %dpv = vector.extract %dp_flat[%i] : f32 from !dqp_acc_flat
-            %l = vector.extract %lse_e[%i] : f32 from !dqp_acc_flat
-            %dl = vector.extract %delta_e[%i] : f32 from !dqp_acc_flat
-            %scaled = arith.mulf %sv, %scale : f32
-            %shifted = arith.subf %scaled, %l : f32
-            %p = math.exp %shifted : f32
-            %dp_minus_delta = arith.subf %dpv, %dl : f32
-            %ds_raw = arith.mulf %p, %dp_minus_delta : f32
-            %ds_scaled = arith.mulf %ds_raw, %scale : f32
-            %p_live = arith.select %live, %p, %zero : f32
-            %ds_live = arith.select %live, %ds_scaled, %zero : f32
-            %p_e = ${TRUNCF} %p_live : f32 to ${E}
-            %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
-            memref.store %ds_e, %ds_tile[%h, %j] : !dqp_ds
-            memref.store %p_e, %pt_tile[%j, %h] : !opp_key_heads
-            memref.store %ds_e, %dst_tile[%j, %h] : !opp_key_heads
-          } {unroll_loop}
-          gpu.barrier
-
-          <% include "gpu/portable/dq_update.mlir" %>
-
-          // dv and dk of this subgroup's 16 keys, one [16 keys x 16 columns] unit per column tile: lhs read j
-          // is key key_base + run_major(l, j), heads run_k(l, j) ...; element i of the result is key
-          // key_base + acc_row(l, i), column 16 x + acc_col(l, i), added to the accumulator when the key is
-          // visible.
-          %lhs_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%r = %zero_runs2) -> (!dqp_runs_pair) {
-            %kj = affine.apply #dqp_run_major(%lane, %j)
-            %kk = affine.apply #dqp_run_k(%lane, %j)
-            %key = arith.addi %key_base, %kj : index
-            %x = vector.load %pt_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
-            %y = vector.load %dst_tile[%key, %kk] : !opp_key_heads, vector<${RUN}x${E}>
-            %r1 = vector.insert %x, %r[0, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
-            %r2 = vector.insert %y, %r1[1, %j] : vector<${RUN}x${E}> into !dqp_runs_pair
-            scf.yield %r2 : !dqp_runs_pair
-          } {unroll_loop}
-          %p_runs = vector.extract %lhs_runs[0] : !dqp_runs from !dqp_runs_pair
-          %ds_runs = vector.extract %lhs_runs[1] : !dqp_runs from !dqp_runs_pair
-          %lhs_p = vector.shape_cast %p_runs : !dqp_runs to !dqp_lhs
-          %lhs_ds = vector.shape_cast %ds_runs : !dqp_runs to !dqp_lhs
-          %acc_zero2 = arith.constant dense<0.0> : !dqp_acc
-          %row_base = arith.addi %p_key0, %key_base : index
-          scf.for %x = %c0 to %dv_tiles step %c1 {
-            %rhs_runs = vector.extract %do_rhs[%x] : !dqp_runs from !opp_do_rhs
-            %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
-            %out = iree_codegen.inner_tiled ins(%lhs_p, %rhs) outs(%acc_zero2) <
-              indexing_maps = #dqp_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dqp_lhs, !dqp_rhs into !dqp_acc
-            %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
-            scf.for %i = %c0 to %acc_n step %c1 {
-              %kr = affine.apply #dqp_acc_row(%lane, %i)
-              %cc = affine.apply #dqp_acc_col(%lane, %i)
-              %j = arith.addi %key_base, %kr : index
-              %key_visible = arith.cmpi slt, %j, %p_visible : index
-              scf.if %key_visible {
-                %key = arith.addi %p_key0, %j : index
-                %kv_row0 = arith.muli %b, %n : index
-                %kv_row = arith.addi %kv_row0, %key : index
-                %row_group0 = arith.muli %kv_row, %kv_heads : index
-                %row_group = arith.addi %row_group0, %g : index
-                %at0 = arith.muli %row_group, %value_dim : index
-                %x16 = arith.muli %x, %c16 : index
-                %col = arith.addi %x16, %cc : index
-                %at = arith.addi %at0, %col : index
-                %at_i64 = arith.index_cast %at : index to i64
-                %at_dv = arith.addi %dv_base, %at_i64 : i64
-                %contribution = vector.extract %out_flat[%i] : f32 from !dqp_acc_flat
-                %ptr = llvm.getelementptr %dkv_ptr[%at_dv] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
-                %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
-              }
-            } {unroll_loop}
-          } {unroll_loop}
-          scf.for %x = %c0 to %d_tiles step %c1 {
-            %rhs_runs = vector.extract %q_rhs[%x] : !dqp_runs from !opp_q_rhs
-            %rhs = vector.shape_cast %rhs_runs : !dqp_runs to !dqp_rhs
-            %out = iree_codegen.inner_tiled ins(%lhs_ds, %rhs) outs(%acc_zero2) <
-              indexing_maps = #dqp_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dqp_lhs, !dqp_rhs into !dqp_acc
-            %out_flat = vector.shape_cast %out : !dqp_acc to !dqp_acc_flat
-            scf.for %i = %c0 to %acc_n step %c1 {
-              %kr = affine.apply #dqp_acc_row(%lane, %i)
-              %cc = affine.apply #dqp_acc_col(%lane, %i)
-              %j = arith.addi %key_base, %kr : index
-              %key_visible = arith.cmpi slt, %j, %p_visible : index
-              scf.if %key_visible {
-                %key = arith.addi %p_key0, %j : index
-                %kv_row0 = arith.muli %b, %n : index
-                %kv_row = arith.addi %kv_row0, %key : index
-                %row_group0 = arith.muli %kv_row, %kv_heads : index
-                %row_group = arith.addi %row_group0, %g : index
-                %at0 = arith.muli %row_group, %head_dim : index
-                %x16 = arith.muli %x, %c16 : index
-                %col = arith.addi %x16, %cc : index
-                %at = arith.addi %at0, %col : index
-                %at_i64 = arith.index_cast %at : index to i64
-                %contribution = vector.extract %out_flat[%i] : f32 from !dqp_acc_flat
-                %ptr = llvm.getelementptr %dkv_ptr[%at_i64] : (${ONEPASS_GLOBAL_PTR}, i64) -> ${ONEPASS_GLOBAL_PTR}, f32
-                %before = llvm.atomicrmw fadd %ptr, %contribution monotonic ${ONEPASS_ATOMIC_ATTRIBUTES} : ${ONEPASS_GLOBAL_PTR}, f32
-              }
-            } {unroll_loop}
-          } {unroll_loop}
-          scf.yield %dq_new : !dqp_dq_units
-        } else {
-          scf.yield %dq_iter : !dqp_dq_units
-        }
-
-        <% include "gpu/portable/dq_stage_store.mlir" %>
-        scf.yield %dq_next, %block : !dqp_dq_units, index
-      }
-
-      <% include "gpu/portable/dq_write.mlir" %>
+      // dq's slot loop; slot t - 1 also adds its dk and dv to the accumulator (key_contributions).
+      <% include "gpu/portable/dq_slots.mlir" %>
       return
     }
 <% endcall %>
