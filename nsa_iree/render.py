@@ -5,8 +5,9 @@ a statement (on a line of its own, the line is dropped), ``<# ... #>`` a comment
 configuration's (head counts and dims, block size, T, element types: :func:`configuration_values`), the
 recipe's target attributes (empty on CPU) and the rendering family's own (``Family.values``). A name without a
 value is an error naming it. Macro files (the ``<% macro %>`` libraries a template imports) may use their
-arguments and the configuration's names only: :func:`check_macro_library` enforces it, so a macro states what it
-takes. Nothing else in the package writes MLIR.
+arguments and the configuration's names only (:func:`check_macro_library`), so a macro states what it takes; a
+part (text a template includes, seeing its names) declares the names it takes and uses exactly those
+(:func:`check_part`). Nothing else in the package writes MLIR.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
+import threading
 
 import jinja2
 import jinja2.meta
@@ -91,9 +93,14 @@ def _fail(message: str):
     raise ValueError(message)
 
 
+_RENDERING = threading.Lock()   # the environment's globals hold one template's configuration at a time
 ENVIRONMENT.globals["fail"] = _fail      # ${ fail("...") }: a template's own error, raised while rendering
 
 _IMPORT = re.compile(r"""<%\s*(?:from|import)\s+["']([\w/.]+)["']""")
+_INCLUDE = re.compile(r"""<%\s*include\s+["']([\w/.]+)["']""")
+# A part (a file a template includes: it sees the template's names) opens, after its // comment lines, with the
+# names it takes: <# part: takes NAME, NAME #> (or "takes nothing").
+_PART_HEADER = re.compile(r"\A(?:[ \t]*//[^\n]*\n)*<# part: takes ([\w, ]+?) #>")
 
 
 def _macro_or_comment(node) -> bool:
@@ -121,6 +128,25 @@ def check_macro_library(name: str) -> None:
         check_macro_library(library)
 
 
+@functools.lru_cache(maxsize=None)
+def check_part(name: str) -> None:
+    """Raise ValueError unless part `name` declares exactly the names it uses beyond the configuration's (a
+    missing or an extra one is an error), so that what a part takes from the template including it is stated."""
+    source = _source(name)
+    header = _PART_HEADER.match(source)
+    if header is None:
+        raise ValueError(f"kernels/{name}: a part opens with <# part: takes NAME, ... #> (or 'takes nothing')")
+    declared = set() if header.group(1) == "nothing" else {n.strip() for n in header.group(1).split(",")}
+    used = jinja2.meta.find_undeclared_variables(ENVIRONMENT.parse(source)) - CONFIGURATION_NAMES \
+        - set(ENVIRONMENT.globals)
+    if used != declared:
+        raise ValueError(f"kernels/{name}: the part takes {sorted(declared)} but uses {sorted(used)}")
+    for part in _INCLUDE.findall(source):
+        check_part(part)
+    for library in _IMPORT.findall(source):
+        check_macro_library(library)
+
+
 def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None, family: Family | None = None) -> str:
     """One template (a path under nsa_iree/kernels/), rendered with `family`'s values (default: the family whose
     folder holds it). Raises KeyError naming any name left without a value."""
@@ -133,14 +159,25 @@ def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None, f
     source = _source(name)
     for library in _IMPORT.findall(source):
         check_macro_library(library)
+    for part in _INCLUDE.findall(source):
+        check_part(part)
     values = template_values(spec, recipe, family)
-    # The configuration's values are the template's globals, which the macro files it imports see too (Jinja
-    # passes an importing template's globals on); the rest only the template itself sees.
+    # The configuration's values are the environment's globals while this template renders, so the macro files
+    # it imports, and those they import, see them; the rest only the template itself sees.
     configuration = {key: values.pop(key) for key in CONFIGURATION_NAMES}
-    try:
-        return ENVIRONMENT.get_template(name, globals=configuration).render(values)
-    except jinja2.UndefinedError as err:
-        raise KeyError(f"kernels/{name}: no value for {err.message}") from None
+    with _RENDERING:
+        ENVIRONMENT.globals.update(configuration)
+        # An imported macro file is evaluated once and kept (Template._module, Jinja 3.1): drop those of the
+        # last configuration, so every import, nested ones included, sees this one's values.
+        for template in ENVIRONMENT.cache.values():
+            template._module = None
+        try:
+            return ENVIRONMENT.get_template(name).render(values)
+        except jinja2.UndefinedError as err:
+            raise KeyError(f"kernels/{name}: no value for {err.message}") from None
+        finally:
+            for key in configuration:
+                del ENVIRONMENT.globals[key]
 
 
 def module_templates(spec: KernelSpec, variant: str, recipe: Recipe | None = None) -> list[tuple[str, Family]]:

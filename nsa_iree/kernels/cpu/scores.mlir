@@ -3,6 +3,7 @@
 // vector load of consecutive keys, their vectors of heads accumulating in registers), then the ragged rest
 // one key at a time. Uses %qT, %sT, %kT, %f, %full, %visible, %head_dim, %rows_step, %zero_rows, %zero_h;
 // defines nothing used after it.
+<# part: takes CPU_ROWS #>
           scf.for %j0 = %c0 to %full step %rows_step {
             %acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%acc = %zero_rows) -> (vector<${CPU_ROWS}x${HPG}xf32>) {
               %keys = vector.load %kT[%f, %d, %j0] : memref<?x${D}x${BS}x${E}>, vector<${CPU_ROWS}x${E}>

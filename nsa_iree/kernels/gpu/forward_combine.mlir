@@ -6,6 +6,7 @@
       // Combine in subgroup order (heads past HPG are padding: not written). Lane h < HPG: M = max_w m_w,
       // L = sum_w l_w exp(m_w - M), lse = M + log(L), and the weight of each subgroup's o, exp(m_w - M) / L,
       // in place of m_w (only lane h touches column h).
+<# part: takes FWD_O_ITEMS #>
       %is_head_lane = arith.cmpi ult, %tid, %heads_per_group : index
       scf.if %is_head_lane {
         %row_max = scf.for %w = %c0 to %subgroups step %c1 iter_args(%acc = %minus_inf) -> (f32) {

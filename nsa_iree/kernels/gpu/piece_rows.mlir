@@ -1,8 +1,23 @@
-// Part of dkdv_kernel.mlir and dkdv_portable.mlir (`// part: piece_rows`): per row of the piece, its query
-// row m (-1 for padding), the last visible key of the piece's block for it, and its weight (how many of its
-// slots name the block: the inversion lists a row once, duplicates count twice). Uses %entries, %piece,
-// %block_indices, %b, %g, %block_i32, %key0, %offset, %m_rows, %kv_heads, %tid, %lanes, %rows and the
-// constants; fills %row_info (!dkv_row_info: per row [m, last, bits of the weight, 0], one 16-byte word).
+// Part of both GPU families' dk/dv kernels (gpu/nvidia/dkdv.mlir, gpu/portable/dkdv.mlir): the piece's block
+// (%block, %b, %g, %key0, %h0, %offset, from its flat block id), then per row of the piece its query row m (-1 for
+// padding), the last visible key of the block for it, and its weight (how many of its slots name the block: the
+// inversion lists a row once, duplicates count twice). Uses %entries, %piece, %n, %m_rows, %block_size,
+// %kv_heads, %heads_per_group, %block_indices, %tid, %lanes, %rows and the constants; fills %row_info
+// (!dkv_row_info: per row [m, last, bits of the weight, 0], one 16-byte word).
+<# part: takes nothing #>
+        // The piece's flat block fb = (b * G + g) * NB + i.
+        %num_blocks = arith.ceildivui %n, %block_size : index
+        %fb_i32 = memref.load %entries[%piece, %c0, %c1] : !dkv_entries
+        %fb = arith.index_castui %fb_i32 : i32 to index
+        %block = arith.remui %fb, %num_blocks : index
+        %bg = arith.divui %fb, %num_blocks : index
+        %g = arith.remui %bg, %kv_heads : index
+        %b = arith.divui %bg, %kv_heads : index
+        %block_i32 = arith.index_castui %block : index to i32
+        %key0 = arith.muli %block, %block_size : index
+        %h0 = arith.muli %g, %heads_per_group : index
+        %offset = arith.subi %n, %m_rows : index
+
         // Per piece row: its query row m (-1: padding), the last visible key of the block for it, and its
         // weight (how many of its slots name the block; the inversion lists the row once).
         scf.for %row = %tid to %rows step %lanes {

@@ -100,6 +100,33 @@ ${ linalg.kv_blocks() }
     linalg.yield %c_safe_i32, %last_key_here, %w : i32, i32, f32
   } -> (tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xf32>)
 
+<# In a piece region's elementwise body (%sv, %l, %last, %w of the element): %p = w exp(scale s - lse) where key j is
+   visible to the row (j <= last), else 0. #>
+<% macro piece_p() %>
+      %j = linalg.index 3 : index
+      %j_i32 = arith.index_cast %j : index to i32
+      %visible = arith.cmpi sle, %j_i32, %last : i32
+      %scaled = arith.mulf %sv, %scale : f32
+      %shifted = arith.subf %scaled, %l : f32
+      %e_s = math.exp %shifted : f32
+      %weighted = arith.mulf %w, %e_s : f32
+      %p = arith.select %visible, %weighted, %zero : f32
+<% endmacro %>
+
+<# %`name` [pieces, ROWS_PER_PIECE, HPG, BS] = the piece rows' %`rows` times the block's %`tile` over their `dim`
+   (loop `index`) into %sc_zero (lowering attributes `config`): s = q k^T, dp = do v^T. #>
+<% macro rows_by_keys(name, rows, tile, dim, index, config) %>
+    %${name} = linalg.generic {
+        indexing_maps = [affine_map<(p, r, h, j, ${index}) -> (p, r, h, ${index})>, affine_map<(p, r, h, j, ${index}) -> (p, j, ${index})>,
+                         affine_map<(p, r, h, j, ${index}) -> (p, r, h, j)>],
+        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
+        ${config}}
+        ins(%${rows}, %${tile} : tensor<?x${ROWS_PER_PIECE}x${HPG}x${dim}x${E}>, tensor<?x${BS}x${dim}x${E}>)
+        outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
+${ contraction.mul_add("    ") }
+    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
+<% endmacro %>
+
 <# In a piece region: the piece's gathered q, do and lse rows (%q_sel, %do_sel, %lse_sel), its block's K tile
    (%k_tile) and %s = q k^T [pieces, ROWS_PER_PIECE, HPG, BS] (lowering attributes `config`). #>
 <% macro piece_scores(config) %>
@@ -122,16 +149,7 @@ ${ linalg.kv_blocks() }
     %sc_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
     %sc_zero = linalg.fill ins(%zero : f32) outs(%sc_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>)
         -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
-    %s = linalg.generic {
-        indexing_maps = [affine_map<(p, r, h, j, d) -> (p, r, h, d)>, affine_map<(p, r, h, j, d) -> (p, j, d)>,
-                         affine_map<(p, r, h, j, d) -> (p, r, h, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${config}}
-        ins(%q_sel, %k_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${D}x${E}>, tensor<?x${BS}x${D}x${E}>)
-        outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
-${ contraction.mul_add("    ") }
-    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
-<% endmacro %>
+${ rows_by_keys("s", "q_sel", "k_tile", D, "d", config) }<% endmacro %>
 
 <# A region's root and its result: %`name`_piece [pieces, BS, `dim`] f32 = sum over the piece's rows and heads of
    %`weights` [.., HPG, BS] (p or ds) times %`rows` [.., HPG, `dim`] (do or q), lowering attributes `config`. #>
@@ -163,14 +181,7 @@ ${ piece_scores(DV_SCORES_CONFIG) }
             tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xf32>)
         outs(%pe_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>) {
     ^bb0(%sv: f32, %l: f32, %last: i32, %w: f32, %out: ${E}):
-      %j = linalg.index 3 : index
-      %j_i32 = arith.index_cast %j : index to i32
-      %visible = arith.cmpi sle, %j_i32, %last : i32
-      %scaled = arith.mulf %sv, %scale : f32
-      %shifted = arith.subf %scaled, %l : f32
-      %e_s = math.exp %shifted : f32
-      %weighted = arith.mulf %w, %e_s : f32
-      %p = arith.select %visible, %weighted, %zero : f32
+${ piece_p() }
       %p_e_value = ${TRUNCF} %p : f32 to ${E}
       linalg.yield %p_e_value : ${E}
     } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
@@ -187,16 +198,7 @@ ${ piece_scores(DK_SCORES_CONFIG) }
     %delta_sel = iree_linalg_ext.gather dimension_map = [0]
         ins(%delta_rows, %row_index : tensor<?x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>)
         outs(%st_init : tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>) -> tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>
-    %dp = linalg.generic {
-        indexing_maps = [affine_map<(p, r, h, j, e) -> (p, r, h, e)>, affine_map<(p, r, h, j, e) -> (p, j, e)>,
-                         affine_map<(p, r, h, j, e) -> (p, r, h, j)>],
-        iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
-        ${DK_DP_CONFIG}}
-        ins(%do_sel, %v_tile : tensor<?x${ROWS_PER_PIECE}x${HPG}x${DV}x${E}>, tensor<?x${BS}x${DV}x${E}>)
-        outs(%sc_zero : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>) {
-${ contraction.mul_add("    ") }
-    } -> tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}xf32>
-    %dse_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
+${ rows_by_keys("dp", "do_sel", "v_tile", DV, "e", DK_DP_CONFIG) }    %dse_init = tensor.empty(%pieces) : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>
     %ds_e = linalg.generic {
         indexing_maps = [affine_map<(p, r, h, j) -> (p, r, h, j)>, affine_map<(p, r, h, j) -> (p, r, h, j)>,
                          affine_map<(p, r, h, j) -> (p, r, h)>, affine_map<(p, r, h, j) -> (p, r, h)>,
@@ -208,14 +210,7 @@ ${ contraction.mul_add("    ") }
             tensor<?x${ROWS_PER_PIECE}x${HPG}xf32>, tensor<?x${ROWS_PER_PIECE}xi32>, tensor<?x${ROWS_PER_PIECE}xf32>)
         outs(%dse_init : tensor<?x${ROWS_PER_PIECE}x${HPG}x${BS}x${E}>) {
     ^bb0(%sv: f32, %dpv: f32, %l: f32, %dl: f32, %last: i32, %w: f32, %out: ${E}):
-      %j = linalg.index 3 : index
-      %j_i32 = arith.index_cast %j : index to i32
-      %visible = arith.cmpi sle, %j_i32, %last : i32
-      %scaled = arith.mulf %sv, %scale : f32
-      %shifted = arith.subf %scaled, %l : f32
-      %e_s = math.exp %shifted : f32
-      %weighted = arith.mulf %w, %e_s : f32
-      %p = arith.select %visible, %weighted, %zero : f32
+${ piece_p() }
       %dp_minus_delta = arith.subf %dpv, %dl : f32
       %ds_raw = arith.mulf %p, %dp_minus_delta : f32
       %ds_scaled = arith.mulf %ds_raw, %scale : f32

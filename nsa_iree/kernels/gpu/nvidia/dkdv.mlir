@@ -114,19 +114,6 @@ ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
 ${ nv.lane_ids() }
         %key_base = arith.muli %subgroup, %c16 : index
 
-        // The piece's flat block fb = (b * G + g) * NB + i.
-        %num_blocks = arith.ceildivui %n, %block_size : index
-        %fb_i32 = memref.load %entries[%piece, %c0, %c1] : !dkv_entries
-        %fb = arith.index_castui %fb_i32 : i32 to index
-        %block = arith.remui %fb, %num_blocks : index
-        %bg = arith.divui %fb, %num_blocks : index
-        %g = arith.remui %bg, %kv_heads : index
-        %b = arith.divui %bg, %kv_heads : index
-        %block_i32 = arith.index_castui %block : index to i32
-        %key0 = arith.muli %block, %block_size : index
-        %h0 = arith.muli %g, %heads_per_group : index
-        %offset = arith.subi %n, %m_rows : index
-
         <% include "gpu/piece_rows.mlir" %>
 
         // The block's K and V rows (keys past N zero-filled, never read).
@@ -259,14 +246,7 @@ ${ nv.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frags
                   %dl = memref.load %delta_rows[%buffer, %h] : !dkv_stats
                   %sv = vector.extract %st[0, %tile, %o, %e] : f32 from !dkv_scores
                   %dpv = vector.extract %dpt[0, %tile, %o, %e] : f32 from !dkv_scores
-                  %scaled = arith.mulf %sv, %scale : f32
-                  %shifted = arith.subf %scaled, %l : f32
-                  %shifted_l2 = arith.mulf %shifted, %log2e : f32
-                  %ex = ${EX2} %shifted_l2 : (f32) -> f32
-                  %p_raw = arith.mulf %weight, %ex : f32
-                  %dp_minus_delta = arith.subf %dpv, %dl : f32
-                  %ds_raw = arith.mulf %p_raw, %dp_minus_delta : f32
-                  %ds_scaled = arith.mulf %ds_raw, %scale : f32
+${ nv.p_and_ds("sv", "dpv", "l", "dl", EX2, "p_raw", weight="weight") }
                   %p_live = arith.select %live, %p_raw, %zero : f32
                   %ds_live = arith.select %live, %ds_scaled, %zero : f32
                   %pp_next = vector.insert %p_live, %pp[%e] : f32 into vector<2xf32>

@@ -221,13 +221,7 @@ ${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frag
               %pair_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_f32_pair) -> (vector<2xf32>) {
 ${ nv.score_element() }
                 %dpv = vector.extract %dp_acc[0, %tile, %i, %e] : f32 from !dqk_scores
-                %scaled = arith.mulf %sv, %scale : f32
-                %shifted = arith.subf %scaled, %l : f32
-                %shifted_l2 = arith.mulf %shifted, %log2e : f32
-                %p = ${EX2} %shifted_l2 : (f32) -> f32
-                %dp_minus_delta = arith.subf %dpv, %dl : f32
-                %ds_raw = arith.mulf %p, %dp_minus_delta : f32
-                %ds_scaled = arith.mulf %ds_raw, %scale : f32
+${ nv.p_and_ds("sv", "dpv", "l", "dl", EX2, "p") }
                 %ds_live = arith.select %live, %ds_scaled, %zero : f32
                 %next = vector.insert %ds_live, %pair_acc[%e] : f32 into vector<2xf32>
                 scf.yield %next : vector<2xf32>

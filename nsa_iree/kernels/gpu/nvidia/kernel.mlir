@@ -190,3 +190,20 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
                 %live = arith.andi %key_visible, %head_valid : i1
                 %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
 <% endmacro %>
+
+<# One element of the backward's softmax gradient: %`p` = [%`weight` *] exp(scale %`s` - %`lse`) (base 2, by the
+   recipe's `ex2` instruction) and %ds_scaled = scale p (%`dp` - %`delta`). #>
+<% macro p_and_ds(s, dp, lse, delta, ex2, p, weight=none) %>
+                %scaled = arith.mulf %${s}, %scale : f32
+                %shifted = arith.subf %scaled, %${lse} : f32
+                %shifted_l2 = arith.mulf %shifted, %log2e : f32
+<% if weight %>
+                %ex = ${ex2} %shifted_l2 : (f32) -> f32
+                %${p} = arith.mulf %${weight}, %ex : f32
+<% else %>
+                %${p} = ${ex2} %shifted_l2 : (f32) -> f32
+<% endif %>
+                %dp_minus_delta = arith.subf %${dp}, %${delta} : f32
+                %ds_raw = arith.mulf %${p}, %dp_minus_delta : f32
+                %ds_scaled = arith.mulf %ds_raw, %scale : f32
+<% endmacro %>

@@ -7,6 +7,7 @@
 // Uses %t, %stages, %slots, %block_indices, %b, %m, %g, %last_visible_block, %pos, %tid, %lanes, %k_per_lane,
 // %v_per_lane, %k, %v (types !dqk_k_block, !dqk_v_block), %k_swizzle_mask, %v_swizzle_mask,
 // %k_rows, %v_rows and the constants, and the including kernel's import of gpu/nvidia/kernel.mlir as nv.
+<# part: takes ASYNC_COPY_HINT, DQ_STAGES_MINUS_1, nv #>
         %stage_buffer = arith.remui %t, %stages : index
         %t_in_range = arith.cmpi ult, %t, %slots : index
         scf.if %t_in_range {

@@ -1,6 +1,7 @@
 // Part of dq_kernel.mlir and forward_kernel.mlir (included by nsa_iree/render.py where a line reads
 // `// part: q_fragments`): q of the workgroup's (b, m, g) row as lhs fragments over all of D, loaded once.
 // Uses %q, %b, %m, %head_0, %head_1, %head_valid_0, %head_valid_1, %c2x and the constants; defines %q_frags.
+<# part: takes nothing #>
       %q_init = arith.constant dense<0.0> : !dqk_q_frags
       %q_frags = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %q_init) -> (!dqk_q_frags) {
         %col0 = arith.muli %s, %c16 : index

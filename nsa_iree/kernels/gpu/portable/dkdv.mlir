@@ -140,19 +140,6 @@ ${ dispatch.bindings("dkdv_portable_layout", inputs, outputs) }
 
         ${ units.lane_ids("%c16") }
 
-        // The piece's flat block fb = (b * G + g) * NB + i.
-        %num_blocks = arith.ceildivui %n, %block_size : index
-        %fb_i32 = memref.load %entries[%piece, %c0, %c1] : !dkv_entries
-        %fb = arith.index_castui %fb_i32 : i32 to index
-        %block = arith.remui %fb, %num_blocks : index
-        %bg = arith.divui %fb, %num_blocks : index
-        %g = arith.remui %bg, %kv_heads : index
-        %b = arith.divui %bg, %kv_heads : index
-        %block_i32 = arith.index_castui %block : index to i32
-        %key0 = arith.muli %block, %block_size : index
-        %h0 = arith.muli %g, %heads_per_group : index
-        %offset = arith.subi %n, %m_rows : index
-
         <% include "gpu/piece_rows.mlir" %>
 
         // This subgroup's 16 keys of K and V as lhs fragments, read once from global memory: read j of unit u

@@ -1,4 +1,5 @@
 // Part of dq.mlir and onepass.mlir, first in the kernel function: the constants of the portable dq body.
+<# part: takes ACC_N, DQ_UNITS_PER_SUBGROUP, DV_UNITS, D_TILES16, D_UNITS, KEY_UNITS, K_ITEMS, K_ITEMS_PER_LANE, LANES, RUN, RUNS, SUBGROUPS, SUBGROUP_SIZE, T_PLUS_1, UNIT_K, V_ITEMS, V_ITEMS_PER_LANE, units #>
 ${ units.index_constants({"c0": 0, "c1": 1, "c8": 8, "c16": 16}) }
       %zero = arith.constant 0.0 : f32
       %zero_run = arith.constant dense<0.0> : vector<${RUN}x${E}>

@@ -2,6 +2,7 @@
 // each accumulator element's head, and pos(m). Uses the bindings, %lane, %h0 and the constants.
       // q and do as lhs fragments over all of D (Dv), loaded once from global memory: read j of unit u is
       // head run_major(l, j), columns u K + run_k(l, j) ...; padding heads (>= HPG) are zeros.
+<# part: takes u, units #>
 ${ units.head_units("%q_units", "%d_units", "!dqp_q_units", "%q", "!dqp_q", u) }
 ${ units.head_units("%do_units", "%dv_units", "!dqp_do_units", "%do", "!dqp_do", u) }
 

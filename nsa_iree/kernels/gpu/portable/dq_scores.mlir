@@ -1,5 +1,6 @@
 // Part of dq_portable.mlir and onepass_portable.mlir, in the compute of slot t - 1: the visible-key bound
 // and s = q k^T, dp = do v^T over this subgroup's 16 keys (%s_acc, %dp_acc).
+<# part: takes u, units #>
           %p_key0 = arith.muli %previous, %block_size : index
           %p_to_pos = arith.subi %pos, %p_key0 : index
           %p_visible = arith.addi %p_to_pos, %c1 : index

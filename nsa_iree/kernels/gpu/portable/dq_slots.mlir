@@ -1,6 +1,7 @@
 // Part of dq.mlir and onepass.mlir: the slot loop (iteration t loads slot t's K and V rows into registers,
 // computes slot t - 1 from workgroup memory, then stores the registers there for iteration t + 1), and dq
 // written after it; with `onepass`, slot t - 1 also adds its dk and dv (onepass.mlir: key_contributions).
+<# part: takes key_contributions, onepass, u, units #>
       %dq_init = arith.constant dense<0.0> : !dqp_dq_units
       %k_none = arith.constant dense<0.0> : !dqp_k_staged
       %v_none = arith.constant dense<0.0> : !dqp_v_staged

@@ -1,6 +1,7 @@
 // Part of dq_portable.mlir and onepass_portable.mlir, first in the slot loop: slot t's block (-1 when
 // skipped) and its K and V rows loaded into registers (%k_staged, %v_staged).
         // Slot t: its block, or -1 when skipped (or t = T).
+<# part: takes units #>
         ${ units.slot_block() }
         // Chunk c of the K block is (key c mod BS, elements 8 (c / BS) ..): consecutive lanes take
         // consecutive keys, so the transposed copy's 16-bit stores are consecutive.

@@ -2,6 +2,7 @@
 // synchronised: dq += ds k for this subgroup's d tiles (%dq_new).
           // dq += ds k for this subgroup's d tiles: lhs read j is ds row run_major(l, j), keys
           // u K + run_k(l, j) ...; rhs read j is the transposed K's row (d) 16 tile + run_major(l, j).
+<# part: takes RUN, u, units #>
           %dq_new = scf.for %x_unit = %c0 to %dq_units step %c1 iter_args(%acc = %dq_iter) -> (!dqp_dq_units) {
             %x_sub = arith.muli %x_unit, %subgroups : index
             %tile = arith.addi %subgroup, %x_sub : index

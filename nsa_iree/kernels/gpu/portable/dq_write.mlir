@@ -1,6 +1,7 @@
 // Part of dq_portable.mlir and onepass_portable.mlir, after the slot loop: dq of this subgroup's d tiles
 // written once.
       // dq of this subgroup's d tiles: element i of unit x is head acc_row(l, i), d 16 tile + acc_col(l, i).
+<# part: takes nothing #>
       scf.for %x_unit = %c0 to %dq_units step %c1 {
         %x_sub = arith.muli %x_unit, %subgroups : index
         %tile = arith.addi %subgroup, %x_sub : index

@@ -1,0 +1,99 @@
+"""The renderer's rules (nsa_iree/render.py): macro files state what they take, every name has a value, each
+family's values reach only its own templates."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from nsa_iree import render
+from nsa_iree.kernels import FAMILIES, choose
+from nsa_iree.recipes import load_recipe
+from nsa_iree.spec import KernelSpec
+
+KERNELS = render.KERNELS_DIR
+IMPORT = re.compile(r"""<%\s*(?:from|import)\s+["']([\w/.]+)["']""")
+IMPORTED = sorted({name for f in KERNELS.rglob("*.mlir") for name in IMPORT.findall(f.read_text())})
+
+
+INCLUDE = re.compile(r"""<%\s*include\s+["']([\w/.]+)["']""")
+PARTS = sorted({name for f in KERNELS.rglob("*.mlir") for name in INCLUDE.findall(f.read_text())})
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_every_part_declares_the_names_it_takes(name):
+    render.check_part(name)
+
+
+@pytest.mark.parametrize("name", IMPORTED)
+def test_every_macro_file_uses_only_its_arguments_and_the_configuration(name):
+    render.check_macro_library(name)
+
+
+@pytest.fixture
+def kernels_copy(tmp_path, monkeypatch):
+    copy = tmp_path / "kernels"
+    shutil.copytree(KERNELS, copy)
+    monkeypatch.setattr(render, "KERNELS_DIR", copy)
+    render.check_macro_library.cache_clear()
+    render.check_part.cache_clear()
+    yield copy
+    render.check_macro_library.cache_clear()
+    render.check_part.cache_clear()
+
+
+MACRO_FILE_FAULTS = {
+    # a macro reading a family value it was not given
+    "free_name": ("<% macro m(x) %>${x} ${LANES}<% endmacro %>\n", "LANES"),
+    # text outside a macro would be rendered into every importer
+    "text_outside_macros": ("%stray = arith.constant 0 : index\n<% macro m(x) %>${x}<% endmacro %>\n", "line"),
+}
+
+
+@pytest.mark.parametrize("text, named", MACRO_FILE_FAULTS.values(), ids=list(MACRO_FILE_FAULTS))
+def test_a_faulty_macro_file_is_an_error_naming_the_fault(kernels_copy, text, named):
+    (kernels_copy / "common" / "faulty.mlir").write_text(text)
+    with pytest.raises(ValueError, match=named):
+        render.check_macro_library("common/faulty.mlir")
+
+
+PART_FAULTS = {
+    "no_declaration": ("%x = arith.constant ${LANES} : index\n", "opens with"),
+    "undeclared_name": ("<# part: takes LANES #>\n%x = arith.constant ${LANES} : index ${D_TILES}\n", "D_TILES"),
+    "declared_but_unused": ("<# part: takes LANES, PAD #>\n%x = arith.constant ${LANES} : index\n", "PAD"),
+}
+
+
+@pytest.mark.parametrize("text, named", PART_FAULTS.values(), ids=list(PART_FAULTS))
+def test_a_part_that_misstates_what_it_takes_is_an_error(kernels_copy, text, named):
+    (kernels_copy / "common" / "faulty_part.mlir").write_text(text)
+    with pytest.raises(ValueError, match=named):
+        render.check_part("common/faulty_part.mlir")
+
+
+def test_a_name_without_a_value_is_an_error_naming_it(kernels_copy):
+    forward = kernels_copy / "linalg" / "forward.mlir"
+    forward.write_text(forward.read_text() + "\n// ${NO_SUCH_VALUE}\n")
+    with pytest.raises(KeyError, match="NO_SUCH_VALUE"):
+        render.render_module(KernelSpec(kernels="linalg"), "forward")
+
+
+SPECS = {
+    "cpu": KernelSpec(heads=16, kv_heads=1, head_dim=64, value_dim=64, dtype="bf16"),
+    "cuda": KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, dtype="bf16", target="cuda"),
+    "gfx950": KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, dtype="bf16", target="gfx950"),
+}
+
+
+@pytest.mark.parametrize("spec", SPECS.values(), ids=list(SPECS))
+def test_each_family_gets_its_own_values_only(spec):
+    """No family's values redefine the configuration's or the recipe's (template_values raises if one does), and
+    the module renders each stage from the template of the family choose() picked."""
+    recipe = load_recipe(spec.target)
+    for family in FAMILIES.values():
+        render.template_values(spec, recipe, family)
+    rendered = {name for name, family in render.module_templates(spec, "two-pass", recipe)}
+    chosen = {choose(stage, spec, recipe).family for stage in ("dq", "dkdv")}
+    assert all(FAMILIES[f].template(s) in rendered for f in chosen for s in ("dq", "dkdv"))
