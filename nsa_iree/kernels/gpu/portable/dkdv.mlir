@@ -51,9 +51,7 @@ ${ units.types(u) }
    registers: chunk c = tid + i lanes is (row, head) pair c mod ROW_HEADS, elements 8 (c / ROW_HEADS) ..; zeros
    for padding rows and heads and past `items`. #>
 <% macro step_rows(out, per_lane, zeros, items, src, src_t, staged_t) %>
-${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> (${staged_t}) {
-  %i_lanes = arith.muli %i, %lanes : index
-  %c = arith.addi %tid, %i_lanes : index
+<% call units.lane_chunks(out, per_lane, zeros, staged_t) %>
   %rh = arith.remui %c, %row_heads : index
   %chunk = arith.divui %c, %row_heads : index
   %rho = arith.divui %rh, %c16 : index
@@ -64,18 +62,12 @@ ${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> 
   %in_tile = arith.cmpi ult, %c, ${items} : index
   %live0 = arith.andi %used, %real : i1
   %live = arith.andi %live0, %in_tile : i1
-  %x = scf.if %live -> (vector<8x${E}>) {
+<% call units.chunk_or_zero("%live", src, "%b, %m, %head, %d0", src_t, staged_t) %>
     %m = arith.index_castui %m_i32 : i32 to index
     %head = arith.addi %h0, %h : index
     %d0 = arith.muli %chunk, %c8 : index
-    %y = vector.load ${src}[%b, %m, %head, %d0] : ${src_t}, vector<8x${E}>
-    scf.yield %y : vector<8x${E}>
-  } else {
-    scf.yield %zero_chunk : vector<8x${E}>
-  }
-  %next = vector.insert %x, %acc[%i] : vector<8x${E}> into ${staged_t}
-  scf.yield %next : ${staged_t}
-} {unroll_loop}
+<% endcall %>
+<% endcall %>
 <% endmacro %>
 
 <# out (acc_t, one flat unit per 16-column tile < tiles) = iter + lhs times the rhs read from the transposed step

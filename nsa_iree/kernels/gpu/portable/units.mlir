@@ -68,25 +68,41 @@ ${ mma("%next", "%lhs", "%rhs", "%acc", u) }
 <# out (staged_t, per_lane chunks of 8 elements): a lane's part of a block's rows of `src` (src_t) in registers;
    chunk c = tid + i lanes is key c mod BS, elements 8 (c / BS) ..; starts from `zeros`; zeros past `chunks` and for keys >= %visible. #>
 <% macro stage_rows(out, per_lane, zeros, chunks, src, src_t, staged_t) %>
-${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> (${staged_t}) {
-  %i_lanes = arith.muli %i, %lanes : index
-  %c = arith.addi %tid, %i_lanes : index
+<% call lane_chunks(out, per_lane, zeros, staged_t) %>
   %j = arith.remui %c, %block_size : index
   %chunk = arith.divui %c, %block_size : index
   %d0 = arith.muli %chunk, %c8 : index
   %in_tile = arith.cmpi ult, %c, ${chunks} : index
   %is_visible = arith.cmpi slt, %j, %visible : index
   %read = arith.andi %in_tile, %is_visible : i1
-  %x = scf.if %read -> (vector<8x${E}>) {
+<% call chunk_or_zero("%read", src, "%b, %key, %g, %d0", src_t, staged_t) %>
     %key = arith.addi %key0, %j : index
-    %y = vector.load ${src}[%b, %key, %g, %d0] : ${src_t}, vector<8x${E}>
+<% endcall %>
+<% endcall %>
+<% endmacro %>
+
+<# out (staged_t) = `zeros` with a lane's `per_lane` chunks staged: per step i, chunk %c = tid + i lanes; the call
+   block's text stages it (ending with chunk_or_zero). #>
+<% macro lane_chunks(out, per_lane, zeros, staged_t) %>
+${out} = scf.for %i = %c0 to ${per_lane} step %c1 iter_args(%acc = ${zeros}) -> (${staged_t}) {
+  %i_lanes = arith.muli %i, %lanes : index
+  %c = arith.addi %tid, %i_lanes : index
+${ caller() }
+} {unroll_loop}
+<% endmacro %>
+
+<# The end of a lane_chunks step: chunk %i of %acc (staged_t) is 8 elements of `src` (src_t) at `at` where
+   `live`, computed by the call block's text, else zeros (%zero_chunk); yields the updated %acc. #>
+<% macro chunk_or_zero(live, src, at, src_t, staged_t) %>
+  %x = scf.if ${live} -> (vector<8x${E}>) {
+${ caller() }
+    %y = vector.load ${src}[${at}] : ${src_t}, vector<8x${E}>
     scf.yield %y : vector<8x${E}>
   } else {
     scf.yield %zero_chunk : vector<8x${E}>
   }
   %next = vector.insert %x, %acc[%i] : vector<8x${E}> into ${staged_t}
   scf.yield %next : ${staged_t}
-} {unroll_loop}
 <% endmacro %>
 
 <# Registers `staged` (staged_t, per_lane chunks; chunk c is row c mod `rows_of`, elements 8 (c / rows_of) ..) into
