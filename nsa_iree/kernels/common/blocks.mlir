@@ -1,5 +1,6 @@
 // Index arithmetic of the block-major K/V layout the helper stages and kernels share, as macros: flat block
 // f = (b * G + g) * NB + i holds keys i * BS .. i * BS + BS - 1 of group g of batch b.
+<% import "common/rules.mlir" as rules %>
 
 <# Of %k [B, N, G, D]: %batch, %n, %num_blocks (NB), %last_row (N - 1) and %flat_blocks (B * G * NB), with
    %block_size and %kv_heads; reads %c0 and %c1. #>
@@ -38,11 +39,11 @@ ${indent}%${f} = arith.addi %${f}0, %${block} : index
 <% endmacro %>
 
 <# %block (%block_i32 as an index) and %`name`: whether row %m reads it (not skipped, not past %pos / BS, with
-   %pos = %m + %offset and %last_visible its last block). #>
+   %pos = pos(%m) and %last_visible its last block: common/rules.mlir). #>
 <% macro selected(name) %>
     %block = arith.index_cast %block_i32 : i32 to index
-    %pos = arith.addi %m, %offset : index
-    %last_visible = arith.floordivsi %pos, %block_size : index
+    ${ rules.position() }
+    ${ rules.last_block("last_visible") }
     %not_negative = arith.cmpi sge, %block, %c0 : index
     %not_future = arith.cmpi sle, %block, %last_visible : index
     %${name} = arith.andi %not_negative, %not_future : i1

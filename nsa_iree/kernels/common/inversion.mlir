@@ -24,6 +24,7 @@
 // Every scan used here is inclusive and only its first result is read: in IREE 3.13 the accumulator result
 // leaves out the last element (and stays unwritten for a scanned dimension of length 1).
 <% import "common/blocks.mlir" as blocks %>
+<% import "common/rules.mlir" as rules %>
 func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index,
     %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>) {
@@ -43,7 +44,7 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   %batch = tensor.dim %block_indices, %c0 : tensor<?x?x${G}x${T}xi32>
   %m_rows = tensor.dim %block_indices, %c1 : tensor<?x?x${G}x${T}xi32>
   %num_blocks = arith.ceildivui %n, %block_size : index
-  %offset = arith.subi %n, %m_rows : index
+  ${ rules.offset() }
 
   %chunks = arith.ceildivui %m_rows, %chunk : index
   %bg_count = arith.muli %batch, %kv_heads : index

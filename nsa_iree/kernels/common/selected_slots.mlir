@@ -9,6 +9,7 @@
 // Comparing i <= floor(pos / BS) instead of i*BS <= pos avoids overflow for huge indices.
 // Slots past block_counts arrive here already set to -1 by the host.
 <% import "common/blocks.mlir" as blocks %>
+<% import "common/rules.mlir" as rules %>
 func.func private @selected_slots(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index)
     -> (tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>) {
   %c0 = arith.constant 0 : index
@@ -18,7 +19,7 @@ func.func private @selected_slots(%block_indices: tensor<?x?x${G}x${T}xi32>, %n:
   %batch = tensor.dim %block_indices, %c0 : tensor<?x?x${G}x${T}xi32>
   %m_rows = tensor.dim %block_indices, %c1 : tensor<?x?x${G}x${T}xi32>
   %num_blocks = arith.ceildivui %n, %block_size : index
-  %offset = arith.subi %n, %m_rows : index
+  ${ rules.offset() }
 
 <% call blocks.per_slot("block_gather_index") %>
     %b = linalg.index 0 : index

@@ -13,6 +13,7 @@
 <% import "cpu/host.mlir" as cpu %>
 <% import "cpu/products.mlir" as products %>
 <% import "cpu/rows.mlir" as rows %>
+<% import "common/rules.mlir" as rules %>
 
 // Push constants: B, M, N, the number of pieces (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'do', ("qT", "memref<?x" ~ D ~ "x" ~ HPG ~ "xf32>{%row_groups}", "qT [B * M * G, D, HPG] f32, scaled"), ("doT", "memref<?x" ~ DV ~ "x" ~ HPG ~ "xf32>{%row_groups}", "doT [B * M * G, Dv, HPG] f32"), ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'block_indices', 'lse', 'delta', 'entries', ("piece_start", "memref<?xi32>{%flat_blocks}", "piece_start [B * G * NB] i32"), ("piece_count", "memref<?xi32>{%flat_blocks}", "piece_count [B * G * NB] i32")] %>
@@ -59,7 +60,7 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
       %h_first = arith.muli %g, %heads_per_group : index
       %key0 = arith.muli %i, %block_size : index
       %block_i32 = arith.index_cast %i : index to i32
-      %offset = arith.subi %n, %m_rows : index
+      ${ rules.offset() }
 
       // The block's scratch row starts at 0: dk in columns [0, D), dv in [D, D + Dv).
       scf.for %j = %c0 to %block_size step %c1 {
@@ -89,7 +90,7 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
               %next = arith.addf %sum, %inc : f32
               scf.yield %next : f32
             }
-            %pos = arith.addi %m, %offset : index
+            ${ rules.position() }
             %to_pos = arith.subi %pos, %key0 : index
             %to_pos_inclusive = arith.addi %to_pos, %c1 : index
             %visible = arith.minsi %to_pos_inclusive, %block_size : index

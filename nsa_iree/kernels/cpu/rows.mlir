@@ -1,6 +1,7 @@
 // The text the CPU row kernels (forward, dq, one-pass: one work item per (m, g, b)) share, as macros: the
 // constants every CPU kernel (dk/dv's too) starts from, the row's q or do transposed onto the stack, its
 // position, and the test and extent of one selected block.
+<% import "common/rules.mlir" as rules %>
 
 <# %pad (0 in E) and the configuration's sizes as index constants. #>
 <% macro constants() %>
@@ -33,9 +34,9 @@
 <# %offset, %pos (row m's position) and %last_visible (the last block it may see), from %n and %m_rows. #>
 <% macro position() %>
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible = arith.floordivsi %pos, %block_size : index
+      ${ rules.offset() }
+      ${ rules.position() }
+      ${ rules.last_block("last_visible") }
 <% endmacro %>
 
 <# %block (slot %t's block) and %selected: whether the row reads it (not skipped, not in the future). #>

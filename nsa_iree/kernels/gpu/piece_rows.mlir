@@ -5,6 +5,7 @@
 // %kv_heads, %heads_per_group, %block_indices, %tid, %lanes, %rows and the constants; fills %row_info
 // (!dkv_row_info: per row [m, last, bits of the weight, 0], one 16-byte word).
 <# part: takes nothing #>
+<% import "common/rules.mlir" as rules %>
         // The piece's flat block fb = (b * G + g) * NB + i.
         %num_blocks = arith.ceildivui %n, %block_size : index
         %fb_i32 = memref.load %entries[%piece, %c0, %c1] : !dkv_entries
@@ -16,7 +17,7 @@
         %block_i32 = arith.index_castui %block : index to i32
         %key0 = arith.muli %block, %block_size : index
         %h0 = arith.muli %g, %heads_per_group : index
-        %offset = arith.subi %n, %m_rows : index
+        ${ rules.offset() }
 
         // Per piece row: its query row m (-1: padding), the last visible key of the block for it, and its
         // weight (how many of its slots name the block; the inversion lists the row once).
@@ -27,7 +28,7 @@
           %c_row = arith.index_castui %c_safe_i32 : i32 to index
           %bm = arith.divui %c_row, %kv_heads : index
           %m = arith.remui %bm, %m_rows : index
-          %pos = arith.addi %m, %offset : index
+          ${ rules.position() }
           %last = arith.subi %pos, %key0 : index
           %last_i32 = arith.index_cast %last : index to i32
           %weight = scf.for %t = %c0 to %slots step %c1 iter_args(%acc = %zero) -> (f32) {

@@ -8,6 +8,7 @@
 <% import "common/contraction.mlir" as contraction %>
 <% import "common/host.mlir" as host %>
 <% import "linalg/host.mlir" as linalg %>
+<% import "common/rules.mlir" as rules %>
 ${ host.dkdv_signature() }
 <% call host.sizes() %>
   %c0_i32 = arith.constant 0 : i32
@@ -17,7 +18,7 @@ ${ host.dkdv_signature() }
 <% endcall %>
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
   %num_blocks = arith.ceildivui %n, %block_size : index
-  %offset = arith.subi %n, %m_rows : index
+  ${ rules.offset() }
   %rows_total = arith.muli %batch, %m_rows : index
   %row_groups = arith.muli %rows_total, %kv_heads : index
 
@@ -80,7 +81,7 @@ ${ linalg.kv_blocks() }
     %bm = arith.divui %c_row, %kv_heads : index
     %m = arith.remui %bm, %m_rows : index
     %b = arith.divui %bm, %m_rows : index
-    %pos = arith.addi %m, %offset : index
+    ${ rules.position() }
     %key0 = arith.muli %block, %block_size : index
     %last = arith.subi %pos, %key0 : index
     %last_i32 = arith.index_cast %last : index to i32

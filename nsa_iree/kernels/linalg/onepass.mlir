@@ -21,6 +21,7 @@
 <% import "common/contraction.mlir" as contraction %>
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
+<% import "common/rules.mlir" as rules %>
 
 // Push constants: B, M, N (i32: sequence lengths and batch stay dynamic), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
@@ -91,9 +92,9 @@ ${ dispatch.bindings("onepass_layout", inputs, outputs) }
       ${ONEPASS_BARRIER}
 
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible = arith.floordivsi %pos, %block_size : index
+      ${ rules.offset() }
+      ${ rules.position() }
+      ${ rules.last_block("last_visible") }
       %dv_base = arith.index_cast %dk_size : index to i64
       scf.for %t = %c0 to %slots step %c1 {
         %block_i32 = memref.load %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>

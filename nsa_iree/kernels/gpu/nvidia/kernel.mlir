@@ -1,3 +1,4 @@
+<% import "common/rules.mlir" as rules %>
 <# Macros of the nvidia dq, forward and dkdv kernels (imported as nv): the function's opening, lane ids and
    ldmatrix lane addresses, the pipeline's previous-row step and selected-block test; the 16-column steps that read
    one operand from XOR-swizzled workgroup rows with ldmatrix and multiply on the tensor cores; and what dq and
@@ -174,9 +175,9 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
 
 <# pos(m) = m + N - M (bottom-right alignment; signed, in index arithmetic) and the last block it sees. #>
 <% macro positions() %>
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible_block = arith.floordivsi %pos, %block_size : index
+      ${ rules.offset() }
+      ${ rules.position() }
+      ${ rules.last_block("last_visible_block") }
 <% endmacro %>
 
 <# Scores element [0][tile][i][e] (head 8 i + r, key j = key_base + 8 tile + 2 c + e): %j, %live (key j visible

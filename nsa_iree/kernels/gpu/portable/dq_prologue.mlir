@@ -3,6 +3,7 @@
       // q and do as lhs fragments over all of D (Dv), loaded once from global memory: read j of unit u is
       // head run_major(l, j), columns u K + run_k(l, j) ...; padding heads (>= HPG) are zeros.
 <# part: takes u, units #>
+<% import "common/rules.mlir" as rules %>
 ${ units.head_units("%q_units", "%d_units", "!dqp_q_units", "%q", "!dqp_q", u) }
 ${ units.head_units("%do_units", "%dv_units", "!dqp_do_units", "%do", "!dqp_do", u) }
 
@@ -26,7 +27,7 @@ ${ units.head_units("%do_units", "%dv_units", "!dqp_do_units", "%do", "!dqp_do",
       } {unroll_loop}
 
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible_block = arith.floordivsi %pos, %block_size : index
+      ${ rules.offset() }
+      ${ rules.position() }
+      ${ rules.last_block("last_visible_block") }
 

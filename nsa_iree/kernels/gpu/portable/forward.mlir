@@ -17,6 +17,7 @@
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/portable/units.mlir" as units %>
+<% import "common/rules.mlir" as rules %>
 <% set u = {'p': 'fwp', 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N, 'lhs': LHS_UNIT, 'rhs': RHS_UNIT, 'acc': ACC_UNIT, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]} %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
@@ -109,9 +110,9 @@ ${ dispatch.bindings("fwd_portable_layout", inputs, outputs) }
 ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
 
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
-      %offset = arith.subi %n, %m_rows : index
-      %pos = arith.addi %m, %offset : index
-      %last_visible_block = arith.floordivsi %pos, %block_size : index
+      ${ rules.offset() }
+      ${ rules.position() }
+      ${ rules.last_block("last_visible_block") }
 
       // Iteration t loads slot t's K fragments and V rows into registers (zeros past the last visible key),
       // computes slot t - 1, then stores the V rows transposed for iteration t + 1. Carried per lane: o, and
