@@ -20,7 +20,7 @@ import sys
 # public name -> the module that defines it
 _EXPORTS = {
     "selection_attention": "api", "selection_attention_fwd": "api", "selection_attention_bwd": "api",
-    "selection_attention_reference": "reference", "mean_pooling": "compression",
+    "selection_attention_reference": "reference", "mean_pooling": "compression", "compressed_attention": "compression",
     "realistic_block_indices": "selection", "uniform_block_indices": "selection", "local_block_indices": "selection",
     "KernelSpec": "spec",
 }

@@ -2,7 +2,9 @@
 compression branch and block selection').
 
 ``mean_pooling`` is plain torch (a memory-bound reduction that torch runs at bandwidth on every device, with
-autograd for its backward); the compressed attention and the top-n block selection are kernels (issue 27).
+autograd for its backward). ``compressed_attention`` runs on the selection kernels of every target: a dense
+attention over the compressed keys is a selection of every tile of them, with the rows standing for positions
+and key c visible from position (c + 1) BS - 1 on (KernelSpec.key_stride, kernels/common/rules.mlir).
 """
 
 from __future__ import annotations
@@ -60,3 +62,129 @@ def _pooled(x: torch.Tensor, block_size: int, lengths: list[int], padded: list[i
               for i in range(-(-p // block_size))]
     counts = torch.tensor(counts, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
     return (sums / counts).to(x.dtype)
+
+
+# The compressed attention runs on the selection kernels (every family) with KernelSpec.key_stride = its block
+# size: the compressed keys in tiles of TILE, every row listing all the tiles (the kernels skip those past the row's
+# position) and the rows standing for every position (kernels/common/rules.mlir).
+TILE = 64
+
+
+def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, block_size: int,
+                         scale: float | None = None, *, seq_len: int | None = None,
+                         cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """NSA's compression branch: every query row attends to the compressed blocks complete at its position.
+
+    Args:
+        q: [B, M, H, D] float32, float16 or bfloat16; the rows are the last M of N positions, row m at
+            p = m + N - M.
+        k_cmp: [B, C, G, D] in q's dtype, C = ceil(N / block_size): compressed keys (e.g. mean_pooling of k, or
+            a learned compression computed by the caller); H a multiple of G, head h reads kv head h // (H / G).
+        v_cmp: [B, C, G, Dv] in q's dtype.
+        block_size: BS, positions per compressed block: block c is seen from position (c + 1) * BS - 1 on.
+        scale: the softmax scale, default D ** -0.5.
+        seq_len: N, default M.
+        cu_seqlens: None, or [S + 1] int32 with B = 1 and M = N packed tokens: every sequence alone, its
+            compressed blocks one after another in k_cmp and v_cmp (as mean_pooling lays them out).
+    Returns:
+        o [B, M, H, Dv] in q's dtype and lse [B, H, M] float32 (natural log). A row that sees no block (the first
+        BS - 1 positions) gets o = 0, lse = -inf and zero gradients. Differentiable in q, k_cmp and v_cmp; the
+        backward is the selection kernels' two-pass one, without atomics (bitwise reproducible).
+
+    Raises a TypeError or ValueError naming the argument for bad input, before anything compiles.
+    """
+    validate.check_compressed_attention(q, k_cmp, v_cmp, block_size, scale, seq_len, cu_seqlens)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    if cu_seqlens is None:
+        n = q.shape[1] if seq_len is None else seq_len
+        return _CompressedAttention.apply(q, k_cmp, v_cmp, block_size, scale, n)
+    bounds = validate.check_packed_blocks(cu_seqlens, q.shape[1], block_size, k_cmp.shape[1])
+    outs, lses, first = [], [], 0
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        blocks = -(-(b - a) // block_size)
+        if b > a:
+            o, lse = _CompressedAttention.apply(q[:, a:b], k_cmp[:, first:first + blocks],
+                                                v_cmp[:, first:first + blocks], block_size, scale, b - a)
+            outs.append(o)
+            lses.append(lse)
+        first += blocks
+    if not outs:
+        return (q.new_zeros(*q.shape[:3], v_cmp.shape[3]),
+                torch.full((q.shape[0], q.shape[2], 0), float("-inf"), device=q.device))
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+
+
+def _output(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A buffer the kernels write whole (the tests poison it first)."""
+    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+
+
+def _positions(q: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """q laid out over the N positions (rows before the first query row zero) and the first query row's position
+    p0 = N - M; rows at negative positions (M > N) are dropped (they see nothing)."""
+    m_rows = q.shape[1]
+    if n >= m_rows:
+        return torch.cat([q.new_zeros(q.shape[0], n - m_rows, *q.shape[2:]), q], dim=1), n - m_rows
+    return q[:, m_rows - n:], n - m_rows
+
+
+def _tile_indices(batch: int, n: int, p0: int, groups: int, keys: int, device) -> torch.Tensor:
+    """[B, N, G, T] int32: every tile of the keys for the rows at positions >= p0, -1 for the rows before."""
+    tiles = -(-keys // TILE)
+    idx = torch.arange(tiles, dtype=torch.int32, device=device).expand(batch, n, groups, tiles).clone()
+    if p0 > 0:
+        idx[:, :p0] = -1
+    return idx
+
+
+class _CompressedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(q, k_cmp, v_cmp, block_size, scale, n):
+        from . import api
+
+        batch, m_rows, heads, _ = q.shape
+        o = q.new_zeros(batch, m_rows, heads, v_cmp.shape[3])
+        lse = torch.full((batch, heads, m_rows), float("-inf"), device=q.device)
+        if 0 in (batch, m_rows, n, k_cmp.shape[1]):
+            return o, lse
+        qp, p0 = _positions(q, n)
+        idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
+        op = _output((batch, n, heads, v_cmp.shape[3]), q)
+        lsep = _output((batch, heads, n), q, torch.float32)
+        api.forward_into(op, lsep, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), idx, TILE, scale,
+                         key_stride=block_size)
+        rows = slice(max(p0, 0), n)
+        o[:, max(-p0, 0):] = op[:, rows]
+        lse[:, :, max(-p0, 0):] = lsep[:, :, rows]
+        return o, lse
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k_cmp, v_cmp, block_size, scale, n = inputs
+        ctx.save_for_backward(q, k_cmp, v_cmp, *output)
+        ctx.block_size, ctx.scale, ctx.n = block_size, scale, n
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        from . import api
+
+        q, k_cmp, v_cmp, o, lse = ctx.saved_tensors
+        n, batch, m_rows = ctx.n, q.shape[0], q.shape[1]
+        dq = torch.zeros_like(q)
+        if do is None or 0 in (batch, m_rows, n, k_cmp.shape[1]):
+            return dq, torch.zeros_like(k_cmp), torch.zeros_like(v_cmp), None, None, None
+        dk, dv = _output(k_cmp.shape, k_cmp), _output(v_cmp.shape, v_cmp)
+        qp, p0 = _positions(q, n)
+        op, _ = _positions(o, n)
+        dop, _ = _positions(do, n)
+        lsep = _positions(lse.transpose(1, 2), n)[0].transpose(1, 2)
+        if p0 > 0:
+            lsep = lsep.clone()
+            lsep[:, :, :p0] = float("-inf")
+        idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
+        dqp = _output(qp.shape, q)
+        api.backward_into(dqp, dk, dv, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), op.contiguous(),
+                          lsep.contiguous(), dop.contiguous(), idx, TILE, ctx.scale, "two-pass",
+                          key_stride=ctx.block_size)
+        dq[:, max(-p0, 0):] = dqp[:, max(p0, 0):]
+        return dq, dk, dv, None, None, None

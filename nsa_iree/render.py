@@ -52,6 +52,8 @@ def configuration_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
         # dk and dv: in E, or in f32 (spec.dkdv_dtype) where their sums are added to others before rounding.
         "DKV_E": _MLIR_TYPE[dkdv],
         "DKV_TRUNCF": "arith.bitcast" if dkdv == "f32" else "arith.truncf",
+        # positions per key: 1, or the compression's block size (kernels/common/rules.mlir)
+        "KEY_STRIDE": spec.key_stride,
     }
     return {key: str(value) for key, value in values.items()}
 

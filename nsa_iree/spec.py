@@ -67,6 +67,10 @@ class KernelSpec:
         kernels: "auto" (the default: each stage on the target's hand-written kernel where it serves the layout,
             else the compiler-generated linalg stage) or "linalg" (the linalg stages everywhere: the oracle the
             hand-written kernels are checked against, and a fallback for users; $NSA_IREE_KERNELS=linalg).
+        key_stride: positions per key. 1 (selection attention): key j is position j, and query row m stands at
+            position m + N - M. S > 1 (compressed attention, S its block size): key c stands for the S positions
+            c S .. c S + S - 1 and is seen from position c S + S - 1 on; the M query rows are then all the
+            positions, row m seeing keys up to floor((m + 1) / S) - 1 (kernels/common/rules.mlir).
     """
 
     heads: int = 16
@@ -80,9 +84,10 @@ class KernelSpec:
     target_cpu: str = "host"
     dkdv_dtype: str | None = None
     kernels: str = "auto"
+    key_stride: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("heads", "kv_heads", "head_dim", "value_dim", "block_size", "num_blocks"):
+        for name in ("heads", "kv_heads", "head_dim", "value_dim", "block_size", "num_blocks", "key_stride"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"KernelSpec.{name} must be a positive int, got {value!r}")
@@ -120,8 +125,9 @@ class KernelSpec:
         cpu = "" if self.target_cpu == "host" else f"-{self.target_cpu}"
         dkdv = "" if self.dkdv_dtype in (None, self.dtype) else f"_dkdv{self.dkdv_dtype}"
         linalg = "_linalg" if self.kernels == "linalg" else ""
+        stride = "" if self.key_stride == 1 else f"_stride{self.key_stride}"
         return (f"h{self.heads}g{self.kv_heads}_d{self.head_dim}dv{self.value_dim}"
-                f"_bs{self.block_size}t{self.num_blocks}_{self.dtype}{dkdv}_{self.target}{cpu}{linalg}")
+                f"_bs{self.block_size}t{self.num_blocks}{stride}_{self.dtype}{dkdv}_{self.target}{cpu}{linalg}")
 
 
 # The NSA paper's head layout (64 query heads in 4 groups, D 192, Dv 128, BS 64, 16 blocks), scaled to run in

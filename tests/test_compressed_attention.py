@@ -1,0 +1,130 @@
+"""nsa_iree.compressed_attention against the f64 oracle (reference.compressed_attention_reference and its
+backward): outputs and gradients, rows that see nothing, M < N and M > N, packed sequences, determinism, errors
+(docs/semantics.md, 'The compression branch and block selection'). Outputs are poisoned (NaN) before the
+kernels write them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nsa_iree
+from nsa_iree import compression
+from nsa_iree.reference import compressed_attention_backward_reference, compressed_attention_reference
+from nsa_iree.testing import TOLERANCE, relative_rms_error
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+# (B, M, N (seq_len, None: M), H, G, D, Dv, BS)
+SHAPES = {
+    "square": (1, 256, None, 16, 1, 64, 64, 32),
+    "n_not_a_multiple_of_bs": (2, 203, None, 4, 2, 32, 16, 16),
+    "m_below_n": (1, 100, 230, 8, 2, 32, 32, 16),
+    "m_above_n": (1, 150, 90, 4, 1, 32, 32, 16),
+    "shorter_than_a_block": (1, 40, None, 4, 1, 16, 16, 64),
+    "one_head_per_group": (1, 129, None, 4, 4, 32, 32, 16),
+    "three_heads_per_group": (1, 97, None, 6, 2, 16, 32, 8),
+    "sixty_four_heads_per_group": (1, 70, None, 64, 1, 16, 16, 16),
+    "more_keys_than_a_tile": (1, 300, None, 4, 1, 16, 16, 4),
+}
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every buffer the kernels write starts as NaN: a value they leave unwritten fails the comparison."""
+    def poisoned(shape, like, dtype=None):
+        return torch.full(shape, float("nan"), dtype=dtype or like.dtype, device=like.device)
+    monkeypatch.setattr(compression, "_output", poisoned)
+
+
+def _problem(shape, dtype, seed=0):
+    batch, m_rows, n, heads, groups, dim, value_dim, bs = shape
+    gen = torch.Generator().manual_seed(seed)
+    c = -(-(m_rows if n is None else n) // bs)
+    q = torch.randn(batch, m_rows, heads, dim, generator=gen).to(dtype)
+    k = torch.randn(batch, c, groups, dim, generator=gen).to(dtype)
+    v = torch.randn(batch, c, groups, value_dim, generator=gen).to(dtype)
+    return q, k, v, bs, n
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=list(SHAPES))
+def test_forward_and_gradients_match_the_reference(shape, dtype):
+    q, k, v, bs, n = _problem(shape, DTYPES[dtype])
+    tol = TOLERANCE[q.dtype]
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    o, lse = nsa_iree.compressed_attention(q, k, v, bs, seq_len=n)
+    ro, rl = compressed_attention_reference(q.detach(), k.detach(), v.detach(), bs, seq_len=n)
+    assert o.dtype == q.dtype and lse.dtype == torch.float32
+    assert relative_rms_error(o.double(), ro) <= tol
+    assert relative_rms_error(lse.double(), rl) <= tol       # -inf exactly where the row sees nothing
+    do = torch.randn_like(o)
+    o.backward(do)
+    _, dq, dk, dv = compressed_attention_backward_reference(q.detach(), k.detach(), v.detach(), ro, rl, do, bs,
+                                                            seq_len=n)
+    for name, got, ref in (("dq", q.grad, dq), ("dk", k.grad, dk), ("dv", v.grad, dv)):
+        assert relative_rms_error(got.double(), ref, rms_floor=1e-3) <= tol, name
+
+
+def test_rows_that_see_no_block_get_zero_output_minus_inf_lse_and_no_gradient():
+    q, k, v, bs, _ = _problem((1, 100, None, 4, 1, 16, 16, 16), torch.float32)
+    q.requires_grad_()
+    o, lse = nsa_iree.compressed_attention(q, k, v, bs)
+    o.sum().backward()
+    blind = bs - 1                      # positions 0 .. BS - 2 see no complete block
+    assert torch.equal(o[:, :blind], torch.zeros_like(o[:, :blind]))
+    assert torch.isneginf(lse[:, :, :blind]).all() and torch.isfinite(lse[:, :, blind:]).all()
+    assert torch.equal(q.grad[:, :blind], torch.zeros_like(q.grad[:, :blind]))
+
+
+PACKED = {
+    "mixed": [0, 1, 15, 16, 17, 50],
+    "empty_first_and_last": [0, 33, 0],
+    "one_sequence": [45],
+}
+
+
+@pytest.mark.parametrize("lengths", PACKED.values(), ids=list(PACKED))
+def test_packed_sequences_equal_separate_calls(lengths):
+    bs = 16
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, sum(lengths), 4, 16, generator=gen)
+    kv = torch.randn(1, sum(lengths), 2, 16, generator=gen)
+    k_cmp = v_cmp = nsa_iree.mean_pooling(kv, bs, cu_seqlens=cu)
+    o, lse = nsa_iree.compressed_attention(q, k_cmp, v_cmp, bs, cu_seqlens=cu)
+    ro, rl = compressed_attention_reference(q, k_cmp, v_cmp, bs, cu_seqlens=cu)
+    assert relative_rms_error(o.double(), ro) <= TOLERANCE[torch.float32]
+    assert relative_rms_error(lse.double(), rl) <= TOLERANCE[torch.float32]
+
+
+def test_backward_is_bitwise_reproducible():
+    q, k, v, bs, _ = _problem((1, 300, None, 8, 2, 32, 32, 8), torch.bfloat16)
+    do = torch.randn(1, 300, 8, 32).to(torch.bfloat16)
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o, _ = nsa_iree.compressed_attention(*leaves, bs)
+        o.backward(do)
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+BAD = {
+    "k_cmp_wrong_block_count": (dict(k_cmp=torch.zeros(1, 3, 1, 16)), "k_cmp"),
+    "v_cmp_other_dtype": (dict(v_cmp=torch.zeros(1, 4, 1, 16, dtype=torch.float16)), "v_cmp"),
+    "q_rank": (dict(q=torch.zeros(64, 2, 16)), "q"),
+    "heads_not_a_multiple": (dict(q=torch.zeros(1, 64, 3, 16), k_cmp=torch.zeros(1, 4, 2, 16),
+                                  v_cmp=torch.zeros(1, 4, 2, 16)), "kv heads"),
+    "block_size_zero": (dict(block_size=0), "block_size"),
+    "scale_nan": (dict(scale=float("nan")), "scale"),
+}
+
+
+@pytest.mark.parametrize("override, named", BAD.values(), ids=list(BAD))
+def test_bad_input_names_the_argument(override, named):
+    args = dict(q=torch.zeros(1, 64, 2, 16), k_cmp=torch.zeros(1, 4, 1, 16), v_cmp=torch.zeros(1, 4, 1, 16),
+                block_size=16) | override
+    with pytest.raises((TypeError, ValueError), match=named):
+        nsa_iree.compressed_attention(args.pop("q"), args.pop("k_cmp"), args.pop("v_cmp"), args.pop("block_size"),
+                                      **args)
