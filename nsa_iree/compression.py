@@ -123,7 +123,9 @@ def _positions(q: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     """q laid out over the N positions (rows before the first query row zero) and the first query row's position
     p0 = N - M; rows at negative positions (M > N) are dropped (they see nothing)."""
     m_rows = q.shape[1]
-    if n >= m_rows:
+    if n == m_rows:
+        return q, 0
+    if n > m_rows:
         return torch.cat([q.new_zeros(q.shape[0], n - m_rows, *q.shape[2:]), q], dim=1), n - m_rows
     return q[:, m_rows - n:], n - m_rows
 
@@ -143,20 +145,16 @@ class _CompressedAttention(torch.autograd.Function):
         from . import api
 
         batch, m_rows, heads, _ = q.shape
-        o = q.new_zeros(batch, m_rows, heads, v_cmp.shape[3])
-        lse = torch.full((batch, heads, m_rows), float("-inf"), device=q.device)
         if 0 in (batch, m_rows, n, k_cmp.shape[1]):
-            return o, lse
+            return (q.new_zeros(batch, m_rows, heads, v_cmp.shape[3]),
+                    torch.full((batch, heads, m_rows), float("-inf"), device=q.device))
         qp, p0 = _positions(q, n)
         idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
-        op = _output((batch, n, heads, v_cmp.shape[3]), q)
-        lsep = _output((batch, heads, n), q, torch.float32)
-        api.forward_into(op, lsep, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), idx, TILE, scale,
+        o = _output((batch, n, heads, v_cmp.shape[3]), q)
+        lse = _output((batch, heads, n), q, torch.float32)
+        api.forward_into(o, lse, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), idx, TILE, scale,
                          key_stride=block_size)
-        rows = slice(max(p0, 0), n)
-        o[:, max(-p0, 0):] = op[:, rows]
-        lse[:, :, max(-p0, 0):] = lsep[:, :, rows]
-        return o, lse
+        return _from_positions(o, p0, m_rows, 1, 0.0), _from_positions(lse, p0, m_rows, 2, float("-inf"))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -170,21 +168,30 @@ class _CompressedAttention(torch.autograd.Function):
 
         q, k_cmp, v_cmp, o, lse = ctx.saved_tensors
         n, batch, m_rows = ctx.n, q.shape[0], q.shape[1]
-        dq = torch.zeros_like(q)
         if do is None or 0 in (batch, m_rows, n, k_cmp.shape[1]):
-            return dq, torch.zeros_like(k_cmp), torch.zeros_like(v_cmp), None, None, None
-        dk, dv = _output(k_cmp.shape, k_cmp), _output(v_cmp.shape, v_cmp)
+            return torch.zeros_like(q), torch.zeros_like(k_cmp), torch.zeros_like(v_cmp), None, None, None
         qp, p0 = _positions(q, n)
-        op, _ = _positions(o, n)
-        dop, _ = _positions(do, n)
+        op, dop = _positions(o, n)[0], _positions(do, n)[0]
         lsep = _positions(lse.transpose(1, 2), n)[0].transpose(1, 2)
         if p0 > 0:
             lsep = lsep.clone()
             lsep[:, :, :p0] = float("-inf")
         idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
-        dqp = _output(qp.shape, q)
-        api.backward_into(dqp, dk, dv, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), op.contiguous(),
+        dq = _output(qp.shape, q)
+        dk, dv = _output(k_cmp.shape, k_cmp), _output(v_cmp.shape, v_cmp)
+        api.backward_into(dq, dk, dv, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), op.contiguous(),
                           lsep.contiguous(), dop.contiguous(), idx, TILE, ctx.scale, "two-pass",
                           key_stride=ctx.block_size)
-        dq[:, max(-p0, 0):] = dqp[:, max(p0, 0):]
-        return dq, dk, dv, None, None, None
+        return _from_positions(dq, p0, m_rows, 1, 0.0), dk, dv, None, None, None
+
+
+def _from_positions(x: torch.Tensor, p0: int, m_rows: int, dim: int, fill: float) -> torch.Tensor:
+    """The M query rows of x laid out over the positions (dim `dim`): positions p0 .. N - 1, after -p0 rows of
+    `fill` where rows stand before position 0 (M > N). x itself when the rows are the positions."""
+    if p0 == 0:
+        return x
+    if p0 > 0:
+        return x.narrow(dim, p0, x.shape[dim] - p0).contiguous()
+    shape = list(x.shape)
+    shape[dim] = -p0
+    return torch.cat([x.new_full(shape, fill), x], dim=dim)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The compression branch on the H200 (through the device tool): artifacts compiled on the dev machine into
+# .dev/artifacts, the cp312 iree-base-runtime and fla-core wheels in .whl/. Usage: bench/run_compression_h200.sh OUT
+set -euo pipefail
+out=$1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NSA_IREE_CACHE_DIR=$PWD/.dev/artifacts
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -m bench.compression_h200 "$out" 2>&1 | tee "$out/log.txt"
