@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import packing, validate
+from . import api, packing, validate
 
 
 def mean_pooling(x: torch.Tensor, block_size: int, *, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
@@ -94,24 +94,92 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
     Raises a TypeError or ValueError naming the argument for bad input, before anything compiles.
     """
     validate.check_compressed_attention(q, k_cmp, v_cmp, block_size, scale, seq_len, cu_seqlens)
+    if cu_seqlens is not None:
+        validate.check_packed_blocks(cu_seqlens, q.shape[1], block_size, k_cmp.shape[1])
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    q, k_cmp, v_cmp = api._autocast(q, k_cmp, v_cmp)
+    n = q.shape[1] if seq_len is None else seq_len
+    return torch.ops.nsa_iree.compressed_attention_fwd(q, k_cmp, v_cmp, block_size, scale, n, cu_seqlens)
+
+
+# --- the operators (as the selection ones: a fake each, autograd on the forward, autocast on both) ----------
+#
+# cu_seqlens is runtime data inside the bodies: every sequence runs alone on its rows and its compressed blocks.
+
+@torch.library.custom_op("nsa_iree::compressed_attention_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, block_size: int, scale: float, seq_len: int,
+            cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """o [B, M, H, Dv] (q's dtype) and lse [B, H, M] (float32)."""
     if cu_seqlens is None:
-        n = q.shape[1] if seq_len is None else seq_len
-        return _CompressedAttention.apply(q, k_cmp, v_cmp, block_size, scale, n)
-    bounds = validate.check_packed_blocks(cu_seqlens, q.shape[1], block_size, k_cmp.shape[1])
-    outs, lses, first = [], [], 0
+        return _forward(q, k_cmp, v_cmp, block_size, scale, seq_len)
+    outs = [_forward(q[:, a:b], k_cmp[:, c:d], v_cmp[:, c:d], block_size, scale, b - a)
+            for (a, b), (c, d) in _sequences(cu_seqlens, block_size)]
+    if not outs:
+        return _forward(q, k_cmp, v_cmp, block_size, scale, 0)
+    return torch.cat([o for o, _ in outs], dim=1), torch.cat([lse for _, lse in outs], dim=2)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k_cmp, v_cmp, block_size, scale, seq_len, cu_seqlens=None):
+    batch, m_rows, heads, _ = q.shape
+    return q.new_empty(batch, m_rows, heads, v_cmp.shape[3]), q.new_empty(batch, heads, m_rows, dtype=torch.float32)
+
+
+@torch.library.custom_op("nsa_iree::compressed_attention_bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, o: torch.Tensor,
+            lse: torch.Tensor, block_size: int, scale: float, seq_len: int,
+            cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk_cmp, dv_cmp in q's dtype."""
+    if cu_seqlens is None:
+        return _backward(do, q, k_cmp, v_cmp, o, lse, block_size, scale, seq_len)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k_cmp), torch.zeros_like(v_cmp)
+    for (a, b), (c, d) in _sequences(cu_seqlens, block_size):
+        dq[:, a:b], dk[:, c:d], dv[:, c:d] = _backward(do[:, a:b], q[:, a:b], k_cmp[:, c:d], v_cmp[:, c:d],
+                                                       o[:, a:b], lse[:, :, a:b], block_size, scale, b - a)
+    return dq, dk, dv
+
+
+@_bwd_op.register_fake
+def _bwd_fake(do, q, k_cmp, v_cmp, o, lse, block_size, scale, seq_len, cu_seqlens=None):
+    return q.new_empty(q.shape), k_cmp.new_empty(k_cmp.shape), v_cmp.new_empty(v_cmp.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k_cmp, v_cmp, block_size, scale, seq_len, cu_seqlens = inputs
+    ctx.save_for_backward(q, k_cmp, v_cmp, *output, cu_seqlens)
+    ctx.block_size, ctx.scale, ctx.seq_len = block_size, scale, seq_len
+    ctx.mark_non_differentiable(output[1])
+
+
+def _fwd_backward(ctx, do, _dlse):
+    q, k_cmp, v_cmp, o, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = torch.ops.nsa_iree.compressed_attention_bwd(do, q, k_cmp, v_cmp, o, lse, ctx.block_size, ctx.scale,
+                                                             ctx.seq_len, cu_seqlens)
+    return dq, dk, dv, None, None, None, None
+
+
+def _not_twice_differentiable(ctx, *grads):
+    raise RuntimeError("compressed_attention is not twice differentiable: its backward "
+                       "(nsa_iree::compressed_attention_bwd) has no derivative of its own")
+
+
+_fwd_op.register_autograd(_fwd_backward, setup_context=_setup_context)
+_bwd_op.register_autograd(_not_twice_differentiable)
+api._CAST_POSITIONS.update({"compressed_attention_fwd": (0, 1, 2), "compressed_attention_bwd": (0, 1, 2, 3, 4)})
+for _device_type in ("cpu", "cuda"):
+    api._register_autocast("compressed_attention_fwd", _device_type)
+    api._register_autocast("compressed_attention_bwd", _device_type)
+
+
+def _sequences(cu_seqlens: torch.Tensor, block_size: int):
+    """((a, b), (c, d)) per non-empty packed sequence: its tokens a .. b - 1 and its compressed blocks c .. d - 1."""
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    first = 0
     for a, b in zip(bounds[:-1], bounds[1:]):
         blocks = -(-(b - a) // block_size)
         if b > a:
-            o, lse = _CompressedAttention.apply(q[:, a:b], k_cmp[:, first:first + blocks],
-                                                v_cmp[:, first:first + blocks], block_size, scale, b - a)
-            outs.append(o)
-            lses.append(lse)
+            yield (a, b), (first, first + blocks)
         first += blocks
-    if not outs:
-        return (q.new_zeros(*q.shape[:3], v_cmp.shape[3]),
-                torch.full((q.shape[0], q.shape[2], 0), float("-inf"), device=q.device))
-    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
 
 
 def _output(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -139,50 +207,38 @@ def _tile_indices(batch: int, n: int, p0: int, groups: int, keys: int, device) -
     return idx
 
 
-class _CompressedAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(q, k_cmp, v_cmp, block_size, scale, n):
-        from . import api
+def _forward(q, k_cmp, v_cmp, block_size, scale, n):
+    """o and lse of one (unpacked) problem: the selection forward over every tile of the compressed keys."""
+    batch, m_rows, heads, _ = q.shape
+    if 0 in (batch, m_rows, n, k_cmp.shape[1]):
+        return (q.new_zeros(batch, m_rows, heads, v_cmp.shape[3]),
+                torch.full((batch, heads, m_rows), float("-inf"), device=q.device))
+    qp, p0 = _positions(q, n)
+    idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
+    o = _output((batch, n, heads, v_cmp.shape[3]), q)
+    lse = _output((batch, heads, n), q, torch.float32)
+    api.forward_into(o, lse, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), idx, TILE, scale,
+                     key_stride=block_size)
+    return _from_positions(o, p0, m_rows, 1, 0.0), _from_positions(lse, p0, m_rows, 2, float("-inf"))
 
-        batch, m_rows, heads, _ = q.shape
-        if 0 in (batch, m_rows, n, k_cmp.shape[1]):
-            return (q.new_zeros(batch, m_rows, heads, v_cmp.shape[3]),
-                    torch.full((batch, heads, m_rows), float("-inf"), device=q.device))
-        qp, p0 = _positions(q, n)
-        idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
-        o = _output((batch, n, heads, v_cmp.shape[3]), q)
-        lse = _output((batch, heads, n), q, torch.float32)
-        api.forward_into(o, lse, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), idx, TILE, scale,
-                         key_stride=block_size)
-        return _from_positions(o, p0, m_rows, 1, 0.0), _from_positions(lse, p0, m_rows, 2, float("-inf"))
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k_cmp, v_cmp, block_size, scale, n = inputs
-        ctx.save_for_backward(q, k_cmp, v_cmp, *output)
-        ctx.block_size, ctx.scale, ctx.n = block_size, scale, n
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        from . import api
-
-        q, k_cmp, v_cmp, o, lse = ctx.saved_tensors
-        n, batch, m_rows = ctx.n, q.shape[0], q.shape[1]
-        if do is None or 0 in (batch, m_rows, n, k_cmp.shape[1]):
-            return torch.zeros_like(q), torch.zeros_like(k_cmp), torch.zeros_like(v_cmp), None, None, None
-        qp, p0 = _positions(q, n)
-        op, dop = _positions(o, n)[0], _positions(do, n)[0]
-        lsep = _positions(lse.transpose(1, 2), n)[0].transpose(1, 2)
-        if p0 > 0:
-            lsep = lsep.clone()
-            lsep[:, :, :p0] = float("-inf")
-        idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
-        dq = _output(qp.shape, q)
-        dk, dv = _output(k_cmp.shape, k_cmp), _output(v_cmp.shape, v_cmp)
-        api.backward_into(dq, dk, dv, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), op.contiguous(),
-                          lsep.contiguous(), dop.contiguous(), idx, TILE, ctx.scale, "two-pass",
-                          key_stride=ctx.block_size)
-        return _from_positions(dq, p0, m_rows, 1, 0.0), dk, dv, None, None, None
+def _backward(do, q, k_cmp, v_cmp, o, lse, block_size, scale, n):
+    """dq, dk_cmp, dv_cmp of one (unpacked) problem: the selection two-pass backward (no atomics)."""
+    batch, m_rows = q.shape[:2]
+    if 0 in (batch, m_rows, n, k_cmp.shape[1]):
+        return torch.zeros_like(q), torch.zeros_like(k_cmp), torch.zeros_like(v_cmp)
+    qp, p0 = _positions(q, n)
+    op, dop = _positions(o, n)[0], _positions(do, n)[0]
+    lsep = _positions(lse.transpose(1, 2), n)[0].transpose(1, 2)
+    if p0 > 0:
+        lsep = lsep.clone()
+        lsep[:, :, :p0] = float("-inf")
+    idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
+    dq = _output(qp.shape, q)
+    dk, dv = _output(k_cmp.shape, k_cmp), _output(v_cmp.shape, v_cmp)
+    api.backward_into(dq, dk, dv, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), op.contiguous(),
+                      lsep.contiguous(), dop.contiguous(), idx, TILE, scale, "two-pass", key_stride=block_size)
+    return _from_positions(dq, p0, m_rows, 1, 0.0), dk, dv
 
 
 def _from_positions(x: torch.Tensor, p0: int, m_rows: int, dim: int, fill: float) -> torch.Tensor:

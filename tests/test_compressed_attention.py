@@ -128,3 +128,42 @@ def test_bad_input_names_the_argument(override, named):
     with pytest.raises((TypeError, ValueError), match=named):
         nsa_iree.compressed_attention(args.pop("q"), args.pop("k_cmp"), args.pop("v_cmp"), args.pop("block_size"),
                                       **args)
+
+
+def _small():
+    q, k, v, bs, _ = _problem((1, 130, None, 4, 2, 16, 16, 16), torch.float32)
+    return q, k, v, bs
+
+
+def test_operators_pass_opcheck(monkeypatch):
+    """torch's checks of the two custom ops: schema, fake implementation, autograd registration, AOT dispatch."""
+    monkeypatch.undo()                     # opcheck compares runs: real (unpoisoned) buffers
+    q, k, v, bs = _small()
+    fwd, bwd = torch.ops.nsa_iree.compressed_attention_fwd, torch.ops.nsa_iree.compressed_attention_bwd
+    torch.library.opcheck(fwd, (q.clone().requires_grad_(), k.clone().requires_grad_(), v, bs, 0.25, q.shape[1]))
+    o, lse = fwd(q, k, v, bs, 0.25, q.shape[1])
+    torch.library.opcheck(bwd, (torch.randn_like(o), q, k, v, o, lse, bs, 0.25, q.shape[1]))
+
+
+def test_torch_compile_fullgraph_equals_eager():
+    q, k, v, bs = _small()
+
+    def step(q, k, v):
+        o, lse = nsa_iree.compressed_attention(q, k, v, bs)
+        return o.square().sum() + lse[torch.isfinite(lse)].sum()
+
+    grads = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        fn(*leaves).backward()
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_autocast_runs_the_autocast_dtype_like_sdpa():
+    q, k, v, bs = _small()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o, lse = nsa_iree.compressed_attention(q, k, v, bs)
+    assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    ref, _ = nsa_iree.compressed_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), bs)
+    assert torch.equal(o, ref)
