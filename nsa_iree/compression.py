@@ -65,9 +65,15 @@ def _pooled(x: torch.Tensor, block_size: int, lengths: list[int], padded: list[i
 
 
 # The compressed attention runs on the selection kernels (every family) with KernelSpec.key_stride = its block
-# size: the compressed keys in tiles of TILE, every row listing all the tiles (the kernels skip those past the row's
-# position) and the rows standing for every position (kernels/common/rules.mlir).
-TILE = 64
+# size: the compressed keys in tiles (the kernels' blocks), every row listing all the tiles (the kernels skip those
+# past the row's position) and the rows standing for every position (kernels/common/rules.mlir). Tiles of 64 keys
+# on GPUs (the matrix-unit kernels' block sizes); of 16 on CPUs, whose dk/dv kernel works one kv block per core.
+TILE = {"cpu": 16}
+DEFAULT_TILE = 64
+
+
+def _tile(device: torch.device) -> int:
+    return TILE.get(device.type, DEFAULT_TILE)
 
 
 def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, block_size: int,
@@ -200,7 +206,7 @@ def _positions(q: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
 
 def _tile_indices(batch: int, n: int, p0: int, groups: int, keys: int, device) -> torch.Tensor:
     """[B, N, G, T] int32: every tile of the keys for the rows at positions >= p0, -1 for the rows before."""
-    tiles = -(-keys // TILE)
+    tiles = -(-keys // _tile(device))
     idx = torch.arange(tiles, dtype=torch.int32, device=device).expand(batch, n, groups, tiles).clone()
     if p0 > 0:
         idx[:, :p0] = -1
@@ -217,7 +223,7 @@ def _forward(q, k_cmp, v_cmp, block_size, scale, n):
     idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
     o = _output((batch, n, heads, v_cmp.shape[3]), q)
     lse = _output((batch, heads, n), q, torch.float32)
-    api.forward_into(o, lse, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), idx, TILE, scale,
+    api.forward_into(o, lse, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), idx, _tile(q.device), scale,
                      key_stride=block_size)
     return _from_positions(o, p0, m_rows, 1, 0.0), _from_positions(lse, p0, m_rows, 2, float("-inf"))
 
@@ -237,7 +243,8 @@ def _backward(do, q, k_cmp, v_cmp, o, lse, block_size, scale, n):
     dq = _output(qp.shape, q)
     dk, dv = _output(k_cmp.shape, k_cmp), _output(v_cmp.shape, v_cmp)
     api.backward_into(dq, dk, dv, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), op.contiguous(),
-                      lsep.contiguous(), dop.contiguous(), idx, TILE, scale, "two-pass", key_stride=block_size)
+                      lsep.contiguous(), dop.contiguous(), idx, _tile(q.device), scale, "two-pass",
+                      key_stride=block_size)
     return _from_positions(dq, p0, m_rows, 1, 0.0), dk, dv
 
 
