@@ -40,6 +40,10 @@ def cases():
     for target, variant in itertools.product(TARGET_DTYPES, VARIANTS[1:]):
         fields = dict(LAYOUTS["anchors"], dtype="bf16", target=target, dkdv_dtype="f32")
         yield f"anchors-{target}-bf16-dkdvf32-{variant}", fields, variant
+    # the compressed attention's modules (nsa_iree.compression: key_stride 64, 64k tokens' 16 tiles of 64 keys)
+    for target, variant in itertools.product(TARGET_DTYPES, VARIANTS[:2]):
+        fields = dict(LAYOUTS["anchors"], dtype="bf16", target=target, key_stride=64)
+        yield f"anchors-{target}-bf16-stride64-{variant}", fields, variant
 
 
 def normalised(fields: dict, variant: str) -> str:
