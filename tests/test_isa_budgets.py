@@ -46,14 +46,14 @@ def test_gfx950_fused_regions_within_budget(monkeypatch, config, variant):
         assert r.stats["scratch"] == 0, r
 
 
-# The hand-written kernels of both GPUs, anchors and paper layouts (cuda: nsa_iree/mlir/*_kernel.mlir and the
-# portable one-pass; gfx950: nsa_iree/mlir/*_portable.mlir): every fragment read from workgroup memory is 32 bits
-# or wider (ldmatrix / 16-byte reads, transposed copies written while staging), at most 1.5 such reads per
-# matrix instruction, atomics only in the one-pass and never a compare-and-swap loop. On gfx950 also: 2 or
-# more waves per SIMD, no scratch, LDS within 160 KB. Static counts of the PTX / .rocmasm
-# (nsa-iree inspect). The one-pass kernel does not serve D = 192 on gfx950 (its tiles need 83 KB); on cuda it is
-# the portable text with mma.sync's 4-byte fragment reads (2.3 per mma.sync), outside these budgets (its
-# native atomics: tests/lit/atomics_one_pass.test).
+# The hand-written kernels of both GPUs, anchors and paper layouts and the compressed attention's (cuda:
+# kernels/gpu/nvidia/ and the portable one-pass; gfx950: kernels/gpu/portable/): every fragment read from workgroup
+# memory is 32 bits or wider (ldmatrix / 16-byte reads, transposed copies written while staging), at most 1.5 such
+# reads per matrix instruction, atomics only in the one-pass and never a compare-and-swap loop. On gfx950 also: 2 or
+# more waves per SIMD, no scratch, LDS within 160 KB. Static counts of the PTX / .rocmasm (nsa-iree inspect). The one-
+# pass kernel does not serve D = 192 on gfx950 (its tiles need 83 KB); on cuda it is the portable text with mma.sync's
+# 4-byte fragment reads (2.3 per mma.sync), outside these budgets (its native atomics:
+# tests/lit/atomics_one_pass.test).
 FORWARD, DQ, DKDV, ONEPASS = ("selection_attention_fwd_row", "selection_attention_dq_row",
                               "selection_attention_dkdv_piece", "selection_attention_onepass_row")
 HAND_WRITTEN = [
@@ -64,6 +64,10 @@ HAND_WRITTEN = [
                          ("paper_h64g4_d192", ANCHORS.replace(target=target, head_dim=192)))
       for variant, kernels in (("forward", (FORWARD,)), ("two-pass", (DQ, DKDV)))],
     ("gfx950_anchors_h64g4_d128_one-pass", ANCHORS, "one-pass", (ONEPASS,)),
+    # the compressed attention's (nsa_iree.compression: the same kernels with key_stride 64)
+    *[(f"{target}_compressed_anchors_{variant}", ANCHORS.replace(target=target, key_stride=64), variant, kernels)
+      for target in ("cuda", "gfx950")
+      for variant, kernels in (("forward", (FORWARD,)), ("two-pass", (DQ, DKDV)))],
 ]
 # What the two inspectors call a matrix instruction and a compare-and-swap.
 MATRIX_OP = {"cuda": "mma", "gfx950": "mfma"}
