@@ -97,9 +97,11 @@ def _cmd_compile(args) -> int:
 
 
 def _cmd_render(args) -> int:
+    from .recipes import load_recipe
     from .render import render_module
 
-    sys.stdout.write(render_module(_spec_from(args), args.variant))
+    spec = _spec_from(args)
+    sys.stdout.write(render_module(spec, args.variant, load_recipe(spec.target)))
     return 0
 
 

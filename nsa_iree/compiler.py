@@ -146,7 +146,7 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
     """
     check_supported(spec)
     recipe = load_recipe(spec.target)
-    text = render_module(spec, variant)
+    text = render_module(spec, variant, recipe)
     flags = recipe.flags_for(spec)
     primary = Path(out_dir) if out_dir is not None else cache_dir()
     try:

@@ -47,7 +47,7 @@ def dump_executables(spec: KernelSpec, variant: str, dump_dir: Path | None = Non
                            "installed here") from None
 
     recipe = load_recipe(spec.target)
-    text = render_module(spec, variant)
+    text = render_module(spec, variant, recipe)
     flags = recipe.flags_for(spec)
     key = cache_key(text, flags)
     if dump_dir:

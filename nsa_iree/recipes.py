@@ -139,23 +139,25 @@ class Recipe:
 _TABLES = ("attributes", "onepass", "kernels", "values")
 
 
-def _read(name: str) -> dict:
-    """pipelines/<name>.toml, over the base it names (``base = "amd"``): the target's keys replace the base's,
+def _read(name: str, directory) -> dict:
+    """<directory>/<name>.toml, over the base it names (``base = "amd"``): the target's keys replace the base's,
     its tables add to and replace the base's tables key by key."""
-    data = tomllib.loads((pipelines_dir() / f"{name}.toml").read_text())
+    data = tomllib.loads((directory / f"{name}.toml").read_text())
     base = data.pop("base", None)
     if base is None:
         return data
-    merged = _read(base)
+    merged = _read(base, directory)
     for key, value in data.items():
         merged[key] = {**merged.get(key, {}), **value} if key in _TABLES else value
     return merged
 
 
-def load_recipe(target: str) -> Recipe:
+def load_recipe(target: str, directory=None) -> Recipe:
+    """The recipe of `target` from `directory` (default: pipelines_dir(), which a tuning sweep may point
+    elsewhere; the renderer's own default is the package's recipes, so rendering reads no environment)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    data = _read(target)
+    data = _read(target, pipelines_dir() if directory is None else directory)
     unknown = set(data.get("attributes", {})) - set(ATTRIBUTE_SLOTS)
     if unknown:
         raise ValueError(f"pipelines/{target}.toml: unknown attribute slots {sorted(unknown)}")

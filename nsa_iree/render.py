@@ -22,7 +22,7 @@ import jinja2.meta
 
 from .kernels import family_for
 from .kernels.family import Family
-from .recipes import Recipe, load_recipe
+from .recipes import PIPELINES_DIR, Recipe, load_recipe
 from .spec import KernelSpec
 
 # Package data, wherever the package is installed (a directory on disk for a wheel or a checkout).
@@ -58,7 +58,13 @@ def configuration_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
     return {key: str(value) for key, value in values.items()}
 
 
-CONFIGURATION_NAMES = frozenset(configuration_values(KernelSpec(), load_recipe("cpu")))
+def _package_recipe(target: str) -> Recipe:
+    """The default recipe of a rendering: the package's (pipelines/), never the environment's; the compiler
+    passes the recipe it compiles with (recipes.load_recipe, which honours $NSA_IREE_PIPELINES_DIR)."""
+    return load_recipe(target, PIPELINES_DIR)
+
+
+CONFIGURATION_NAMES = frozenset(configuration_values(KernelSpec(), _package_recipe("cpu")))
 
 
 def template_values(spec: KernelSpec, recipe: Recipe, family: Family) -> dict[str, str]:
@@ -154,7 +160,7 @@ def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None, f
     folder holds it). Raises KeyError naming any name left without a value."""
     from .kernels import COMMON, FAMILIES
 
-    recipe = recipe or load_recipe(spec.target)
+    recipe = recipe or _package_recipe(spec.target)
     if family is None:
         folder = name.rsplit("/", 1)[0]
         family = next(f for f in (COMMON, *FAMILIES.values()) if f.folder == folder)
@@ -184,7 +190,7 @@ def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None, f
 
 def module_templates(spec: KernelSpec, variant: str, recipe: Recipe | None = None) -> list[tuple[str, Family]]:
     """The templates of (spec, variant)'s module, in order, each with the family that renders it."""
-    recipe = recipe or load_recipe(spec.target)
+    recipe = recipe or _package_recipe(spec.target)
     chosen = [(stage, family_for(stage, spec, recipe)) for stage in STAGES[variant]]
     helpers = []
     for _, family in chosen:
@@ -192,9 +198,10 @@ def module_templates(spec: KernelSpec, variant: str, recipe: Recipe | None = Non
     return [(family.template(stage), family) for stage, family in helpers + chosen]
 
 
-def render_module(spec: KernelSpec, variant: str) -> str:
-    """The whole module compiled for (spec, variant): its stage templates, rendered and concatenated."""
-    recipe = load_recipe(spec.target)
+def render_module(spec: KernelSpec, variant: str, recipe: Recipe | None = None) -> str:
+    """The whole module compiled for (spec, variant) with `recipe` (default: the package's recipe of spec's
+    target): its stage templates, rendered and concatenated. A function of its arguments alone."""
+    recipe = recipe or _package_recipe(spec.target)
     header = f"// nsa_iree: {variant} for {spec.name}\n"
     return header + "\n".join(render_template(name, spec, recipe, family)
                               for name, family in module_templates(spec, variant, recipe))

@@ -97,3 +97,19 @@ def test_each_family_gets_its_own_values_only(spec):
     rendered = {name for name, family in render.module_templates(spec, "two-pass", recipe)}
     chosen = {choose(stage, spec, recipe).family for stage in ("dq", "dkdv")}
     assert all(FAMILIES[f].template(s) in rendered for f in chosen for s in ("dq", "dkdv"))
+
+
+def test_rendering_reads_no_environment(tmp_path, monkeypatch):
+    """A module is a function of (spec, variant, recipe): the kernel choice is the spec's (KernelSpec.kernels), the
+    recipe the caller's; $NSA_IREE_KERNELS and $NSA_IREE_PIPELINES_DIR (read where specs and recipes are made)
+    change nothing a renderer does."""
+    spec = SPECS["cuda"]
+    before = render.render_module(spec, "two-pass")
+    sweep = tmp_path / "pipelines"
+    shutil.copytree(render.PIPELINES_DIR, sweep)
+    recipe = sweep / "cuda.toml"
+    recipe.write_text(recipe.read_text().replace('dq = "nvidia"', 'dq = "linalg"'))
+    monkeypatch.setenv("NSA_IREE_PIPELINES_DIR", str(sweep))
+    monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
+    assert render.render_module(spec, "two-pass") == before
+    assert render.render_module(spec, "two-pass", load_recipe("cuda")) != before     # the sweep's recipe, given
