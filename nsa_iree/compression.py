@@ -309,7 +309,10 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: torch.Tens
             counts = torch.full((batch, m_rows, groups), block_counts, dtype=torch.int32, device=q.device)
         else:
             counts = block_counts.clamp(0, max(width, 0)).to(torch.int32)
-        out = torch.full((batch, m_rows, groups, width), -1, dtype=torch.int32, device=q.device)
+        if 0 in (batch, m_rows, width) or cu_seqlens is not None:
+            out = torch.full((batch, m_rows, groups, width), -1, dtype=torch.int32, device=q.device)
+        else:
+            out = _output((batch, m_rows, groups, width), counts)       # the kernel writes every slot
         if 0 in (batch, m_rows, width):
             return out
         if lse is None:
@@ -320,8 +323,8 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: torch.Tens
             _select(out, q, k_cmp, lse, counts, scale, n, spec)
             return out
         for (a, b), (c, d) in _sequences(cu_seqlens, block_size):
-            out[:, a:b] = _select(out[:, a:b].contiguous(), q[:, a:b], k_cmp[:, c:d], lse[:, :, a:b],
-                                  counts[:, a:b], scale, b - a, spec)
+            out[:, a:b] = _select(_output((batch, b - a, groups, width), counts), q[:, a:b], k_cmp[:, c:d],
+                                  lse[:, :, a:b], counts[:, a:b], scale, b - a, spec)
         return out
 
 
@@ -342,7 +345,8 @@ def _select_spec(q: torch.Tensor, groups: int, block_size: int, width: int):
 
 
 def _select(out, q, k_cmp, lse, counts, scale, n, spec):
-    """out [B, M, G, S] int32 (contiguous) written by the kernel for one (unpacked) problem; out itself."""
+    """out [B, M, G, S] int32 (a fresh contiguous buffer, which the kernel writes whole) for one (unpacked)
+    problem; returns out."""
     if n == 0 or k_cmp.shape[1] == 0:           # every row before position 0 (or none): nothing selected
         return out.fill_(-1)
     module = api.kernels(spec, "select", q.device)
