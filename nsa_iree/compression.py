@@ -258,3 +258,98 @@ def _from_positions(x: torch.Tensor, p0: int, m_rows: int, dim: int, fill: float
     shape = list(x.shape)
     shape[dim] = -p0
     return torch.cat([x.new_full(shape, fill), x], dim=dim)
+
+
+# --- select_blocks: the top-n block selection (a hand-written CPU kernel, kernels/cpu/select_blocks.mlir) ------
+
+
+def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: torch.Tensor | int, block_size: int,
+                  scale: float | None = None, *, lse: torch.Tensor | None = None, seq_len: int | None = None,
+                  cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """NSA's top-n block selection: the blocks each (row, kv head) reads in ``selection_attention``.
+
+    Row m at position p = m + N - M ranks the blocks c = 0 .. p // BS: its own block p // BS, then p // BS - 1,
+    then block 0 (the forced blocks, each once), then the others by descending score, the mean over the
+    group's query heads of exp(scale * q . k_cmp[c] - lse) (their compressed-attention probability); equal
+    scores go to the lower block id, NaN scores last. It keeps the first count of them; every other slot is -1.
+
+    Args:
+        q: [B, M, H, D] float32, float16 or bfloat16.
+        k_cmp: [B, C, G, D] in q's dtype, C = ceil(N / block_size) (with cu_seqlens, every sequence's blocks one
+            after another, as mean_pooling lays them out); H a multiple of G.
+        block_counts: an int >= 0 (S = it), or a [B, M, G] int32/int64 tensor on q's device (S = its maximum,
+            0 if it is empty; each row keeps its own count, entries below 0 count as 0).
+        block_size: BS, the compression's block size and the selection's (one for both).
+        scale: the softmax scale, default D ** -0.5.
+        lse: None (computed with compressed_attention(q, k_cmp, k_cmp, ...)), or [B, H, M] float32 on q's device:
+            compressed_attention's lse of these inputs.
+        seq_len: N, default M.
+        cu_seqlens: None, or [S + 1] int32 with B = 1 and M = N packed tokens: every sequence alone, its block
+            ids relative to the sequence (as selection_attention takes them).
+    Returns:
+        block_indices [B, M, G, S] int32, ready for selection_attention(q, k, v, block_indices, block_size).
+        Not differentiable (computed without autograd whatever the inputs require).
+
+    Raises a TypeError or ValueError naming the argument for bad input, and NotImplementedError on a target
+    without a select_blocks kernel (every GPU today), before anything compiles.
+    """
+    validate.check_select_blocks(q, k_cmp, block_counts, block_size, scale, lse, seq_len, cu_seqlens)
+    if cu_seqlens is not None:
+        validate.check_packed_blocks(cu_seqlens, q.shape[1], block_size, k_cmp.shape[1])
+    width = block_counts if isinstance(block_counts, int) else (
+        max(int(block_counts.max()), 0) if block_counts.numel() else 0)
+    batch, m_rows, heads, dim = q.shape
+    groups = k_cmp.shape[2]
+    spec = _select_spec(q, groups, block_size, max(width, 1))
+    scale = float(dim ** -0.5 if scale is None else scale)
+    n = m_rows if seq_len is None else seq_len
+    with torch.no_grad():
+        q, k_cmp = api._autocast(q.detach(), k_cmp.detach())
+        if isinstance(block_counts, int):
+            counts = torch.full((batch, m_rows, groups), block_counts, dtype=torch.int32, device=q.device)
+        else:
+            counts = block_counts.clamp(0, max(width, 0)).to(torch.int32)
+        if 0 in (batch, m_rows, width) or cu_seqlens is not None:
+            out = torch.full((batch, m_rows, groups, width), -1, dtype=torch.int32, device=q.device)
+        else:
+            out = _output((batch, m_rows, groups, width), counts)       # the kernel writes every slot
+        if 0 in (batch, m_rows, width):
+            return out
+        if lse is None:
+            lse = compressed_attention(q, k_cmp, k_cmp, block_size, scale, seq_len=seq_len,
+                                       cu_seqlens=cu_seqlens)[1]
+        lse = lse.detach()
+        if cu_seqlens is None:
+            _select(out, q, k_cmp, lse, counts, scale, n, spec)
+            return out
+        for (a, b), (c, d) in _sequences(cu_seqlens, block_size):
+            out[:, a:b] = _select(_output((batch, b - a, groups, width), counts), q[:, a:b], k_cmp[:, c:d],
+                                  lse[:, :, a:b], counts[:, a:b], scale, b - a, spec)
+        return out
+
+
+def _select_spec(q: torch.Tensor, groups: int, block_size: int, width: int):
+    """The KernelSpec of select_blocks' kernel (T = the output slots, BS = the compression's block size), checked
+    to have a kernel on q's target (NotImplementedError otherwise) before anything compiles."""
+    from .kernels import choose
+    from .recipes import load_recipe
+    from .spec import KernelSpec, kernels_from_environment, target_cpu_from_environment
+
+    target = api._target_for(q.device)
+    spec = KernelSpec(heads=q.shape[2], kv_heads=groups, head_dim=q.shape[3], value_dim=q.shape[3],
+                      block_size=block_size, num_blocks=width, dtype=api._DTYPE_NAME[q.dtype], target=target,
+                      target_cpu=target_cpu_from_environment() if target == "cpu" else "host",
+                      kernels=kernels_from_environment())
+    choose("select_blocks", spec, load_recipe(target))
+    return spec
+
+
+def _select(out, q, k_cmp, lse, counts, scale, n, spec):
+    """out [B, M, G, S] int32 (a fresh contiguous buffer, which the kernel writes whole) for one (unpacked)
+    problem; returns out."""
+    if n == 0 or k_cmp.shape[1] == 0:           # every row before position 0 (or none): nothing selected
+        return out.fill_(-1)
+    module = api.kernels(spec, "select", q.device)
+    module.call("select_blocks", q.contiguous(), k_cmp.contiguous(), lse.contiguous(), counts.contiguous(), scale, n,
+                out)
+    return out

@@ -33,6 +33,8 @@ STAGES = {
     "forward": ("kv_blocks", "selected_slots", "forward"),
     "two-pass": ("kv_blocks", "selected_slots", "delta", "dq", "inversion", "piece_sums", "dkdv"),
     "one-pass": ("delta", "onepass"),
+    # NSA's top-n block selection (nsa_iree.select_blocks): T is its output slots S, BS the compression's block size
+    "select": ("select_blocks",),
 }
 
 _MLIR_TYPE = {"f32": "f32", "f16": "f16", "bf16": "bf16"}

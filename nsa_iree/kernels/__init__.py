@@ -44,9 +44,18 @@ class Choice:
 
 def choose(stage: str, spec, recipe) -> Choice:
     """The one place that picks the kernel of a stage: the recipe's hand-written family where it serves spec, the
-    linalg stage otherwise, and everywhere when spec.kernels is "linalg". Reads nothing but its arguments (the
-    environment's NSA_IREE_KERNELS is read where a spec is made, nsa_iree.api.describe)."""
+    linalg stage otherwise, and everywhere when spec.kernels is "linalg". A stage with no linalg template
+    (select_blocks) gets the recipe's family or raises NotImplementedError naming the target. Reads nothing but
+    its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made, nsa_iree.api.describe)."""
     wanted = recipe.kernel_settings.get(stage)
+    if stage not in LINALG.stages and stage not in COMMON.stages:
+        # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.
+        crossed = tuple(FAMILIES[wanted].limits(stage, spec, recipe)) if wanted in FAMILIES else ("no kernel",)
+        if wanted not in FAMILIES or wanted == "linalg" or crossed:
+            raise NotImplementedError(
+                f"{stage} has no kernel for target {spec.target!r} ({'; '.join(crossed)}): "
+                f"{stage} runs on the CPU only so far")
+        return Choice(wanted, wanted)
     if wanted not in FAMILIES or wanted == "linalg" or spec.kernels == "linalg":
         return Choice("linalg", None)
     crossed = tuple(FAMILIES[wanted].limits(stage, spec, recipe))

@@ -23,6 +23,8 @@ def cpu_stack_bytes(stage: str, spec: KernelSpec) -> int:
         return (d + dv + bs) * hpg * 4
     if stage == "dq":                            # qT, doT, dqT, sT (p), dpT (ds)
         return (2 * d + dv + 2 * bs) * hpg * 4
+    if stage == "select_blocks":                 # qT, the scores of CPU_ROWS candidates, the kept scores and ids
+        return (d + 16) * hpg * 4 + spec.num_blocks * 8
     if stage == "onepass":                       # qT, doT, S (P), dP (DS), DS transposed, dq
         return ((d + dv) * hpg + 3 * hpg * bs + hpg * d) * 4
     return 2 * hpg * bs * 4                      # dkdv: S (then P) and dP (then DS)
@@ -30,7 +32,7 @@ def cpu_stack_bytes(stage: str, spec: KernelSpec) -> int:
 
 def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the CPU kernel of `stage` cannot serve spec (empty: it can)."""
-    if stage not in ("forward", "dq", "dkdv", "onepass"):
+    if stage not in FAMILY.stages:
         return [f"no CPU kernel for stage {stage!r}"]
     need = cpu_stack_bytes(stage, spec)
     return [f"needs {need} bytes of stack tiles, more than {CPU_STACK_BYTES}"] if need > CPU_STACK_BYTES else []
@@ -61,5 +63,6 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
 
 
 # Every CPU kernel reads K and V as transposed blocks (blocks.mlir), made once per call.
-FAMILY = Family("cpu", "cpu", stages=("forward", "dq", "dkdv", "onepass"), limits=limits, values=values,
+FAMILY = Family("cpu", "cpu", stages=("forward", "dq", "dkdv", "onepass", "select_blocks"),
+                limits=limits, values=values,
                 helpers=("blocks",))

@@ -1,0 +1,219 @@
+// NSA's top-n block selection on CPUs (docs/semantics.md, 'The compression branch and block selection'): one
+// hand-written dispatch, one work item per (query row m, kv group g, batch b), writing block_indices[b, m, g, :].
+// Here T is S, the output slots, and BS the compression's block size.
+//
+// Row m at p = pos(m) (bottom-right aligned) owns block own = p // BS. Its ranking: the forced blocks own,
+// own - 1 (when >= 0), 0 (each once), then the scored blocks c = 1 .. own - 2 (all complete, so visible to the
+// compressed attention) by descending score, equal scores to the lower id, NaN last. The row keeps the first
+// count = clamp(counts[b, m, g], 0, S) of them (none when p < 0); every other slot gets -1.
+//
+// Vectors run along the HPG heads of the group (vector<HPG x f32>), as in the forward:
+//   qT[d, :] = scale * q[b, m, heads, d]            (transposed once, on the stack)
+//   sT[j, :] = sum_d kT[b, g, d, c0 + j] * qT[d, :]  (CPU_ROWS candidates at a time, their vectors of heads in
+//                                                    registers; kT: k_cmp transposed by the host function)
+//   score    = reduce-add(exp(sT[j, :] - lse[b, heads, m]))
+// The mean's division by HPG is left out: it is monotone, so the ranking is the same, and it could only merge
+// two neighbouring sums into a tie. The best keep = count - forced candidates stay in a stack buffer sorted by
+// score (insertion: a candidate enters when strictly better than the last kept one, so equal scores keep the
+// lower id; a NaN score is kept as -1, below every score, which are >= 0). Candidates past the keep-th are never
+// scored when keep is 0. f32 throughout; bf16 and f16 inputs are extended as they are loaded.
+<% import "common/dispatch.mlir" as dispatch %>
+<% import "common/host.mlir" as host %>
+<% import "cpu/rows.mlir" as rows %>
+
+<% set inputs = ['q', ("kT", "memref<?x" ~ G ~ "x" ~ D ~ "x?x" ~ E ~ ">{%batch, %num_blocks}", "k_cmp transposed [B, G, D, C]"), 'lse', ("counts", "memref<?x?x" ~ G ~ "xi32>{%batch, %m_rows}", "block_counts [B, M, G] i32")] %>
+<% set outputs = ['block_indices'] %>
+${ dispatch.layout("select_cpu_layout", 4, inputs, outputs) }
+
+<% call dispatch.executable("select_blocks_cpu_exe", "select_blocks_cpu_row", "select_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
+    func.func @select_blocks_cpu_row() {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %c3 = arith.constant 3 : index
+      %nan_key = arith.constant -1.0 : f32
+      %zero_f32 = arith.constant 0.0 : f32
+      %minus_one = arith.constant -1 : i32
+${ rows.constants() }
+      %rows_step = arith.constant ${CPU_ROWS} : index
+      %dcols_step = arith.constant ${CPU_DCOLS} : index
+      %zero_h = arith.constant dense<0.0> : vector<${HPG}xf32>
+      %zero_rows = arith.constant dense<0.0> : vector<${CPU_ROWS}x${HPG}xf32>
+
+${ dispatch.ids(['m', 'g', 'b']) }
+${ dispatch.push_constants("select_cpu_layout", ['batch', 'm_rows', 'n', 'scale']) }
+      %num_blocks = arith.ceildivui %n, %block_size : index
+${ dispatch.bindings("select_cpu_layout", inputs, outputs) }
+
+${ rows.position() }
+      // count = clamp(counts[b, m, g], 0, S), 0 for a row before position 0.
+      %count_i32 = memref.load %counts[%b, %m, %g] : memref<?x?x${G}xi32>
+      %count_raw = arith.index_cast %count_i32 : i32 to index
+      %count_low = arith.maxsi %count_raw, %c0 : index
+      %count_s = arith.minsi %count_low, %slots : index
+      %seen = arith.cmpi sge, %pos, %c0 : index
+      %count = arith.select %seen, %count_s, %c0 : index
+      // own = p // BS (%last_visible); the forced blocks are min(own + 1, 3) of [own, own - 1, 0].
+      %own_blocks = arith.addi %last_visible, %c1 : index
+      %forced_all = arith.minsi %own_blocks, %c3 : index
+      %forced = arith.minsi %forced_all, %count : index
+      %keep = arith.subi %count, %forced : index
+      // The scored candidates: c = 1 .. own - 2, none when nothing is kept.
+      %some = arith.cmpi sgt, %keep, %c0 : index
+      %last_scored = arith.subi %last_visible, %c1 : index
+      %scored_end = arith.maxsi %last_scored, %c1 : index
+      %end = arith.select %some, %scored_end, %c1 : index
+
+      %kept_scores = memref.alloca() : memref<${T}xf32>
+      %kept_ids = memref.alloca() : memref<${T}xi32>
+      %filled = scf.if %some -> (index) {
+        %qT = memref.alloca() : memref<${D}x${HPG}xf32>
+        %sT = memref.alloca() : memref<${CPU_ROWS}x${HPG}xf32>
+        %h0 = arith.muli %g, %heads_per_group : index
+        %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
+${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0", true) }
+        %lse_h = vector.transfer_read %lse[%b, %h0, %m], %zero_f32
+            {in_bounds = [true], permutation_map = affine_map<(b, h, m) -> (h)>}
+            : memref<?x${H}x?xf32>, vector<${HPG}xf32>
+        %filled_end = scf.for %c0_block = %c1 to %end step %rows_step iter_args(%filled_in = %c0) -> (index) {
+          %rest = arith.subi %end, %c0_block : index
+          %len = arith.minsi %rest, %rows_step : index
+          %whole = arith.cmpi eq, %len, %rows_step : index
+          scf.if %whole {
+            %acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%acc = %zero_rows) -> (vector<${CPU_ROWS}x${HPG}xf32>) {
+              %keys = vector.load %kT[%b, %g, %d, %c0_block] : memref<?x${G}x${D}x?x${E}>, vector<${CPU_ROWS}x${E}>
+              %keys32 = ${EXTF} %keys : vector<${CPU_ROWS}x${E}> to vector<${CPU_ROWS}xf32>
+              %qd = vector.load %qT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
+              %acc_new = vector.outerproduct %keys32, %qd, %acc : vector<${CPU_ROWS}xf32>, vector<${HPG}xf32>
+              scf.yield %acc_new : vector<${CPU_ROWS}x${HPG}xf32>
+            }
+            vector.transfer_write %acc, %sT[%c0, %c0] {in_bounds = [true, true]}
+                : vector<${CPU_ROWS}x${HPG}xf32>, memref<${CPU_ROWS}x${HPG}xf32>
+          } else {
+            scf.for %j = %c0 to %len step %c1 {
+              %cand = arith.addi %c0_block, %j : index
+              %acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%acc = %zero_h) -> (vector<${HPG}xf32>) {
+                %x = memref.load %kT[%b, %g, %d, %cand] : memref<?x${G}x${D}x?x${E}>
+                %x32 = ${EXTF} %x : ${E} to f32
+                %xs = vector.broadcast %x32 : f32 to vector<${HPG}xf32>
+                %qd = vector.load %qT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
+                %acc_new = vector.fma %xs, %qd, %acc : vector<${HPG}xf32>
+                scf.yield %acc_new : vector<${HPG}xf32>
+              }
+              vector.store %acc, %sT[%j, %c0] : memref<${CPU_ROWS}x${HPG}xf32>, vector<${HPG}xf32>
+            }
+          }
+          // Each candidate of the tile, in increasing id, into the sorted buffer of the best %keep.
+          %filled_out = scf.for %j = %c0 to %len step %c1 iter_args(%filled_j = %filled_in) -> (index) {
+            %s = vector.load %sT[%j, %c0] : memref<${CPU_ROWS}x${HPG}xf32>, vector<${HPG}xf32>
+            %shifted = arith.subf %s, %lse_h : vector<${HPG}xf32>
+            %p = math.exp %shifted : vector<${HPG}xf32>
+            %sum = vector.reduction <add>, %p : vector<${HPG}xf32> into f32
+            %is_nan = arith.cmpf uno, %sum, %sum : f32
+            %score = arith.select %is_nan, %nan_key, %sum : f32
+            %cand = arith.addi %c0_block, %j : index
+            %cand_i32 = arith.index_cast %cand : index to i32
+            %full = arith.cmpi eq, %filled_j, %keep : index
+            %last = arith.subi %keep, %c1 : index
+            // Where it enters: after the kept ones while there is room, else over the last kept one if better.
+            %enters, %start, %filled_next = scf.if %full -> (i1, index, index) {
+              %worst = memref.load %kept_scores[%last] : memref<${T}xf32>
+              %better = arith.cmpf ogt, %score, %worst : f32
+              scf.yield %better, %last, %filled_j : i1, index, index
+            } else {
+              %grown = arith.addi %filled_j, %c1 : index
+              %true = arith.constant true
+              scf.yield %true, %filled_j, %grown : i1, index, index
+            }
+            scf.if %enters {
+              // Move the kept ones it beats (strictly) one slot down, then put it in the slot left.
+              %slot = scf.while (%i = %start) : (index) -> index {
+                %above = arith.cmpi sgt, %i, %c0 : index
+                %moves = scf.if %above -> (i1) {
+                  %i_up = arith.subi %i, %c1 : index
+                  %other = memref.load %kept_scores[%i_up] : memref<${T}xf32>
+                  %beats = arith.cmpf ogt, %score, %other : f32
+                  scf.yield %beats : i1
+                } else {
+                  %false = arith.constant false
+                  scf.yield %false : i1
+                }
+                scf.condition(%moves) %i : index
+              } do {
+              ^bb0(%i: index):
+                %i_up = arith.subi %i, %c1 : index
+                %moved_score = memref.load %kept_scores[%i_up] : memref<${T}xf32>
+                %moved_id = memref.load %kept_ids[%i_up] : memref<${T}xi32>
+                memref.store %moved_score, %kept_scores[%i] : memref<${T}xf32>
+                memref.store %moved_id, %kept_ids[%i] : memref<${T}xi32>
+                scf.yield %i_up : index
+              }
+              memref.store %score, %kept_scores[%slot] : memref<${T}xf32>
+              memref.store %cand_i32, %kept_ids[%slot] : memref<${T}xi32>
+            }
+            scf.yield %filled_next : index
+          }
+          scf.yield %filled_out : index
+        }
+        scf.yield %filled_end : index
+      } else {
+        scf.yield %c0 : index
+      }
+
+      // The slots: the forced blocks (own, own - 1, 0), then the kept ones in order, then -1.
+      %own_i32 = arith.index_cast %last_visible : index to i32
+      %scored_slots = arith.addi %forced, %filled : index
+      scf.for %t = %c0 to %slots step %c1 {
+        %is_forced = arith.cmpi slt, %t, %forced : index
+        %is_kept = arith.cmpi slt, %t, %scored_slots : index
+        %id = scf.if %is_forced -> (i32) {
+          %first_two = arith.cmpi slt, %t, %c2 : index
+          %t_i32 = arith.index_cast %t : index to i32
+          %before = arith.subi %own_i32, %t_i32 : i32
+          %zero_i32 = arith.constant 0 : i32
+          %f = arith.select %first_two, %before, %zero_i32 : i32
+          scf.yield %f : i32
+        } else {
+          %k = scf.if %is_kept -> (i32) {
+            %r = arith.subi %t, %forced : index
+            %kept = memref.load %kept_ids[%r] : memref<${T}xi32>
+            scf.yield %kept : i32
+          } else {
+            scf.yield %minus_one : i32
+          }
+          scf.yield %k : i32
+        }
+        memref.store %id, %block_indices[%b, %m, %g, %t] : memref<?x?x${G}x${T}xi32>
+      }
+      return
+    }
+<% endcall %>
+
+// block_indices [B, M, G, S] of one sequence: q [B, M, H, D], k_cmp [B, C, G, D] (C = ceil(N / BS)), lse
+// [B, H, M] f32, counts [B, M, G] i32, n = N (the rows are the last M of N positions).
+func.func @select_blocks(%q: tensor<?x?x${H}x${D}x${E}>, %k_cmp: tensor<?x?x${G}x${D}x${E}>,
+    %lse: tensor<?x${H}x?xf32>, %counts: tensor<?x?x${G}xi32>, %scale: f32, %n: index,
+    %out: tensor<?x?x${G}x${T}xi32> {iree.abi.output = 0 : index},
+    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${G}x${T}xi32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %kv_heads = arith.constant ${G} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %num_blocks = tensor.dim %k_cmp, %c1 : tensor<?x?x${G}x${D}x${E}>
+  // kT [B, G, D, C]: the candidates of a row innermost, so CPU_ROWS of them are one vector load.
+  %kT_init = tensor.empty(%batch, %num_blocks) : tensor<?x${G}x${D}x?x${E}>
+  %kT = linalg.generic {
+      indexing_maps = [affine_map<(b, g, d, c) -> (b, c, g, d)>, affine_map<(b, g, d, c) -> (b, g, d, c)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%k_cmp : tensor<?x?x${G}x${D}x${E}>) outs(%kT_init : tensor<?x${G}x${D}x?x${E}>) {
+  ^bb0(%x: ${E}, %o: ${E}):
+    linalg.yield %x : ${E}
+  } -> tensor<?x${G}x${D}x?x${E}>
+${ host.push_constants() }
+  %block_indices = flow.dispatch @select_blocks_cpu_exe::@select_blocks_cpu_row[%m_rows, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %kT, %lse, %counts)
+      : (i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
+      -> (${ dispatch.tensor_types(outputs) })
+  return %block_indices : tensor<?x?x${G}x${T}xi32>
+}
