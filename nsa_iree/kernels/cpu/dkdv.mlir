@@ -21,13 +21,11 @@
 ${ dispatch.layout("dkdv_cpu_layout", 5, inputs, outputs) }
 
 <% call dispatch.executable("selection_attention_dkdv_cpu_exe", "selection_attention_dkdv_cpu_block", "dkdv_cpu_layout", ['num_blocks', 'kv_heads', 'batch']) %>
-    func.func @selection_attention_dkdv_cpu_block() {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
+<% call rows.function("selection_attention_dkdv_cpu_block") %>
       %c0_i32 = arith.constant 0 : i32
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
-${ rows.constants() }
+<% endcall %>
       %rows_per_piece = arith.constant ${ROWS_PER_PIECE} : index
       %dkv_dim = arith.constant ${CPU_DKV} : index
       %heads_step = arith.constant ${CPU_SROWS} : index

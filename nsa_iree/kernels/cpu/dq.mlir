@@ -18,11 +18,9 @@
 ${ dispatch.layout("dq_cpu_layout", 4, inputs, outputs) }
 
 <% call dispatch.executable("selection_attention_dq_cpu_exe", "selection_attention_dq_cpu_row", "dq_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
-    func.func @selection_attention_dq_cpu_row() {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
+<% call rows.function("selection_attention_dq_cpu_row") %>
       %zero = arith.constant 0.0 : f32
-${ rows.constants() }
+<% endcall %>
       %rows_step = arith.constant ${CPU_ROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %cols_step = arith.constant ${CPU_COLS} : index

@@ -25,13 +25,11 @@
 ${ dispatch.layout("fwd_cpu_layout", 4, inputs, outputs) }
 
 <% call dispatch.executable("selection_attention_fwd_cpu_exe", "selection_attention_fwd_cpu_row", "fwd_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
-    func.func @selection_attention_fwd_cpu_row() {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
+<% call rows.function("selection_attention_fwd_cpu_row") %>
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
       %neg_inf = arith.constant 0xFF800000 : f32
-${ rows.constants() }
+<% endcall %>
       %rows_step = arith.constant ${CPU_ROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %cols_step = arith.constant ${CPU_COLS} : index

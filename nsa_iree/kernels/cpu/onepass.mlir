@@ -25,16 +25,14 @@
 ${ dispatch.layout("onepass_cpu_layout", 4, inputs, outputs) }
 
 <% call dispatch.executable("selection_attention_onepass_cpu_exe", "selection_attention_onepass_cpu_row", "onepass_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
-    func.func @selection_attention_onepass_cpu_row() {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
+<% call rows.function("selection_attention_onepass_cpu_row") %>
       %c2 = arith.constant 2 : index
       %c0_i32 = arith.constant 0 : i32
       %c1_i32 = arith.constant 1 : i32
       %c4_i64 = arith.constant 4 : i64
       %true = arith.constant true
       %zero = arith.constant 0.0 : f32
-${ rows.constants() }
+<% endcall %>
       %heads_step = arith.constant ${CPU_SROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %cols_step = arith.constant ${CPU_COLS} : index

@@ -3,6 +3,16 @@
 // position, and the test and extent of one selected block.
 <% import "common/rules.mlir" as rules %>
 
+<# The opening of a CPU kernel's function @`name`: %c0, %c1, the kernel's own constants (the call block's
+   text), then constants(). #>
+<% macro function(name) %>
+    func.func @${name}() {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+${ caller() }
+${ constants() }
+<%- endmacro %>
+
 <# %pad (0 in E) and the configuration's sizes as index constants. #>
 <% macro constants() %>
       %pad = arith.constant 0.0 : ${E}
@@ -60,3 +70,27 @@
           %to_pos_inclusive = arith.addi %to_pos, %c1 : index
           %visible = arith.minsi %to_pos_inclusive, %block_size : index
 <% endmacro %>
+
+<# %acc (vector<`rows` x HPG>) = the scores of `rows` consecutive keys from key %`key` of the transposed keys %kT
+   (type `kt`, indexed [`at`, d, key]): sum_d kT[.., d, key + i] * qT[d, :], one vector load of the keys per d. #>
+<% macro key_rows_scores(at, key, kt, rows) %>
+%acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%acc = %zero_rows) -> (vector<${rows}x${HPG}xf32>) {
+              %keys = vector.load %kT[${at}, %d, %${key}] : ${kt}, vector<${rows}x${E}>
+              %keys32 = ${EXTF} %keys : vector<${rows}x${E}> to vector<${rows}xf32>
+              %qd = vector.load %qT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
+              %acc_new = vector.outerproduct %keys32, %qd, %acc : vector<${rows}xf32>, vector<${HPG}xf32>
+              scf.yield %acc_new : vector<${rows}x${HPG}xf32>
+            }
+<%- endmacro %>
+
+<# %acc (vector<HPG>) = the scores of key %`key` alone: sum_d kT[`at`, d, key] * qT[d, :] (kT of type `kt`). #>
+<% macro key_scores(at, key, kt) %>
+%acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%acc = %zero_h) -> (vector<${HPG}xf32>) {
+              %x = memref.load %kT[${at}, %d, %${key}] : ${kt}
+              %x32 = ${EXTF} %x : ${E} to f32
+              %xs = vector.broadcast %x32 : f32 to vector<${HPG}xf32>
+              %qd = vector.load %qT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
+              %acc_new = vector.fma %xs, %qd, %acc : vector<${HPG}xf32>
+              scf.yield %acc_new : vector<${HPG}xf32>
+            }
+<%- endmacro %>

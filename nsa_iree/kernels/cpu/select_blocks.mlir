@@ -23,18 +23,17 @@
 
 <% set inputs = ['q', ("kT", "memref<?x" ~ G ~ "x" ~ D ~ "x?x" ~ E ~ ">{%batch, %num_blocks}", "k_cmp transposed [B, G, D, C]"), 'lse', ("counts", "memref<?x?x" ~ G ~ "xi32>{%batch, %m_rows}", "block_counts [B, M, G] i32")] %>
 <% set outputs = ['block_indices'] %>
+<% set kt = "memref<?x" ~ G ~ "x" ~ D ~ "x?x" ~ E ~ ">" %>
 ${ dispatch.layout("select_cpu_layout", 4, inputs, outputs) }
 
 <% call dispatch.executable("select_blocks_cpu_exe", "select_blocks_cpu_row", "select_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
-    func.func @select_blocks_cpu_row() {
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
+<% call rows.function("select_blocks_cpu_row") %>
       %c2 = arith.constant 2 : index
       %c3 = arith.constant 3 : index
       %nan_key = arith.constant -1.0 : f32
       %zero_f32 = arith.constant 0.0 : f32
       %minus_one = arith.constant -1 : i32
-${ rows.constants() }
+<% endcall %>
       %rows_step = arith.constant ${CPU_ROWS} : index
       %dcols_step = arith.constant ${CPU_DCOLS} : index
       %zero_h = arith.constant dense<0.0> : vector<${HPG}xf32>
@@ -80,26 +79,13 @@ ${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0",
           %len = arith.minsi %rest, %rows_step : index
           %whole = arith.cmpi eq, %len, %rows_step : index
           scf.if %whole {
-            %acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%acc = %zero_rows) -> (vector<${CPU_ROWS}x${HPG}xf32>) {
-              %keys = vector.load %kT[%b, %g, %d, %c0_block] : memref<?x${G}x${D}x?x${E}>, vector<${CPU_ROWS}x${E}>
-              %keys32 = ${EXTF} %keys : vector<${CPU_ROWS}x${E}> to vector<${CPU_ROWS}xf32>
-              %qd = vector.load %qT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
-              %acc_new = vector.outerproduct %keys32, %qd, %acc : vector<${CPU_ROWS}xf32>, vector<${HPG}xf32>
-              scf.yield %acc_new : vector<${CPU_ROWS}x${HPG}xf32>
-            }
+            ${ rows.key_rows_scores("%b, %g", "c0_block", kt, CPU_ROWS) }
             vector.transfer_write %acc, %sT[%c0, %c0] {in_bounds = [true, true]}
                 : vector<${CPU_ROWS}x${HPG}xf32>, memref<${CPU_ROWS}x${HPG}xf32>
           } else {
             scf.for %j = %c0 to %len step %c1 {
               %cand = arith.addi %c0_block, %j : index
-              %acc = scf.for %d = %c0 to %head_dim step %c1 iter_args(%acc = %zero_h) -> (vector<${HPG}xf32>) {
-                %x = memref.load %kT[%b, %g, %d, %cand] : memref<?x${G}x${D}x?x${E}>
-                %x32 = ${EXTF} %x : ${E} to f32
-                %xs = vector.broadcast %x32 : f32 to vector<${HPG}xf32>
-                %qd = vector.load %qT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
-                %acc_new = vector.fma %xs, %qd, %acc : vector<${HPG}xf32>
-                scf.yield %acc_new : vector<${HPG}xf32>
-              }
+              ${ rows.key_scores("%b, %g", "cand", kt) }
               vector.store %acc, %sT[%j, %c0] : memref<${CPU_ROWS}x${HPG}xf32>, vector<${HPG}xf32>
             }
           }
