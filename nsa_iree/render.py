@@ -114,12 +114,15 @@ _PART_HEADER = re.compile(r"\A(?:[ \t]*//[^\n]*\n)*<# part: takes ([\w, ]+?) #>"
 
 
 def _macro_or_comment(node) -> bool:
-    if isinstance(node, (jinja2.nodes.Macro, jinja2.nodes.Import, jinja2.nodes.FromImport, jinja2.nodes.Assign)):
+    """Whether a top-level node may stand in a macro file: a macro, an import, a set, or text made of blank lines
+    and // comments only (anything else would be written into every template importing the file)."""
+    nodes = jinja2.nodes
+    if isinstance(node, (nodes.Macro, nodes.Import, nodes.FromImport, nodes.Assign)):
         return True
-    text = "".join(n.data for n in node.nodes if isinstance(n, jinja2.nodes.TemplateData)) \
-        if isinstance(node, jinja2.nodes.Output) and all(isinstance(n, jinja2.nodes.TemplateData) for n in node.nodes) \
-        else None
-    return text is not None and all(not line.strip() or line.strip().startswith("//") for line in text.splitlines())
+    if not isinstance(node, nodes.Output) or not all(isinstance(n, nodes.TemplateData) for n in node.nodes):
+        return False
+    lines = "".join(n.data for n in node.nodes).splitlines()
+    return all(not line.strip() or line.strip().startswith("//") for line in lines)
 
 
 @functools.lru_cache(maxsize=None)
