@@ -89,7 +89,8 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
         v_cmp: [B, C, G, Dv] in q's dtype.
         block_size: BS, positions per compressed block: block c is seen from position (c + 1) * BS - 1 on.
         scale: the softmax scale, default D ** -0.5.
-        seq_len: N, default M.
+        seq_len: N, default M. With M < N the kernels run over all N positions (the rows before the first query
+            row zero, their slots skipped): the cost grows with N, not M.
         cu_seqlens: None, or [S + 1] int32 with B = 1 and M = N packed tokens: every sequence alone, its
             compressed blocks one after another in k_cmp and v_cmp (as mean_pooling lays them out).
     Returns:
