@@ -8,6 +8,7 @@ import json
 import os
 from typing import Callable
 
+import pytest
 import torch
 
 from nsa_iree.api import backward_into, effective_block_indices, forward_into
@@ -95,6 +96,19 @@ def make_inputs(p: Problem, dtype, seed=0):
 
 def poisoned(shape, dtype):
     return torch.full(shape, float("nan"), dtype=dtype)
+
+
+@pytest.fixture
+def poisoned_compression_outputs(monkeypatch):
+    """Every buffer nsa_iree.compression's kernels write (compression._output) starts poisoned: NaN floats,
+    INT32_MAX ids; a value the kernels leave unwritten fails the comparison that follows."""
+    from nsa_iree import compression
+
+    def output(shape, like, dtype=None):
+        dtype = dtype or like.dtype
+        fill = 2 ** 31 - 1 if dtype == torch.int32 else float("nan")
+        return torch.full(shape, fill, dtype=dtype, device=like.device)
+    monkeypatch.setattr(compression, "_output", output)
 
 
 def run_poisoned(p: Problem, q, k, v, do, block_indices, block_counts, variant="two-pass"):

@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import DTYPES
+
 import nsa_iree
-from nsa_iree import compression
 from nsa_iree.reference import compressed_attention_backward_reference, compressed_attention_reference
 from nsa_iree.testing import TOLERANCE, relative_rms_error
 
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+pytestmark = pytest.mark.usefixtures("poisoned_compression_outputs")
 
 # (B, M, N (seq_len, None: M), H, G, D, Dv, BS)
 SHAPES = {
@@ -27,14 +28,6 @@ SHAPES = {
     "sixty_four_heads_per_group": (1, 70, None, 64, 1, 16, 16, 16),
     "more_keys_than_a_tile": (1, 300, None, 4, 1, 16, 16, 4),
 }
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    """Every buffer the kernels write starts as NaN: a value they leave unwritten fails the comparison."""
-    def poisoned(shape, like, dtype=None):
-        return torch.full(shape, float("nan"), dtype=dtype or like.dtype, device=like.device)
-    monkeypatch.setattr(compression, "_output", poisoned)
 
 
 def _problem(shape, dtype, seed=0):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import DTYPES
+
 import nsa_iree
 from nsa_iree.reference import mean_pooling_reference
 from nsa_iree.testing import TOLERANCE, relative_rms_error
 
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 # (B, N, G, D, BS): N a multiple of BS, not one, below one block, one token, none.
 SHAPES = {

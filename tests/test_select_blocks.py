@@ -14,6 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import DTYPES
+
 import nsa_iree
 from nsa_iree import api, compression
 from nsa_iree.kernels import choose
@@ -21,7 +23,7 @@ from nsa_iree.recipes import load_recipe
 from nsa_iree.reference import select_blocks_reference
 from nsa_iree.spec import KernelSpec
 
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+pytestmark = pytest.mark.usefixtures("poisoned_compression_outputs")
 
 # (B, M, N (seq_len, None: M), H, G, D, BS, S)
 SHAPES = {
@@ -35,16 +37,6 @@ SHAPES = {
     "count_above_visible": (1, 70, None, 3, 1, 16, 8, 20),
     "shorter_than_a_block": (1, 40, None, 4, 1, 16, 64, 3),
 }
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    """Every buffer the kernels write starts poisoned: INT32_MAX ids, NaN floats (compressed_attention's lse)."""
-    def poisoned(shape, like, dtype=None):
-        dtype = dtype or like.dtype
-        fill = 2 ** 31 - 1 if dtype == torch.int32 else float("nan")
-        return torch.full(shape, fill, dtype=dtype, device=like.device)
-    monkeypatch.setattr(compression, "_output", poisoned)
 
 
 def _problem(shape, dtype, seed=0):
