@@ -44,33 +44,27 @@ def kernels_copy(tmp_path, monkeypatch):
     render.check_part.cache_clear()
 
 
-MACRO_FILE_FAULTS = {
+# (the check, the faulty file's text, the name its error must carry)
+FAULTS = {
     # a macro reading a family value it was not given
-    "free_name": ("<% macro m(x) %>${x} ${LANES}<% endmacro %>\n", "LANES"),
+    "macro_free_name": ("check_macro_library", "<% macro m(x) %>${x} ${LANES}<% endmacro %>\n", "LANES"),
     # text outside a macro would be rendered into every importer
-    "text_outside_macros": ("%stray = arith.constant 0 : index\n<% macro m(x) %>${x}<% endmacro %>\n", "line"),
+    "macro_file_text_outside_macros": ("check_macro_library",
+                                       "%stray = arith.constant 0 : index\n<% macro m(x) %>${x}<% endmacro %>\n",
+                                       "line"),
+    "part_without_declaration": ("check_part", "%x = arith.constant ${LANES} : index\n", "opens with"),
+    "part_undeclared_name": ("check_part",
+                             "<# part: takes LANES #>\n%x = arith.constant ${LANES} : index ${D_TILES}\n", "D_TILES"),
+    "part_declared_but_unused": ("check_part", "<# part: takes LANES, PAD #>\n%x = arith.constant ${LANES} : index\n",
+                                 "PAD"),
 }
 
 
-@pytest.mark.parametrize("text, named", MACRO_FILE_FAULTS.values(), ids=list(MACRO_FILE_FAULTS))
-def test_a_faulty_macro_file_is_an_error_naming_the_fault(kernels_copy, text, named):
+@pytest.mark.parametrize("check, text, named", FAULTS.values(), ids=list(FAULTS))
+def test_a_faulty_macro_file_or_part_is_an_error_naming_the_fault(kernels_copy, check, text, named):
     (kernels_copy / "common" / "faulty.mlir").write_text(text)
     with pytest.raises(ValueError, match=named):
-        render.check_macro_library("common/faulty.mlir")
-
-
-PART_FAULTS = {
-    "no_declaration": ("%x = arith.constant ${LANES} : index\n", "opens with"),
-    "undeclared_name": ("<# part: takes LANES #>\n%x = arith.constant ${LANES} : index ${D_TILES}\n", "D_TILES"),
-    "declared_but_unused": ("<# part: takes LANES, PAD #>\n%x = arith.constant ${LANES} : index\n", "PAD"),
-}
-
-
-@pytest.mark.parametrize("text, named", PART_FAULTS.values(), ids=list(PART_FAULTS))
-def test_a_part_that_misstates_what_it_takes_is_an_error(kernels_copy, text, named):
-    (kernels_copy / "common" / "faulty_part.mlir").write_text(text)
-    with pytest.raises(ValueError, match=named):
-        render.check_part("common/faulty_part.mlir")
+        getattr(render, check)("common/faulty.mlir")
 
 
 def test_a_name_without_a_value_is_an_error_naming_it(kernels_copy):
