@@ -1,21 +1,22 @@
-"""The compression branch on the CPU: nsa_iree's mean pooling + compressed attention against a torch-eager
-version of the same math (one dense masked softmax over the compressed keys), in one process.
+"""The compression branch on the CPU against torch-eager versions of the same math, in one process: mean pooling +
+compressed attention (one dense masked softmax over the compressed keys), and select_blocks (lse given; einsum,
+probabilities, torch.topk after the forced blocks).
 
-    python3 -m bench.compression_cpu [--seq 4096] [--repeats 5]
+    python3 -m bench.compression_cpu [--seq 4096] [--repeats 5] [--slots 16]
 
-Layout: the benchmark's "cpu" configuration (H 16, G 1, D = Dv = 64, BS 64, f32). Prints a markdown table.
+Layout: the benchmark's "cpu" configuration (H 16, G 1, D = Dv = 64, BS 64, f32). Prints a markdown table per
+function. Median of `repeats` after 2 warm-ups (nsa_iree.benchmark.timed).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import nsa_iree
-from nsa_iree.benchmark import CONFIGS
+from nsa_iree.benchmark import CONFIGS, timed
+from nsa_iree.reference import select_blocks_reference
 from nsa_iree.testing import relative_rms_error
 
 
@@ -43,21 +44,43 @@ def mean_pool_eager(x, block_size):
     return sums / counts.view(1, -1, 1, 1)
 
 
-def _median_s(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def torch_eager_select_blocks(q, k_cmp, lse, slots, block_size, scale):
+    """select_blocks in eager torch: scores by einsum, probabilities exp(s - lse), the mean over the group,
+    torch.topk after the forced blocks (ties by topk, so equal to the kernel only away from ties)."""
+    batch, m_rows, heads, _ = q.shape
+    groups, num_blocks = k_cmp.shape[2], k_cmp.shape[1]
+    s = torch.einsum("bmhd,bchd->bmhc", q, k_cmp.repeat_interleave(heads // groups, dim=2)) * scale
+    pos = torch.arange(m_rows).view(m_rows, 1)
+    c = torch.arange(num_blocks).view(1, num_blocks)
+    own = pos // block_size
+    scored = (c >= 1) & (c <= own - 2)                                   # every other selectable block
+    p = torch.exp(s - lse.permute(0, 2, 1).unsqueeze(-1))
+    score = p.view(batch, m_rows, groups, heads // groups, num_blocks).mean(dim=3)
+    score = score.masked_fill(~scored.view(1, m_rows, 1, num_blocks), float("-inf"))
+    forced = torch.stack([own, own - 1, torch.zeros_like(own)], dim=-1).view(1, m_rows, 1, 3).expand(
+        batch, m_rows, groups, 3)
+    nforced = torch.clamp(own + 1, max=3).view(1, m_rows, 1, 1)
+    top_v, top_i = score.topk(min(slots, num_blocks), dim=-1)
+    top_i = torch.where(torch.isinf(top_v), -1, top_i)
+    ranked = torch.cat([forced.masked_fill(torch.arange(3).view(1, 1, 1, 3) >= nforced, -1), top_i], dim=-1)
+    # forced first (the unused ones -1 dropped by a stable sort on "is -1"), then the scored ones
+    key = (ranked < 0).to(torch.int8)
+    ranked = ranked.gather(-1, key.sort(dim=-1, stable=True).indices)
+    out = torch.full((batch, m_rows, groups, slots), -1, dtype=torch.int32)
+    width = min(slots, ranked.shape[-1])
+    out[..., :width] = ranked[..., :width].to(torch.int32)
+    return out
+
+
+def _seconds(fn, repeats):
+    return timed(fn, torch.device("cpu"), repeats)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, nargs="+", default=[4096])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--slots", type=int, default=16, help="select_blocks' S")
     args = parser.parse_args(argv)
     cfg = CONFIGS["cpu"]
     bs = cfg["block_size"]
@@ -76,13 +99,13 @@ def main(argv=None):
         row = {}
         for name, (pool, attend) in impls.items():
             kc, vc = pool(k, bs), pool(v, bs)
-            row[f"{name}_forward"] = _median_s(lambda: attend(q, kc, vc, bs), args.repeats)
+            row[f"{name}_forward"] = _seconds(lambda: attend(q, kc, vc, bs), args.repeats)
 
             def training():
                 leaves = [t.clone().requires_grad_() for t in (q, k, v)]
                 o, _ = attend(leaves[0], pool(leaves[1], bs), pool(leaves[2], bs), bs)
                 o.backward(do)
-            row[f"{name}_training"] = _median_s(training, args.repeats)
+            row[f"{name}_training"] = _seconds(training, args.repeats)
         o_mine, _ = nsa_iree.compressed_attention(q, nsa_iree.mean_pooling(k, bs), nsa_iree.mean_pooling(v, bs), bs)
         o_eager, _ = torch_eager_compressed_attention(q, mean_pool_eager(k, bs), mean_pool_eager(v, bs), bs)
         err = relative_rms_error(o_mine, o_eager)
@@ -90,6 +113,22 @@ def main(argv=None):
               f"{row['eager_forward'] / row['nsa_iree_forward']:.2f} | {row['nsa_iree_training'] * 1e3:.1f} / "
               f"{row['eager_training'] * 1e3:.1f} | {row['eager_training'] / row['nsa_iree_training']:.2f} | "
               f"{err:.1e} |", flush=True)
+    print(f"\n| N | select_blocks (S {args.slots}, lse given): nsa_iree / eager (ms) | eager/ours | rows where the "
+          "f64 oracle's ids equal ours | rows where eager's equal ours |")
+    print("|---|---|---|---|---|")
+    for n in args.seq:
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randn(1, n, cfg["heads"], cfg["head_dim"], generator=gen)
+        k_cmp = torch.randn(1, -(-n // bs), cfg["kv_heads"], cfg["head_dim"], generator=gen)
+        scale = cfg["head_dim"] ** -0.5
+        lse = nsa_iree.compressed_attention(q, k_cmp, k_cmp, bs)[1]
+        ids = nsa_iree.select_blocks(q, k_cmp, args.slots, bs, lse=lse)
+        exact = (ids == select_blocks_reference(q, k_cmp, args.slots, bs, lse=lse)).all(-1).double().mean()
+        agree = (torch_eager_select_blocks(q, k_cmp, lse, args.slots, bs, scale) == ids).all(-1).double().mean()
+        ours = _seconds(lambda: nsa_iree.select_blocks(q, k_cmp, args.slots, bs, lse=lse), args.repeats)
+        eager = _seconds(lambda: torch_eager_select_blocks(q, k_cmp, lse, args.slots, bs, scale), args.repeats)
+        print(f"| {n} | {ours * 1e3:.2f} / {eager * 1e3:.2f} | {eager / ours:.2f} | {float(exact):.4f} | "
+              f"{float(agree):.4f} |", flush=True)
 
 
 if __name__ == "__main__":

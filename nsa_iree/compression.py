@@ -9,6 +9,8 @@ and key c visible from position (c + 1) BS - 1 on (KernelSpec.key_stride, kernel
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import api, packing, validate
@@ -205,10 +207,16 @@ def _positions(q: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     return q[:, m_rows - n:], n - m_rows
 
 
+@functools.lru_cache(maxsize=8)
 def _tile_indices(batch: int, n: int, p0: int, groups: int, keys: int, device) -> torch.Tensor:
-    """[B, N, G, T] int32: every tile of the keys for the rows at positions >= p0, -1 for the rows before."""
+    """[B, N, G, T] int32: every tile of the keys for the rows at positions >= p0, -1 for the rows before and in the
+    slots past the last tile. T is the tiles rounded up to a power of two, so that lengths share modules (T is
+    compiled in: one module per power of two, not per length); the kernels skip the extra slots. Made once per
+    shape (a training loop's every step reuses it; the kernels only read it)."""
     tiles = -(-keys // _tile(device))
-    idx = torch.arange(tiles, dtype=torch.int32, device=device).expand(batch, n, groups, tiles).clone()
+    slots = 1 << (tiles - 1).bit_length()
+    idx = torch.arange(slots, dtype=torch.int32, device=device)
+    idx = torch.where(idx < tiles, idx, -1).expand(batch, n, groups, slots).clone()
     if p0 > 0:
         idx[:, :p0] = -1
     return idx
@@ -219,7 +227,7 @@ def _forward(q, k_cmp, v_cmp, block_size, scale, n):
     batch, m_rows, heads, _ = q.shape
     if 0 in (batch, m_rows, n, k_cmp.shape[1]):
         return (q.new_zeros(batch, m_rows, heads, v_cmp.shape[3]),
-                torch.full((batch, heads, m_rows), float("-inf"), device=q.device))
+                torch.full((batch, heads, m_rows), float("-inf"), dtype=torch.float32, device=q.device))
     qp, p0 = _positions(q, n)
     idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
     o = _output((batch, n, heads, v_cmp.shape[3]), q)
@@ -236,10 +244,11 @@ def _backward(do, q, k_cmp, v_cmp, o, lse, block_size, scale, n):
         return torch.zeros_like(q), torch.zeros_like(k_cmp), torch.zeros_like(v_cmp)
     qp, p0 = _positions(q, n)
     op, dop = _positions(o, n)[0], _positions(do, n)[0]
-    lsep = _positions(lse.transpose(1, 2), n)[0].transpose(1, 2)
-    if p0 > 0:
-        lsep = lsep.clone()
-        lsep[:, :, :p0] = float("-inf")
+    if p0 > 0:          # the rows before the first query row: -inf, they see nothing
+        lsep = lse.new_full((batch, lse.shape[1], n), float("-inf"))
+        lsep[:, :, p0:] = lse
+    else:
+        lsep = lse[:, :, -p0:]
     idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
     dq = _output(qp.shape, q)
     dk, dv = _output(k_cmp.shape, k_cmp), _output(v_cmp.shape, v_cmp)
@@ -301,11 +310,11 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: torch.Tens
         max(int(block_counts.max()), 0) if block_counts.numel() else 0)
     batch, m_rows, heads, dim = q.shape
     groups = k_cmp.shape[2]
+    q, k_cmp = api._autocast(q.detach(), k_cmp.detach())        # the spec's dtype is the cast one
     spec = _select_spec(q, groups, block_size, max(width, 1))
     scale = float(dim ** -0.5 if scale is None else scale)
     n = m_rows if seq_len is None else seq_len
     with torch.no_grad():
-        q, k_cmp = api._autocast(q.detach(), k_cmp.detach())
         if isinstance(block_counts, int):
             counts = torch.full((batch, m_rows, groups), block_counts, dtype=torch.int32, device=q.device)
         else:

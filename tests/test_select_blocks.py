@@ -221,3 +221,12 @@ def test_packed_bad_block_count_names_k_cmp():
     cu = torch.tensor([0, 10, 30], dtype=torch.int32)
     with pytest.raises(ValueError, match="k_cmp"):
         nsa_iree.select_blocks(torch.zeros(1, 30, 2, 16), torch.zeros(1, 3, 1, 16), 4, 8, cu_seqlens=cu)
+
+
+def test_autocast_selects_from_the_autocast_dtype():
+    """Under autocast q and k_cmp are cast (as for the attention ops) before the kernel is chosen and run."""
+    q, k, bs, n, slots = _problem(SHAPES["one_head_per_group"], torch.float32)
+    lse = _lse(q.bfloat16(), k.bfloat16(), bs, n)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = nsa_iree.select_blocks(q, k, slots, bs, lse=lse)
+    assert torch.equal(got, nsa_iree.select_blocks(q.bfloat16(), k.bfloat16(), slots, bs, lse=lse))

@@ -50,11 +50,13 @@ def choose(stage: str, spec, recipe) -> Choice:
     wanted = recipe.kernel_settings.get(stage)
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.
-        crossed = tuple(FAMILIES[wanted].limits(stage, spec, recipe)) if wanted in FAMILIES else ("no kernel",)
-        if wanted not in FAMILIES or wanted == "linalg" or crossed:
-            raise NotImplementedError(
-                f"{stage} has no kernel for target {spec.target!r} ({'; '.join(crossed)}): "
-                f"{stage} runs on the CPU only so far")
+        if wanted not in FAMILIES or wanted == "linalg":
+            raise NotImplementedError(f"{stage} has no kernel for target {spec.target!r} (its recipe names none): "
+                                      f"{stage} runs on the CPU only so far")
+        crossed = tuple(FAMILIES[wanted].limits(stage, spec, recipe))
+        if crossed:
+            raise NotImplementedError(f"{stage} has no kernel for {spec.name}: the {wanted} kernel "
+                                      f"{'; '.join(crossed)}")
         return Choice(wanted, wanted)
     if wanted not in FAMILIES or wanted == "linalg" or spec.kernels == "linalg":
         return Choice("linalg", None)
