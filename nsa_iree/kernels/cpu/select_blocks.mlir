@@ -53,7 +53,9 @@ ${ rows.position() }
       %seen = arith.cmpi sge, %pos, %c0 : index
       %count = arith.select %seen, %count_s, %c0 : index
       // own = p // BS (%last_visible); the forced blocks are min(own + 1, 3) of [own, own - 1, 0].
-      %own_blocks = arith.addi %last_visible, %c1 : index
+      // (0 for a row before position 0, whose last_visible is below -1 when p < -BS: then nothing is kept either)
+      %own_next = arith.addi %last_visible, %c1 : index
+      %own_blocks = arith.maxsi %own_next, %c0 : index
       %forced_all = arith.minsi %own_blocks, %c3 : index
       %forced = arith.minsi %forced_all, %count : index
       %keep = arith.subi %count, %forced : index
