@@ -105,6 +105,9 @@ def _fail(message: str):
 
 _RENDERING = threading.Lock()   # the environment's globals hold one template's configuration at a time
 ENVIRONMENT.globals["fail"] = _fail      # ${ fail("...") }: a template's own error, raised while rendering
+# The environment's own names (the checks read this, not ENVIRONMENT.globals, which holds a configuration while a
+# template renders, under _RENDERING).
+_FUNCTIONS = frozenset({"fail"})
 
 _IMPORT = re.compile(r"""<%\s*(?:from|import)\s+["']([\w/.]+)["']""")
 _INCLUDE = re.compile(r"""<%\s*include\s+["']([\w/.]+)["']""")
@@ -131,7 +134,7 @@ def check_macro_library(name: str) -> None:
     configuration value (its macros then take all they use as arguments), or holds text outside its macros."""
     source = _source(name)
     tree = ENVIRONMENT.parse(source)
-    free = jinja2.meta.find_undeclared_variables(tree) - CONFIGURATION_NAMES - set(ENVIRONMENT.globals)
+    free = jinja2.meta.find_undeclared_variables(tree) - CONFIGURATION_NAMES - _FUNCTIONS
     if free:
         raise ValueError(f"kernels/{name}: its macros use {sorted(free)}, neither arguments nor configuration values")
     outside = [node.lineno for node in tree.body if not _macro_or_comment(node)]
@@ -151,7 +154,7 @@ def check_part(name: str) -> None:
         raise ValueError(f"kernels/{name}: a part opens with <# part: takes NAME, ... #> (or 'takes nothing')")
     declared = set() if header.group(1) == "nothing" else {n.strip() for n in header.group(1).split(",")}
     used = jinja2.meta.find_undeclared_variables(ENVIRONMENT.parse(source)) - CONFIGURATION_NAMES \
-        - set(ENVIRONMENT.globals)
+        - _FUNCTIONS
     if used != declared:
         raise ValueError(f"kernels/{name}: the part takes {sorted(declared)} but uses {sorted(used)}")
     for part in _INCLUDE.findall(source):

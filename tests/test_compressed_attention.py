@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DTYPES
+from conftest import DTYPES, assert_bitwise_equal
 
 import nsa_iree
 from nsa_iree.reference import compressed_attention_backward_reference, compressed_attention_reference
@@ -79,28 +79,45 @@ PACKED = {
 
 @pytest.mark.parametrize("lengths", PACKED.values(), ids=list(PACKED))
 def test_packed_sequences_equal_separate_calls(lengths):
+    """Outputs and gradients of a packed call: the oracle's with cu_seqlens, and each sequence's own call's."""
     bs = 16
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     gen = torch.Generator().manual_seed(1)
-    q = torch.randn(1, sum(lengths), 4, 16, generator=gen)
+    q = torch.randn(1, sum(lengths), 4, 16, generator=gen).requires_grad_()
     kv = torch.randn(1, sum(lengths), 2, 16, generator=gen)
-    k_cmp = v_cmp = nsa_iree.mean_pooling(kv, bs, cu_seqlens=cu)
+    k_cmp = nsa_iree.mean_pooling(kv, bs, cu_seqlens=cu).requires_grad_()
+    v_cmp = nsa_iree.mean_pooling(kv.flip(-1), bs, cu_seqlens=cu).requires_grad_()
     o, lse = nsa_iree.compressed_attention(q, k_cmp, v_cmp, bs, cu_seqlens=cu)
-    ro, rl = compressed_attention_reference(q, k_cmp, v_cmp, bs, cu_seqlens=cu)
+    ro, rl = compressed_attention_reference(q.detach(), k_cmp.detach(), v_cmp.detach(), bs, cu_seqlens=cu)
     assert relative_rms_error(o.double(), ro) <= TOLERANCE[torch.float32]
     assert relative_rms_error(lse.double(), rl) <= TOLERANCE[torch.float32]
+    do = torch.randn(o.shape, generator=gen)
+    o.backward(do)
+    _, dq, dk, dv = compressed_attention_backward_reference(q.detach(), k_cmp.detach(), v_cmp.detach(), ro, rl, do,
+                                                            bs, cu_seqlens=cu)
+    for name, got, ref in (("dq", q.grad, dq), ("dk", k_cmp.grad, dk), ("dv", v_cmp.grad, dv)):
+        assert relative_rms_error(got.double(), ref, rms_floor=1e-3) <= TOLERANCE[torch.float32], name
+    first = 0
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        blocks = -(-(b - a) // bs)
+        if b > a:
+            blocks_of = slice(first, first + blocks)
+            alone, alone_lse = nsa_iree.compressed_attention(q.detach()[:, a:b], k_cmp.detach()[:, blocks_of],
+                                                             v_cmp.detach()[:, blocks_of], bs)
+            assert_bitwise_equal((o[:, a:b], lse[:, :, a:b]), (alone, alone_lse), names=("o", "lse"))
+        first += blocks
 
 
 def test_backward_is_bitwise_reproducible():
     q, k, v, bs, _ = _problem((1, 300, None, 8, 2, 32, 32, 8), torch.bfloat16)
-    do = torch.randn(1, 300, 8, 32).to(torch.bfloat16)
+    do = torch.randn(1, 300, 8, 32, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     grads = []
     for _ in range(2):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         o, _ = nsa_iree.compressed_attention(*leaves, bs)
         o.backward(do)
         grads.append([t.grad for t in leaves])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert_bitwise_equal(*grads, names=("dq", "dk", "dv"))
 
 
 BAD = {
