@@ -20,7 +20,7 @@ import threading
 import jinja2
 import jinja2.meta
 
-from .kernels import family_for
+from .kernels import template_for
 from .kernels.family import Family
 from .recipes import PIPELINES_DIR, Recipe, load_recipe
 from .spec import KernelSpec
@@ -199,11 +199,12 @@ def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None, f
 def module_templates(spec: KernelSpec, variant: str, recipe: Recipe | None = None) -> list[tuple[str, Family]]:
     """The templates of (spec, variant)'s module, in order, each with the family that renders it."""
     recipe = recipe or _package_recipe(spec.target)
-    chosen = [(stage, family_for(stage, spec, recipe)) for stage in STAGES[variant]]
+    chosen = [template_for(stage, spec, recipe) for stage in STAGES[variant]]
     helpers = []
     for _, family in chosen:
-        helpers += [(helper, family) for helper in family.helpers if (helper, family) not in helpers]
-    return [(family.template(stage), family) for stage, family in helpers + chosen]
+        helpers += [(family.template(helper), family) for helper in family.helpers
+                    if (family.template(helper), family) not in helpers]
+    return helpers + chosen
 
 
 def render_module(spec: KernelSpec, variant: str, recipe: Recipe | None = None) -> str:

@@ -40,13 +40,26 @@ class Choice:
     family: str                      # "nvidia", "portable", "cpu" or "linalg"
     wanted: str | None               # the recipe's [kernels] entry for the stage (None: linalg by design)
     crossed: tuple[str, ...] = ()    # the limits of `wanted` that spec crosses (empty unless it fell back)
+    template: str | None = None      # the family's template that renders it, if not the stage's own (DENSE)
+
+
+# Stages with a dense form: the compressed attention (KernelSpec.key_stride > 1), whose rows see every key up to
+# their position, runs the forward as dense attention (query tiles against key tiles, no block lists) where the
+# recipe names a family for the dense stage and it serves spec; the stage's own kernel otherwise.
+DENSE = {"forward": "dense_forward"}
 
 
 def choose(stage: str, spec, recipe) -> Choice:
-    """The one place that picks the kernel of a stage: the recipe's hand-written family where it serves spec, the
-    linalg stage otherwise, and everywhere when spec.kernels is "linalg". A stage with no linalg template
+    """The one place that picks the kernel of a stage: the recipe's dense kernel for a stage with a dense form
+    (DENSE) where it serves spec, else the recipe's hand-written family where it serves spec, the linalg stage
+    otherwise, and everywhere when spec.kernels is "linalg". A stage with no linalg template
     (select_blocks) gets the recipe's family or raises NotImplementedError naming the target. Reads nothing but
     its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made, nsa_iree.api.describe)."""
+    dense = DENSE.get(stage) if spec.key_stride > 1 and spec.kernels != "linalg" else None
+    if dense and recipe.kernel_settings.get(dense) in FAMILIES:
+        family = recipe.kernel_settings[dense]
+        if not FAMILIES[family].limits(dense, spec, recipe):
+            return Choice(family, family, template=dense)
     wanted = recipe.kernel_settings.get(stage)
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.
@@ -64,8 +77,11 @@ def choose(stage: str, spec, recipe) -> Choice:
     return Choice("linalg", wanted, crossed) if crossed else Choice(wanted, wanted)
 
 
-def family_for(stage: str, spec, recipe) -> Family:
-    """The family whose template renders `stage` for spec: common/ for the helper stages, else choose()'s."""
+def template_for(stage: str, spec, recipe) -> tuple[str, Family]:
+    """The template rendering `stage` for spec (a path under nsa_iree/kernels/) and its family: common/'s for the
+    helper stages, else choose()'s."""
     if stage in COMMON.stages:
-        return COMMON
-    return FAMILIES[choose(stage, spec, recipe).family]
+        return COMMON.template(stage), COMMON
+    choice = choose(stage, spec, recipe)
+    family = FAMILIES[choice.family]
+    return family.template(choice.template or stage), family

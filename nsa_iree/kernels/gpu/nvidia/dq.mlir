@@ -129,6 +129,7 @@ ${ nv.lane_ids() }
 
       // q and do as lhs fragments over all of D (Dv), loaded once: element [2 i + k'][e] of step s is
       // row 8 i + r, column 16 s + 8 k' + 2 c + e.
+      <% set q_rows = ("%m", "%m") %>
       <% include "gpu/nvidia/q_fragments.mlir" %>
       // do as a [16 heads, Dv] tile in workgroup memory (padding heads zero), read with ldmatrix per block:
       // keeping it in registers like q would leave too few registers for 3 workgroups per multiprocessor.
@@ -172,6 +173,7 @@ ${ nv.ldmatrix_lanes() }
       // while those copies are in flight.
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
       %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
+        <% set staged_block = nv.selected_block %>
         <% include "gpu/nvidia/kv_staging.mlir" %>
 ${ nv.previous("%slot") }
 ${ nv.selected_block("%slot", "%selected_now") }

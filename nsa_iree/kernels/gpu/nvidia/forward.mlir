@@ -19,13 +19,7 @@
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/nvidia/kernel.mlir" as nv %>
-<# result = x reduced with `op` (arith.maximumf, arith.addf) over the 4 lanes (c) that share a head. #>
-<% macro quad_reduce(result, x, op) %>
-          ${result}_s1, ${result}_v1 = gpu.shuffle xor ${x}, %c1_i32, %c32_i32 : f32
-          ${result}_1 = ${op} ${x}, ${result}_s1 : f32
-          ${result}_s2, ${result}_v2 = gpu.shuffle xor ${result}_1, %c2_i32, %c32_i32 : f32
-          ${result} = ${op} ${result}_1, ${result}_s2 : f32
-<% endmacro %>
+<% import "gpu/nvidia/softmax.mlir" as softmax %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices'] %>
@@ -102,6 +96,7 @@ ${ nv.lane_ids() }
 
       // q as lhs fragments over all of D, loaded once: element [2 i + k'][e] of step s is row 8 i + r,
       // column 16 s + 8 k' + 2 c + e.
+      <% set q_rows = ("%m", "%m") %>
       <% include "gpu/nvidia/q_fragments.mlir" %>
 
       // pos(m) = m + N - M: the positions the causal test uses.
@@ -128,6 +123,7 @@ ${ nv.ldmatrix_lanes() }
       %o_acc, %max_0, %max_1, %sum_0, %sum_1 = scf.for %t = %c0 to %steps step %c1
           iter_args(%o_iter = %o_init, %mx0 = %minus_inf, %mx1 = %minus_inf, %l0 = %zero, %l1 = %zero)
           -> (!fwk_o_acc, f32, f32, f32, f32) {
+        <% set staged_block = nv.selected_block %>
         <% include "gpu/nvidia/kv_staging.mlir" %>
 ${ nv.previous("%slot") }
 ${ nv.selected_block("%slot", "%selected_now") }
@@ -137,116 +133,7 @@ ${ nv.selected_block("%slot", "%selected_now") }
           %to_pos = arith.subi %pos, %key0 : index
           %visible = arith.addi %to_pos, %c1 : index
 
-          %scores_zero = arith.constant dense<0.0> : !dqk_scores
-${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
-          // Scores in base-2 units, x = s scale log2(e), -inf where the key is invisible or the head is
-          // padding: [tile][i][e] is head 8 i + r, key key_base + 8 tile + 2 c + e.
-          %x_init = arith.constant dense<0.0> : !dqk_scores
-          %x = scf.for %tile = %c0 to %c2 step %c1 iter_args(%acc = %x_init) -> (!dqk_scores) {
-            %acc_i = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc2 = %acc) -> (!dqk_scores) {
-              %is_row_1 = arith.cmpi eq, %i, %c1 : index
-              %head_valid = arith.select %is_row_1, %head_valid_1, %head_valid_0 : i1
-              %acc_e = scf.for %e = %c0 to %c2 step %c1 iter_args(%acc3 = %acc2) -> (!dqk_scores) {
-${ nv.score_element() }
-                %scaled = arith.mulf %sv, %scale_log2 : f32
-                %xv = arith.select %live, %scaled, %minus_inf : f32
-                %next = vector.insert %xv, %acc3[0, %tile, %i, %e] : f32 into !dqk_scores
-                scf.yield %next : !dqk_scores
-              } {unroll_loop}
-              scf.yield %acc_e : !dqk_scores
-            } {unroll_loop}
-            scf.yield %acc_i : !dqk_scores
-          } {unroll_loop}
-          // Block max per head: over the lane's 4 keys, then over the 4 lanes (c) sharing the head.
-          %x00 = vector.extract %x[0, 0, 0] : vector<2xf32> from !dqk_scores
-          %x10 = vector.extract %x[0, 1, 0] : vector<2xf32> from !dqk_scores
-          %x01 = vector.extract %x[0, 0, 1] : vector<2xf32> from !dqk_scores
-          %x11 = vector.extract %x[0, 1, 1] : vector<2xf32> from !dqk_scores
-          %row0 = arith.maximumf %x00, %x10 : vector<2xf32>
-          %row1 = arith.maximumf %x01, %x11 : vector<2xf32>
-          %lane_max_0 = vector.reduction <maximumf>, %row0 : vector<2xf32> into f32
-          %lane_max_1 = vector.reduction <maximumf>, %row1 : vector<2xf32> into f32
-<% for h in ["0", "1"] %>
-${ quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h, "arith.maximumf") }
-<% endfor %>
-          // The running max moves only when some head of the subgroup exceeds it by more than
-          // RESCALE_SLACK (a decision uniform over the subgroup); otherwise p = 2^(x - max) <= 2^RESCALE_SLACK
-          // against the stale max, and o, max and sum stay as they are. The result is the same softmax (o and
-          // the sum share the reference point) with one rescale of o per moved max instead of one per block.
-          %limit_0 = arith.addf %mx0, %rescale_slack : f32
-          %limit_1 = arith.addf %mx1, %rescale_slack : f32
-          %grows_0 = arith.cmpf ogt, %block_max_0, %limit_0 : f32
-          %grows_1 = arith.cmpf ogt, %block_max_1, %limit_1 : f32
-          %grows = arith.ori %grows_0, %grows_1 : i1
-          %grows_i32 = arith.extui %grows : i1 to i32
-          %any_grows_i32 = ${VOTE_ANY} %grows_i32 : (i32) -> i32
-          %any_grows = arith.cmpi ne, %any_grows_i32, %c0_i32 : i32
-          %o_ref, %max_ref_0, %max_ref_1, %l0_ref, %l1_ref = scf.if %any_grows -> (!fwk_o_acc, f32, f32, f32, f32) {
-            // Rescale factors; a head that has seen no key yet keeps max -inf, o = 0 and sum 0.
-            %new_max_0 = arith.maximumf %mx0, %block_max_0 : f32
-            %new_max_1 = arith.maximumf %mx1, %block_max_1 : f32
-            %none_0 = arith.cmpf oeq, %new_max_0, %minus_inf : f32
-            %none_1 = arith.cmpf oeq, %new_max_1, %minus_inf : f32
-            %safe_new_0 = arith.select %none_0, %zero, %new_max_0 : f32
-            %safe_new_1 = arith.select %none_1, %zero, %new_max_1 : f32
-            %drop_0 = arith.subf %mx0, %safe_new_0 : f32
-            %drop_1 = arith.subf %mx1, %safe_new_1 : f32
-            %alpha_0 = ${EX2} %drop_0 : (f32) -> f32
-            %alpha_1 = ${EX2} %drop_1 : (f32) -> f32
-            %l0_scaled = arith.mulf %l0, %alpha_0 : f32
-            %l1_scaled = arith.mulf %l1, %alpha_1 : f32
-            // o = o * alpha per head: accumulator element [0][tile][i][e] is head 8 i + r.
-            %alpha_rows0 = vector.broadcast %alpha_0 : f32 to vector<2xf32>
-            %alpha_rows1 = vector.broadcast %alpha_1 : f32 to vector<2xf32>
-            %alpha_pair0 = arith.constant dense<0.0> : vector<2x2xf32>
-            %alpha_pair1 = vector.insert %alpha_rows0, %alpha_pair0[0] : vector<2xf32> into vector<2x2xf32>
-            %alpha_pair = vector.insert %alpha_rows1, %alpha_pair1[1] : vector<2xf32> into vector<2x2xf32>
-            %alpha_all = vector.broadcast %alpha_pair : vector<2x2xf32> to !fwk_o_acc
-            %o_rescaled = arith.mulf %o_iter, %alpha_all : !fwk_o_acc
-            scf.yield %o_rescaled, %new_max_0, %new_max_1, %l0_scaled, %l1_scaled : !fwk_o_acc, f32, f32, f32, f32
-          } else {
-            scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32
-          }
-          %none_ref_0 = arith.cmpf oeq, %max_ref_0, %minus_inf : f32
-          %none_ref_1 = arith.cmpf oeq, %max_ref_1, %minus_inf : f32
-          %safe_max_0 = arith.select %none_ref_0, %zero, %max_ref_0 : f32
-          %safe_max_1 = arith.select %none_ref_1, %zero, %max_ref_1 : f32
-
-          // p = 2^(x - max) (0 for x = -inf), its row sums per lane, and p as the lhs fragment of p v:
-          // element [2 i + tile][e], each pair converted to the input type by one instruction.
-          %p_init = arith.constant dense<0.0> : !fwk_p_frags
-          %p_frags, %psum_0, %psum_1 = scf.for %tile = %c0 to %c2 step %c1
-              iter_args(%acc = %p_init, %ps0 = %zero, %ps1 = %zero) -> (!fwk_p_frags, f32, f32) {
-            %acc_i, %ps0_i, %ps1_i = scf.for %i = %c0 to %c2 step %c1
-                iter_args(%acc2 = %acc, %ps0b = %ps0, %ps1b = %ps1) -> (!fwk_p_frags, f32, f32) {
-              %is_row_1 = arith.cmpi eq, %i, %c1 : index
-              %row_max = arith.select %is_row_1, %safe_max_1, %safe_max_0 : f32
-              %xv0 = vector.extract %x[0, %tile, %i, 0] : f32 from !dqk_scores
-              %xv1 = vector.extract %x[0, %tile, %i, 1] : f32 from !dqk_scores
-              %shifted0 = arith.subf %xv0, %row_max : f32
-              %shifted1 = arith.subf %xv1, %row_max : f32
-              %p0 = ${EX2} %shifted0 : (f32) -> f32
-              %p1 = ${EX2} %shifted1 : (f32) -> f32
-              %pair_sum = arith.addf %p0, %p1 : f32
-              %packed = ${PACK_PAIR} %p1, %p0 : (f32, f32) -> i32
-              %packed_v = vector.broadcast %packed : i32 to vector<1xi32>
-              %pair = vector.bitcast %packed_v : vector<1xi32> to vector<2x${E}>
-              %i2 = arith.muli %i, %c2 : index
-              %frag_row = arith.addi %i2, %tile : index
-              %next = vector.insert %pair, %acc2[0, 0, %frag_row] : vector<2x${E}> into !fwk_p_frags
-              %add_0 = arith.select %is_row_1, %zero, %pair_sum : f32
-              %add_1 = arith.select %is_row_1, %pair_sum, %zero : f32
-              %ps0_next = arith.addf %ps0b, %add_0 : f32
-              %ps1_next = arith.addf %ps1b, %add_1 : f32
-              scf.yield %next, %ps0_next, %ps1_next : !fwk_p_frags, f32, f32
-            } {unroll_loop}
-            scf.yield %acc_i, %ps0_i, %ps1_i : !fwk_p_frags, f32, f32
-          } {unroll_loop}
-          %l0_new = arith.addf %l0_ref, %psum_0 : f32
-          %l1_new = arith.addf %l1_ref, %psum_1 : f32
-
-          // o += p v with v read transposed (ldmatrix .trans), two e tiles per step.
-${ nv.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags", "!fwk_p_frags", "%scores_zero", "%v_rows", "!dqk_v_rows", "%buffer", "%pv_row", "%v_swizzle_high", "%hi8", "%pv_swizzle_v", dqk) }
+${ softmax.step(dqk, EX2, PACK_PAIR, VOTE_ANY) }
           scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
         } else {
           scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32
@@ -258,7 +145,7 @@ ${ nv.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags"
 
       // Each subgroup's partial o, max and sum (sums over the 4 lanes of a head) into workgroup memory.
 <% for h in ["0", "1"] %>
-${ quad_reduce("%row_sum_" ~ h, "%sum_" ~ h, "arith.addf") }
+${ softmax.quad_reduce("%row_sum_" ~ h, "%sum_" ~ h, "arith.addf") }
 <% endfor %>
       %first_of_head = arith.cmpi eq, %c, %c0 : index
       // The maxes back in natural units (the combine's).

@@ -148,10 +148,13 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
 #dqk_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 <% endmacro %>
 
-<# The K/V pipeline's stage constants: `steps` iterations over `stages` buffers, `lag` = stages - 1 behind; the
+<# The K/V pipeline's stage constants: `steps` iterations (none: the kernel computes %steps) over `stages` buffers,
+   `lag` = stages - 1 behind; the
    swizzle masks (k_mask, v_mask) and their high bits (k_high, v_high). #>
 <% macro stage_constants(steps, stages, lag, k_mask, v_mask, k_high, v_high) %>
+<% if steps is not none %>
       %steps = arith.constant ${steps} : index
+<% endif %>
       %stages = arith.constant ${stages} : index
       %lag = arith.constant ${lag} : index
       %k_swizzle_mask = arith.constant ${k_mask} : index
@@ -181,13 +184,19 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
 <% endmacro %>
 
 <# Scores element [0][tile][i][e] (head 8 i + r, key j = key_base + 8 tile + 2 c + e): %j, %live (key j visible
-   below %visible, head real by %head_valid) and its score %sv in %s_acc. #>
-<% macro score_element() %>
+   below %visible, or below the row's own %visible_0 / %visible_1 (by %is_row_1) when `per_row`; head real by
+   %head_valid) and its score %sv in %s_acc. #>
+<% macro score_element(per_row=false) %>
                 %tile8 = arith.muli %tile, %c8 : index
                 %j0 = arith.addi %key_base, %tile8 : index
                 %j1 = arith.addi %j0, %c2x : index
                 %j = arith.addi %j1, %e : index
+<% if per_row %>
+                %visible_row = arith.select %is_row_1, %visible_1, %visible_0 : index
+                %key_visible = arith.cmpi slt, %j, %visible_row : index
+<% else %>
                 %key_visible = arith.cmpi slt, %j, %visible : index
+<% endif %>
                 %live = arith.andi %key_visible, %head_valid : i1
                 %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
 <% endmacro %>

@@ -4,14 +4,15 @@
 // c ^ (j & mask), so the rows are unpadded and each 8 lanes fill one aligned 128-byte line: padded rows split
 // the copies into about twice the L2 requests and ~45% more L2 -> SM bytes, bench/results/kernels_H200.md), commits one group (empty for a skipped slot or t >= T), waits
 // for the group of the slot computed in this iteration and synchronises the workgroup.
-// Uses %t, %stages, %slots, %block_indices, %b, %m, %g, %last_visible_block, %pos, %tid, %lanes, %k_per_lane,
+// Slot t's block is `staged_block`'s (nv.selected_block for the selection kernels: the block a row selected; the
+// dense forward's: tile t). Uses %t, %stages, %slots, %block_indices, %b, %m, %g, %last_visible_block, %pos, %tid, %lanes, %k_per_lane,
 // %v_per_lane, %k, %v (types !dqk_k_block, !dqk_v_block), %k_swizzle_mask, %v_swizzle_mask,
-// %k_rows, %v_rows and the constants, and the including kernel's import of gpu/nvidia/kernel.mlir as nv.
-<# part: takes ASYNC_COPY_HINT, DQ_STAGES_MINUS_1, nv #>
+// %k_rows, %v_rows and the constants.
+<# part: takes ASYNC_COPY_HINT, DQ_STAGES_MINUS_1, staged_block #>
         %stage_buffer = arith.remui %t, %stages : index
         %t_in_range = arith.cmpi ult, %t, %slots : index
         scf.if %t_in_range {
-${ nv.selected_block("%t", "%selected") }
+${ staged_block("%t", "%selected") }
           scf.if %selected {
             %key0 = arith.muli %block, %block_size : index
             %to_pos = arith.subi %pos, %key0 : index

@@ -1,7 +1,8 @@
 // Part of dq_kernel.mlir and forward_kernel.mlir (included by nsa_iree/render.py where a line reads
-// `// part: q_fragments`): q of the workgroup's (b, m, g) row as lhs fragments over all of D, loaded once.
+// `// part: q_fragments`): q of the subgroup's 16 rows as lhs fragments over all of D, loaded once: rows 8 i + r
+// at position q_rows[i] (%m for both in the selection kernels, whose rows are one position's heads).
 // Uses %q, %b, %m, %head_0, %head_1, %head_valid_0, %head_valid_1, %c2x and the constants; defines %q_frags.
-<# part: takes nothing #>
+<# part: takes q_rows #>
       %q_init = arith.constant dense<0.0> : !dqk_q_frags
       %q_frags = scf.for %s = %c0 to %d_steps step %c1 iter_args(%acc = %q_init) -> (!dqk_q_frags) {
         %col0 = arith.muli %s, %c16 : index
@@ -10,7 +11,7 @@
         <# Fragment element k of step s: head row 8 (k / 2) + r, column col1 (k even) or col2 = col1 + 8. #>
         <% for x, head, col in [("%x00", "0", "%col1"), ("%x01", "0", "%col2"), ("%x10", "1", "%col1"), ("%x11", "1", "%col2")] %>
         ${x} = scf.if %head_valid_${head} -> (vector<2x${E}>) {
-          %x = vector.load %q[%b, %m, %head_${head}, ${col}] : !dqk_q, vector<2x${E}>
+          %x = vector.load %q[%b, ${ q_rows[head | int] }, %head_${head}, ${col}] : !dqk_q, vector<2x${E}>
           scf.yield %x : vector<2x${E}>
         } else {
           scf.yield %zero_pair : vector<2x${E}>
