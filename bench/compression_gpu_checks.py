@@ -1,42 +1,144 @@
-"""GPU checks of the compressed attention (no timing): the hand-written kernels against the linalg stages and the
-f64 oracle, meant to run under `compute-sanitizer --tool memcheck` too (small sizes, artifacts prebuilt).
+"""GPU checks of the compressed attention (no timing): every layout of LAYOUTS through mean pooling, forward and
+backward, against the f64 oracle and the linalg stages (KernelSpec.kernels), outputs poisoned first, the backward
+twice bit for bit; small sizes, so that `compute-sanitizer --tool memcheck` runs it too.
 
-    python3 -m bench.compression_gpu_checks       (bench/run_compression_h200.sh's setup)
+    python3 -m bench.compression_gpu_checks               (on the GPU: bench/run_compression_h200.sh's setup)
+    python3 -m bench.compression_gpu_checks --compile     (here: compile the cuda modules it and
+                                                           bench/compression_h200.py load into $NSA_IREE_CACHE_DIR)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
+from unittest import mock
 
 import torch
 
 import nsa_iree
-from nsa_iree.testing import relative_rms_error
+from nsa_iree import compression
+from nsa_iree.reference import (compressed_attention_backward_reference, compressed_attention_reference,
+                                mean_pooling_reference)
+from nsa_iree.testing import TOLERANCE, relative_rms_error
 
-from .compression_h200 import ANCHORS, CHECKS, _inputs, check
+BLOCK_SIZE = 64
+# name: (H, G, D, Dv, dtype, M, N): the anchors layout (HPG 16), M < N, every group size the dense forward takes
+# (HPG 1, 4, 32, 64: one 16-row tile holds several positions, or a position's heads span tiles), D != Dv, f16.
+LAYOUTS = {
+    "anchors_n2048": (64, 4, 128, 128, torch.bfloat16, 2048, 2048),
+    "anchors_m1000_n3000": (64, 4, 128, 128, torch.bfloat16, 1000, 3000),
+    "hpg1_n1000": (4, 4, 128, 128, torch.bfloat16, 1000, 1000),
+    "hpg4_d64dv128_n1500": (16, 4, 64, 128, torch.bfloat16, 1500, 1500),
+    "hpg32_n1100": (32, 1, 128, 128, torch.bfloat16, 1100, 1100),
+    "hpg64_m300_n1300": (64, 1, 64, 64, torch.bfloat16, 300, 1300),
+    "anchors_f16_n700": (64, 4, 128, 128, torch.float16, 700, 700),
+}
+TIMED_LENGTHS = (8192, 16384, 32768, 65536)      # bench/compression_h200.py's, anchors layout
+_DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-def against_linalg(m, n):
-    """o, lse and the gradients of the hand-written kernels against the linalg stages' (KernelSpec.kernels)."""
-    bs = ANCHORS["block_size"]
-    q, k, v = _inputs(m, n or m, seed=1)
-    k_cmp, v_cmp = nsa_iree.mean_pooling(k, bs), nsa_iree.mean_pooling(v, bs)
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    do = torch.randn(*q.shape[:3], v.shape[3], device="cuda", generator=gen).to(q.dtype)
-    runs = {}
-    for kernels in ("auto", "linalg"):
-        os.environ["NSA_IREE_KERNELS"] = kernels
-        leaves = [t.clone().requires_grad_() for t in (q, k_cmp, v_cmp)]
-        o, lse = nsa_iree.compressed_attention(*leaves, bs, seq_len=n)
-        o.backward(do)
-        runs[kernels] = (o, lse, *(t.grad for t in leaves))
-    os.environ.pop("NSA_IREE_KERNELS")
-    names = ("o", "lse", "dq", "dk_cmp", "dv_cmp")
-    return {f"{name}_vs_linalg": relative_rms_error(a.float(), b.float(), rms_floor=1e-3)
-            for name, a, b in zip(names, runs["auto"], runs["linalg"])}
+def specs():
+    """(KernelSpec, variant) of every cuda module the checks and bench/compression_h200.py load."""
+    from nsa_iree.spec import KernelSpec
+
+    def spec(h, g, d, dv, dtype, n, kernels):
+        keys = -(-n // BLOCK_SIZE)
+        return KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=compression.DEFAULT_TILE,
+                          num_blocks=compression.tile_slots(keys, compression.DEFAULT_TILE),
+                          dtype=_DTYPE_NAME[dtype], target="cuda", kernels=kernels, key_stride=BLOCK_SIZE)
+
+    wanted = [spec(h, g, d, dv, dtype, n, kernels) for h, g, d, dv, dtype, _, n in LAYOUTS.values()
+              for kernels in ("auto", "linalg")]
+    h, g, d, dv, dtype = LAYOUTS["anchors_n2048"][:5]
+    wanted += [spec(h, g, d, dv, dtype, n, "auto") for n in TIMED_LENGTHS]
+    for s in dict.fromkeys(wanted):
+        for variant in ("forward", "two-pass"):
+            yield s, variant
+
+
+def _inputs(layout, seed=0):
+    h, g, d, dv, dtype, m, n = LAYOUTS[layout]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(1, m, h, d, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(1, n, g, d, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(1, n, g, dv, device="cuda", generator=gen).to(dtype)
+    do = torch.randn(1, m, h, dv, device="cuda", generator=gen).to(dtype)
+    return q, k, v, do
+
+
+def _poisoned(shape, like, dtype=None):
+    """compression._output with NaN in every element: what the kernels leave unwritten shows."""
+    return torch.full(shape, float("nan"), dtype=dtype or like.dtype, device=like.device)
+
+
+def _run(q, k, v, do, n, kernels):
+    """o, lse and the gradients of q, k, v (through the pooling) with NSA_IREE_KERNELS = kernels."""
+    os.environ["NSA_IREE_KERNELS"] = kernels
+    try:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        k_cmp = nsa_iree.mean_pooling(leaves[1], BLOCK_SIZE)
+        v_cmp = nsa_iree.mean_pooling(leaves[2], BLOCK_SIZE)
+        with mock.patch.object(compression, "_output", _poisoned):
+            o, lse = nsa_iree.compressed_attention(leaves[0], k_cmp, v_cmp, BLOCK_SIZE, seq_len=n)
+            o.backward(do)
+        return o.detach(), lse, leaves[0].grad, leaves[1].grad, leaves[2].grad
+    finally:
+        os.environ.pop("NSA_IREE_KERNELS")
+
+
+def check(layout):
+    """One layout's row: errors against the f64 oracle and against the linalg stages, the blind rows, the backward
+    twice bitwise equal, and the gradients' digest (another process must print the same)."""
+    m, n = LAYOUTS[layout][5:]
+    q, k, v, do = _inputs(layout)
+    ours = _run(q, k, v, do, n, "auto")
+    oracle = _run(q, k, v, do, n, "linalg")
+    kc, vc = mean_pooling_reference(k, BLOCK_SIZE), mean_pooling_reference(v, BLOCK_SIZE)
+    ro, rl = compressed_attention_reference(q.double(), kc, vc, BLOCK_SIZE, seq_len=n)
+    _, rdq, rdkc, rdvc = compressed_attention_backward_reference(q.double(), kc, vc, ro, rl, do.double(), BLOCK_SIZE,
+                                                                 seq_len=n)
+    # the pooling's backward in f64: each token gets its block's gradient over the block's count
+    count = torch.tensor([min(BLOCK_SIZE, n - c * BLOCK_SIZE) for c in range(kc.shape[1])], device="cuda",
+                         dtype=torch.float64).view(1, -1, 1, 1)
+    spread = lambda g: (g / count).repeat_interleave(BLOCK_SIZE, dim=1)[:, :n]  # noqa: E731
+    reference = (ro, rl, rdq, spread(rdkc), spread(rdvc))
+    row = {"check": layout}
+    for name, a, b, r in zip(("o", "lse", "dq", "dk", "dv"), ours, oracle, reference):
+        floor = 0.0 if name == "lse" else 1e-3
+        row[name] = relative_rms_error(a.double(), r, rms_floor=floor)
+        row[f"{name}_vs_linalg"] = relative_rms_error(a.double(), b.double(), rms_floor=floor)
+        row[f"{name}_nan"] = int(torch.isnan(a).sum())
+    row["lse_inf_where_oracle"] = bool(torch.equal(torch.isinf(ours[1]), torch.isinf(rl)))
+    again = _run(q, k, v, do, n, "auto")
+    row["backward_bitwise_equal"] = all(torch.equal(a, b) for a, b in zip(ours[2:], again[2:]))
+    blind = max(0, BLOCK_SIZE - 1 - (n - m))          # query rows at positions < BS - 1 see no block
+    row["blind_rows_zero"] = bool((ours[0][:, :blind] == 0).all() and (ours[2][:, :blind] == 0).all())
+    row["gradient_digest"] = hashlib.sha256(b"".join(g.view(torch.int16).cpu().numpy().tobytes()
+                                                     for g in ours[2:])).hexdigest()[:16]
+    return row
+
+
+def main(argv) -> int:
+    if "--compile" in argv:
+        from nsa_iree.compiler import compile_artifact
+
+        for spec, variant in specs():
+            print(compile_artifact(spec, variant).path.name, flush=True)
+        return 0
+    failed = 0
+    for layout in LAYOUTS:
+        row = check(layout)
+        ok = (all(row[x] < TOLERANCE[LAYOUTS[layout][4]] for x in ("o", "lse", "dq", "dk", "dv"))
+              and all(row[f"{x}_nan"] == 0 for x in ("o", "lse", "dq", "dk", "dv"))
+              and row["lse_inf_where_oracle"] and row["backward_bitwise_equal"] and row["blind_rows_zero"])
+        row["ok"] = ok
+        failed += not ok
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"layouts": len(LAYOUTS), "failed": failed}), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    for name, (m, n) in CHECKS.items():
-        print(json.dumps(check(name, m, n) | against_linalg(m, n)), flush=True)
+    sys.exit(main(sys.argv[1:]))

@@ -1,5 +1,5 @@
-"""The compression branch on a GPU: nsa_iree's compressed attention (mean pooling included) checked against the
-f64 oracle, then timed in one process with fla-core's mean_pooling + parallel_nsa_compression.
+"""The compression branch on a GPU: nsa_iree's compressed attention (mean pooling included) timed in one process
+with fla-core's mean_pooling + parallel_nsa_compression (the checks: bench/compression_gpu_checks.py).
 
     python3 -m bench.compression_h200 OUT      (artifacts prebuilt: bench/run_compression_h200.sh)
 
@@ -8,7 +8,6 @@ Writes OUT/compression.json and prints one JSON line per row.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -17,12 +16,11 @@ import torch
 
 import nsa_iree
 from nsa_iree.benchmark import timed
-from nsa_iree.reference import compressed_attention_backward_reference, compressed_attention_reference
 from nsa_iree.testing import relative_rms_error
 
+from .compression_gpu_checks import TIMED_LENGTHS as LENGTHS
+
 ANCHORS = dict(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64)
-CHECKS = {"n2048": (2048, None), "m1000_n3000": (1000, 3000)}   # (M, N)
-LENGTHS = (8192, 16384, 32768, 65536)
 
 
 def _inputs(m, n, dtype=torch.bfloat16, seed=0):
@@ -32,38 +30,6 @@ def _inputs(m, n, dtype=torch.bfloat16, seed=0):
     k = torch.randn(1, n, g, d, device="cuda", generator=gen).to(dtype)
     v = torch.randn(1, n, g, dv, device="cuda", generator=gen).to(dtype)
     return q, k, v
-
-
-def check(name, m, n):
-    """o, lse, dq, dk, dv (through the pooling) against the f64 oracle; the backward twice, bitwise equal."""
-    bs = ANCHORS["block_size"]
-    q, k, v = _inputs(m, n or m)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    k_cmp, v_cmp = nsa_iree.mean_pooling(leaves[1], bs), nsa_iree.mean_pooling(leaves[2], bs)
-    o, lse = nsa_iree.compressed_attention(leaves[0], k_cmp, v_cmp, bs, seq_len=n)
-    do = torch.randn(o.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(2)).to(o.dtype)
-    o.backward(do)
-    kc, vc = (t.detach().double() for t in (k_cmp, v_cmp))
-    ro, rl = compressed_attention_reference(q.double(), kc, vc, bs, seq_len=n)
-    _, rdq, rdkc, rdvc = compressed_attention_backward_reference(q.double(), kc, vc, ro, rl, do.double(), bs,
-                                                                 seq_len=n)
-    # the pooling's backward (each token gets its block's gradient over the block's count), in f64
-    count = torch.tensor([min(bs, (n or m) - c * bs) for c in range(kc.shape[1])], device="cuda", dtype=torch.float64)
-    spread = lambda g: (g / count.view(1, -1, 1, 1)).repeat_interleave(bs, dim=1)[:, :(n or m)]  # noqa: E731
-    row = {"check": name, "o": relative_rms_error(o.double(), ro), "lse": relative_rms_error(lse.double(), rl),
-           "dq": relative_rms_error(leaves[0].grad.double(), rdq, rms_floor=1e-3),
-           "dk": relative_rms_error(leaves[1].grad.double(), spread(rdkc), rms_floor=1e-3),
-           "dv": relative_rms_error(leaves[2].grad.double(), spread(rdvc), rms_floor=1e-3)}
-    again = [t.clone().requires_grad_() for t in (q, k, v)]
-    o2, _ = nsa_iree.compressed_attention(again[0], nsa_iree.mean_pooling(again[1], bs),
-                                          nsa_iree.mean_pooling(again[2], bs), bs, seq_len=n)
-    o2.backward(do)
-    row["backward_bitwise_equal"] = all(torch.equal(a.grad, b.grad) for a, b in zip(leaves, again))
-    row["blind_rows_zero"] = bool((o[:, :bs - 1] == 0).all()) if n is None else None
-    # what another process must reproduce bit for bit (bench/run_compression_h200.sh runs the checks twice)
-    row["gradient_digest"] = hashlib.sha256(b"".join(t.grad.view(torch.int16).cpu().numpy().tobytes()
-                                                     for t in leaves)).hexdigest()[:16]
-    return row
 
 
 def _median_ms(fn, repeats=10):
@@ -122,10 +88,7 @@ def timing(n):
 
 
 def main(out: str) -> None:
-    results = {"device": torch.cuda.get_device_name(), "layout": ANCHORS, "checks": [], "timings": []}
-    for name, (m, n) in CHECKS.items():
-        results["checks"].append(check(name, m, n))
-        print(json.dumps(results["checks"][-1]), flush=True)
+    results = {"device": torch.cuda.get_device_name(), "layout": ANCHORS, "timings": []}
     for n in LENGTHS:
         results["timings"].append(timing(n))
         print(json.dumps(results["timings"][-1]), flush=True)

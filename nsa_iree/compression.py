@@ -207,6 +207,11 @@ def _positions(q: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     return q[:, m_rows - n:], n - m_rows
 
 
+def tile_slots(keys: int, tile: int) -> int:
+    """The kernels' T for `keys` compressed keys in tiles of `tile`: the tiles rounded up to a power of two."""
+    return 1 << (-(-keys // tile) - 1).bit_length()
+
+
 @functools.lru_cache(maxsize=8)
 def _tile_indices(batch: int, n: int, p0: int, groups: int, keys: int, device) -> torch.Tensor:
     """[B, N, G, T] int32: every tile of the keys for the rows at positions >= p0, -1 for the rows before and in the
@@ -214,7 +219,7 @@ def _tile_indices(batch: int, n: int, p0: int, groups: int, keys: int, device) -
     compiled in: one module per power of two, not per length); the kernels skip the extra slots. Made once per
     shape (a training loop's every step reuses it; the kernels only read it)."""
     tiles = -(-keys // _tile(device))
-    slots = 1 << (tiles - 1).bit_length()
+    slots = tile_slots(keys, _tile(device))
     idx = torch.arange(slots, dtype=torch.int32, device=device)
     idx = torch.where(idx < tiles, idx, -1).expand(batch, n, groups, slots).clone()
     if p0 > 0:

@@ -44,9 +44,9 @@ class Choice:
 
 
 # Stages with a dense form: the compressed attention (KernelSpec.key_stride > 1), whose rows see every key up to
-# their position, runs the forward as dense attention (query tiles against key tiles, no block lists) where the
-# recipe names a family for the dense stage and it serves spec; the stage's own kernel otherwise.
-DENSE = {"forward": "dense_forward"}
+# their position, runs the forward and dq as dense attention (query tiles against key tiles, no block lists) where
+# the recipe names a family for the dense stage and it serves spec; the stage's own kernel otherwise.
+DENSE = {"forward": "dense_forward", "dq": "dense_dq"}
 
 
 def choose(stage: str, spec, recipe) -> Choice:

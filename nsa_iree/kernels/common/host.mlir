@@ -76,14 +76,32 @@ ${ row_operand_types() },
          tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
 <%- endmacro %>
 
-<# The forward's host function: one dispatch of `executable`'s @selection_attention_fwd_row per (m, g, b). #>
-<% macro forward(executable) %>
+<# The dense kernels' grid: %row_tiles = ceil(M HPG / rows_per_workgroup) tiles of a group's rows (nothing when
+   rows_per_workgroup is none: one workgroup per row). #>
+<% macro _row_tile_constants(rows_per_workgroup) %>
+<% if rows_per_workgroup %>
+  %heads_per_group = arith.constant ${HPG} : index
+  %rows_per_workgroup = arith.constant ${rows_per_workgroup} : index
+<% endif %>
+<%- endmacro %>
+<% macro _row_tiles(rows_per_workgroup) %>
+<% if rows_per_workgroup %>
+  %group_rows = arith.muli %m_rows, %heads_per_group : index
+  %row_tiles = arith.ceildivui %group_rows, %rows_per_workgroup : index
+<% endif %>
+<%- endmacro %>
+
+<# The forward's host function: one dispatch of `executable`'s @`function` per (m, g, b), or, given
+   `rows_per_workgroup`, per (tile of that many of a group's M x HPG rows, g, b). #>
+<% macro forward(executable, function="selection_attention_fwd_row", rows_per_workgroup=none) %>
 ${ forward_signature() }
 <% call sizes() %>
   %kv_heads = arith.constant ${G} : index
+${ _row_tile_constants(rows_per_workgroup) }
 <% endcall %>
+${ _row_tiles(rows_per_workgroup) }
 ${ push_constants() }
-  %o, %lse = flow.dispatch @${executable}::@selection_attention_fwd_row[%m_rows, %kv_heads, %batch](
+  %o, %lse = flow.dispatch @${executable}::@${function}[${ "%row_tiles" if rows_per_workgroup else "%m_rows" }, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices)
       : (i32, i32, i32, i32, ${ row_operand_types() })
       -> (tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x${H}x?xf32>{%batch, %m_rows})
@@ -91,14 +109,16 @@ ${ push_constants() }
 }
 <% endmacro %>
 
-<# dq's host function: one dispatch of `executable`'s @selection_attention_dq_row per (m, g, b). #>
-<% macro dq(executable) %>
+<# dq's host function: one dispatch of `executable`'s @`function` per (m, g, b), or per row tile as the forward's. #>
+<% macro dq(executable, function="selection_attention_dq_row", rows_per_workgroup=none) %>
 ${ dq_signature() }
 <% call sizes() %>
   %kv_heads = arith.constant ${G} : index
+${ _row_tile_constants(rows_per_workgroup) }
 <% endcall %>
+${ _row_tiles(rows_per_workgroup) }
 ${ push_constants() }
-  %dq = flow.dispatch @${executable}::@selection_attention_dq_row[%m_rows, %kv_heads, %batch](
+  %dq = flow.dispatch @${executable}::@${function}[${ "%row_tiles" if rows_per_workgroup else "%m_rows" }, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do)
       : (i32, i32, i32, i32, ${ backward_operand_types() })
       -> tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}

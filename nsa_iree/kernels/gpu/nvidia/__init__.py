@@ -14,14 +14,32 @@ WORKGROUP_RESERVED = 1024   # workgroup memory the driver reserves per workgroup
 # The PTX instructions each NVIDIA kernel takes from its recipe's [kernels] table (values: EX2,
 # PACK_PAIR, VOTE_ANY).
 INSTRUCTIONS = {"forward": ("ex2", "pack_pair", "vote_any"), "dq": ("ex2", "pack_pair"),
-                "dkdv": ("ex2", "pack_pair")}
+                "dkdv": ("ex2", "pack_pair"), "dense_forward": ("ex2", "pack_pair", "vote_any"),
+                "dense_dq": ("ex2", "pack_pair")}
+DENSE_STAGES = ("dense_forward", "dense_dq")
+STAGES = tuple(INSTRUCTIONS)
+
+
+def dense_subgroups(recipe) -> int:
+    """Subgroups of the dense forward (16 rows each): the recipe's `[kernels] dense_subgroups`, default 4."""
+    return int(recipe.kernel_settings.get("dense_subgroups", 4))
+
+
+def lanes(stage: str, spec: KernelSpec, subgroup_size: int, recipe) -> int:
+    """Lanes of one workgroup of `stage`'s kernel: the selection kernels' one subgroup per 16 keys of a block;
+    the dense forward's one per 16 rows."""
+    if stage in DENSE_STAGES:
+        return dense_subgroups(recipe) * subgroup_size
+    return (spec.block_size // KEYS_PER_SUBGROUP) * subgroup_size
 
 
 def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the NVIDIA kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
-    if stage not in ("forward", "dq", "dkdv"):
+    if stage not in STAGES:
         return [f"no NVIDIA kernel for stage {stage!r}"]
     why = []
+    if stage in DENSE_STAGES and spec.key_stride == 1:
+        why.append(f"{stage}.mlir serves the compressed attention (key_stride > 1) only")
     kind = recipe.kernel_settings.get("mma_kind", "")
     if spec.dtype not in ("bf16", "f16"):
         why.append("dtype is not bf16 or f16")
@@ -35,7 +53,7 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     missing = [key for key in INSTRUCTIONS[stage] if key not in recipe.kernel_settings]
     if missing:
         why.append(f"the recipe names no {', '.join(missing)} instruction")
-    if spec.heads_per_group > HEAD_ROWS:
+    if spec.heads_per_group > HEAD_ROWS and stage not in DENSE_STAGES:     # (their rows are any heads' positions)
         why.append(f"more than {HEAD_ROWS} heads per group")
     if spec.head_dim % 16 or spec.value_dim % 16:
         why.append("D or Dv not a multiple of 16")
@@ -51,6 +69,10 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
 def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
     """Bytes of workgroup memory the kernel of `stage` allocates for spec (16-bit elements)."""
     d, dv, bs = spec.head_dim + PAD, spec.value_dim + PAD, spec.block_size
+    if stage in DENSE_STAGES:        # the K/V pipeline; dq: each subgroup's do tile besides
+        stages = int(recipe.kernel_settings.get("dq_stages", 2))
+        kv_bytes = stages * bs * (spec.head_dim + spec.value_dim) * 2
+        return kv_bytes + (dense_subgroups(recipe) * HEAD_ROWS * dv * 2 if stage == "dense_dq" else 0)
     if stage in ("dq", "forward"):
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
         kv_bytes = stages * bs * (spec.head_dim + spec.value_dim) * 2      # swizzled, unpadded rows
@@ -73,8 +95,7 @@ def min_workgroups_per_sm(stage: str, spec: KernelSpec, recipe) -> int:
     if not cap or not sm_memory:
         return 1
     kind = LAYOUTS[mma_kind_name(recipe.kernel_settings["mma_kind"], spec)]
-    lanes = (spec.block_size // KEYS_PER_SUBGROUP) * kind.subgroup_size          # LANES of the three kernels
-    by_registers = REGISTERS_PER_SM // (lanes * cap)
+    by_registers = REGISTERS_PER_SM // (lanes(stage, spec, kind.subgroup_size, recipe) * cap)
     by_memory = sm_memory // (workgroup_memory(stage, spec, recipe) + WORKGROUP_RESERVED)
     return max(1, min(by_registers, by_memory))
 
@@ -135,13 +156,24 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
     # than this (base-2 units): p stays <= 2^RESCALE_SLACK, and o is rescaled about once per row instead of
     # once per block.
     values["RESCALE_SLACK"] = "8.0"
-    for stage in ("forward", "dq", "dkdv"):
+    for stage in STAGES:
         values[f"{stage.upper()}_MIN_WORKGROUPS_PER_SM"] = min_workgroups_per_sm(stage, spec, recipe)
     values["K_STAGE_PER_LANE"] = -(-values["K_STAGE_ITEMS"] // values["LANES"])
     values["V_STAGE_PER_LANE"] = -(-values["V_STAGE_ITEMS"] // values["LANES"])
+    # The dense forward (dense_forward.mlir): DENSE_SUBGROUPS subgroups of 16 rows, a staged tile taken 16 keys
+    # at a time.
+    dense_lanes = lanes("dense_forward", spec, kind.subgroup_size, recipe)
+    values.update({
+        "DENSE_LANES": dense_lanes, "DENSE_SUBGROUPS": dense_subgroups(recipe),
+        "DENSE_ROWS": HEAD_ROWS * dense_subgroups(recipe),
+        "DENSE_DQ_SMEM_BYTES": workgroup_memory("dense_dq", spec, recipe),
+        "DENSE_SUBTILES": bs // KEYS_PER_SUBGROUP, "DENSE_SMEM_BYTES": workgroup_memory("dense_forward", spec, recipe),
+        "DENSE_K_STAGE_PER_LANE": -(-values["K_STAGE_ITEMS"] // dense_lanes),
+        "DENSE_V_STAGE_PER_LANE": -(-values["V_STAGE_ITEMS"] // dense_lanes),
+    })
     return {key: str(value) for key, value in values.items()}
 
 
 
 
-FAMILY = Family("nvidia", "gpu/nvidia", stages=("forward", "dq", "dkdv"), limits=limits, values=values)
+FAMILY = Family("nvidia", "gpu/nvidia", stages=STAGES, limits=limits, values=values)

@@ -31,6 +31,7 @@
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/nvidia/kernel.mlir" as nv %>
+<% import "gpu/nvidia/dq_step.mlir" as dq_step %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
@@ -183,69 +184,7 @@ ${ nv.selected_block("%slot", "%selected_now") }
           %to_pos = arith.subi %pos, %key0 : index
           %visible = arith.addi %to_pos, %c1 : index
 
-          // s and dp over this subgroup's 16 keys: per 16-d step one ldmatrix (two rhs fragments: matrix q
-          // is key tile q / 2, k' = q mod 2) and two mma, so only one step's fragments are live at a time.
-          %scores_zero = arith.constant dense<0.0> : !dqk_scores
-${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", dqk) }
-          %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
-            %col0 = arith.muli %s, %c16 : index
-            %col = arith.addi %col0, %lo8 : index
-            %v_col_high = arith.andi %col0, %v_swizzle_high : index
-            %v_col_low = arith.subi %col0, %v_col_high : index
-            %v_col_lane = arith.addi %v_col_low, %lo8 : index
-            %v_col_swizzled = arith.xori %v_col_lane, %score_swizzle_v : index
-            %v_col = arith.addi %v_col_high, %v_col_swizzled : index
-            %x = nvgpu.ldmatrix %v_rows[%buffer, %score_row, %v_col] numTiles = 4 transpose = false
-                : !dqk_v_rows -> vector<4x2x${E}>
-            %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
-            %lhs0 = nvgpu.ldmatrix %do_tile[%lhs_row, %col] numTiles = 4 transpose = false
-                : !dqk_do_tile -> vector<4x2x${E}>
-            %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dqk_lhs_step
-            %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
-              indexing_maps = #dqk_contraction,
-              iterator_types = [#linalg.iterator_type<parallel>, #linalg.iterator_type<parallel>, #linalg.iterator_type<reduction>],
-              kind = #iree_gpu.mma_layout<${MMA_KIND}>,
-              semantics = #iree_gpu.mma_semantics<distributed = true, opaque = false>
-            > : !dqk_lhs_step, !dqk_rhs_step into !dqk_scores
-            scf.yield %next : !dqk_scores
-          } {unroll_loop}
-
-          // ds, element by element of the accumulators: [tile][i][e] is head 8 i + r, key
-          // key_base + 8 tile + 2 c + e. It goes straight into the lhs fragment of dq = ds k, whose element
-          // [2 i + tile][e] is the same (head, key): the 16 keys of the subgroup are that product's reduction.
-          %ds_init = arith.constant dense<0.0> : !dqk_ds_frags
-          %ds_frags = scf.for %tile = %c0 to %c2 step %c1 iter_args(%acc = %ds_init) -> (!dqk_ds_frags) {
-            %acc_i = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc2 = %acc) -> (!dqk_ds_frags) {
-              %is_row_1 = arith.cmpi eq, %i, %c1 : index
-              %head_valid = arith.select %is_row_1, %head_valid_1, %head_valid_0 : i1
-              %l = arith.select %is_row_1, %lse_1, %lse_0 : f32
-              %dl = arith.select %is_row_1, %delta_1, %delta_0 : f32
-              %pair_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_f32_pair) -> (vector<2xf32>) {
-${ nv.score_element() }
-                %dpv = vector.extract %dp_acc[0, %tile, %i, %e] : f32 from !dqk_scores
-${ nv.p_and_ds("sv", "dpv", "l", "dl", EX2, "p") }
-                %ds_live = arith.select %live, %ds_scaled, %zero : f32
-                %next = vector.insert %ds_live, %pair_acc[%e] : f32 into vector<2xf32>
-                scf.yield %next : vector<2xf32>
-              } {unroll_loop}
-              // (both to the input type in one instruction: element 0 in the low half)
-              %ds0 = vector.extract %pair_f32[0] : f32 from vector<2xf32>
-              %ds1 = vector.extract %pair_f32[1] : f32 from vector<2xf32>
-              %packed = ${PACK_PAIR} %ds1, %ds0 : (f32, f32) -> i32
-              %packed_v = vector.broadcast %packed : i32 to vector<1xi32>
-              %pair = vector.bitcast %packed_v : vector<1xi32> to vector<2x${E}>
-              %i2 = arith.muli %i, %c2 : index
-              %frag_row = arith.addi %i2, %tile : index
-              %next = vector.insert %pair, %acc2[0, 0, %frag_row] : vector<2x${E}> into !dqk_ds_frags
-              scf.yield %next : !dqk_ds_frags
-            } {unroll_loop}
-            scf.yield %acc_i : !dqk_ds_frags
-          } {unroll_loop}
-
-          // dq += ds k: rhs [d tile][k'][e] = k[key_base + 8 k' + 2 c + e][8 d_tile + r], a transposed read of
-          // the row-major K tile (ldmatrix .trans: matrix q is d tile 2 s + q / 2, k' = q mod 2), two d tiles
-          // per step.
-${ nv.accumulate_steps("%dq_new", "%d_steps", "%dq_iter", "!dqk_dq_acc", "%ds_frags", "!dqk_ds_frags", none, "%k_rows", "!dqk_k_rows", "%buffer", "%dq_row", "%k_swizzle_high", "%hi8", "%dq_swizzle_k", dqk) }
+${ dq_step.step(dqk, EX2, PACK_PAIR) }
           scf.yield %dq_new : !dqk_dq_acc
         } else {
           scf.yield %dq_iter : !dqk_dq_acc

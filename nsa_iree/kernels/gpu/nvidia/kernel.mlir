@@ -46,6 +46,13 @@
           ${selected} = arith.andi %not_negative, %not_future : i1
 <% endmacro %>
 
+<# The tile staged in iteration `slot` (kv_staging's staged_block, in the dense kernels): tile `slot` itself, read iff it is at or before
+   the last tile the workgroup sees (%last_visible_block); defines %block and `selected`. #>
+<% macro next_tile(slot, selected) %>
+          %block = arith.minsi ${slot}, %last_visible_block : index
+          ${selected} = arith.cmpi sle, ${slot}, %last_visible_block : index
+<% endmacro %>
+
 <# The row computed in iteration %t of a pipeline %lag iterations deep: %has_previous (t >= lag), `row` =
    t - lag (0 before) and its %buffer (row mod %stages). #>
 <% macro previous(row) %>

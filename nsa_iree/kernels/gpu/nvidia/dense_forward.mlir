@@ -1,0 +1,175 @@
+// Dense forward: the compressed attention's forward (KernelSpec.key_stride > 1, kernels.DENSE) as flash attention
+// on the matrix units, with no block lists.
+//
+// The rows of kv group g are its M x HPG (position, head) pairs, row R = m HPG + h (any HPG: a tile of 16 rows
+// holds one position's heads, or several positions'); row R sees the keys up to pos(m) (common/rules.mlir), a
+// staircase over the keys. One workgroup per (tile of DENSE_ROWS rows, g, b): subgroup w owns rows
+// [16 w, 16 w + 16) of the tile and keeps their running max, sum and o [16, Dv] in registers, as the forward's
+// subgroups do for their keys (gpu/nvidia/forward.mlir). The keys stream through workgroup memory in tiles of BS
+// with the forward's K/V pipeline (gpu/nvidia/kv_staging.mlir; tile t staged in iteration t, up to the last tile
+// the workgroup's last row sees), each tile staged once for all the workgroup's rows. A subgroup takes a staged
+// tile 16 keys at a time with the forward's online-softmax step (gpu/nvidia/softmax.mlir), up to its last row's
+// position, and at the end writes its rows' o = o / sum and lse = max + log(sum) (natural log) itself: no combine
+// across subgroups, each row's keys in one fixed order. A row that sees no key gets o = 0 and lse = -inf. Rows
+// past M x HPG are padding: they load nothing and write nothing.
+<% import "common/host.mlir" as host %>
+<% import "common/dispatch.mlir" as dispatch %>
+<% import "gpu/nvidia/kernel.mlir" as nv %>
+<% import "gpu/nvidia/softmax.mlir" as softmax %>
+
+// Push constants: B, M, N (i32; N is the number of keys, k's rows), then the bits of scale (f32). The block
+// indices are bound (the forward's ABI) but not read.
+<% set inputs = ['q', 'k', 'v', 'block_indices'] %>
+<% set outputs = ['o', 'lse'] %>
+${ dispatch.layout("dense_fwd_layout", 4, inputs, outputs) }
+
+${ nv.kv_types(G_D, G_DV, DQ_STAGES) }
+!fwk_o = memref<?x?x${H}x${DV}x${E}>
+!fwk_smem = memref<${DENSE_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
+// Per-lane fragments.
+${ nv.fragment_types(D_STEPS) }
+<% set dqk = dict(nv.types, kind=MMA_KIND) %>
+!fwk_p_frags = vector<1x1x4x2x${E}>
+!fwk_o_acc = vector<1x${DV_TILES}x2x2xf32>
+
+<% call dispatch.executable("compressed_attention_fwd_exe", "compressed_attention_fwd_tile", "dense_fwd_layout", ['row_tiles', 'kv_heads', 'batch'], lanes=DENSE_LANES) %>
+${ nv.func_open("compressed_attention_fwd_tile", DENSE_LANES, SUBGROUP_SIZE, DENSE_FORWARD_MIN_WORKGROUPS_PER_SM) }
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %c4 = arith.constant 4 : index
+      %c8 = arith.constant 8 : index
+      %c15 = arith.constant 15 : index
+      %c16 = arith.constant 16 : index
+      %c1_i32 = arith.constant 1 : i32
+      %c2_i32 = arith.constant 2 : i32
+      %c32_i32 = arith.constant 32 : i32
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %minus_inf = arith.constant 0xFF800000 : f32
+      %c0_i32 = arith.constant 0 : i32
+      %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
+      %ln2 = arith.constant 0.693147182 : f32
+      %rescale_slack = arith.constant ${RESCALE_SLACK} : f32
+      %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
+      %heads_per_group = arith.constant ${HPG} : index
+      %block_size = arith.constant ${BS} : index
+      %rows_per_workgroup = arith.constant ${DENSE_ROWS} : index
+      %subtiles = arith.constant ${DENSE_SUBTILES} : index
+${ nv.copy_constants(DENSE_LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, DENSE_K_STAGE_PER_LANE, DENSE_V_STAGE_PER_LANE) }
+      %d_steps = arith.constant ${D_STEPS} : index
+      %dv_steps = arith.constant ${DV_STEPS} : index
+      %dv_tiles = arith.constant ${DV_TILES} : index
+${ nv.stage_constants(none, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
+
+${ dispatch.ids(['row_tile', 'g', 'b']) }
+${ dispatch.push_constants("dense_fwd_layout", ['batch', 'm_rows', 'n', 'scale']) }
+      %scale_log2 = arith.mulf %scale, %log2e : f32
+
+${ dispatch.bindings("dense_fwd_layout", inputs, outputs) }
+
+      %smem = memref.alloc() : !fwk_smem
+      %v_offset = arith.constant ${DQ_K_BYTES} : index
+      %k_rows = memref.view %smem[%c0][] : !fwk_smem to !dqk_k_rows
+      %v_rows = memref.view %smem[%v_offset][] : !fwk_smem to !dqk_v_rows
+
+${ nv.lane_ids() }
+      <% include "gpu/nvidia/dense_rows.mlir" %>
+
+      // q as lhs fragments over all of D, loaded once: element [2 i + k'][e] of step s is row 8 i + r,
+      // column 16 s + 8 k' + 2 c + e.
+      <% set q_rows = ("%m_0", "%m_1") %>
+      <% include "gpu/nvidia/q_fragments.mlir" %>
+
+      // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four; the lane's rows in a
+      // 16-key step for s (matrix q = (key tile q / 2, d half q mod 2)) and for p v (v read transposed: matrix
+      // q = (e tile q / 2, key half q mod 2)).
+${ nv.ldmatrix_lanes() }
+      %score_lane_row = arith.addi %hi8, %matrix_row : index
+      %pv_lane_row = arith.addi %lo8, %matrix_row : index
+
+      // Iteration t stages tile t into buffer t mod STAGES and computes tile t - STAGES + 1 meanwhile. Carried
+      // per lane: o for its fragment elements, the running max of its two rows, and its part of their sums.
+      %o_init = arith.constant dense<0.0> : !fwk_o_acc
+      %o_acc, %max_0, %max_1, %sum_0, %sum_1 = scf.for %t = %c0 to %steps step %c1
+          iter_args(%o_tile = %o_init, %mx0_tile = %minus_inf, %mx1_tile = %minus_inf, %l0_tile = %zero, %l1_tile = %zero)
+          -> (!fwk_o_acc, f32, f32, f32, f32) {
+        <% set staged_block = nv.next_tile %>
+        <% include "gpu/nvidia/kv_staging.mlir" %>
+${ nv.previous("%slot") }
+        %key0 = arith.muli %slot, %block_size : index
+        %sees = arith.cmpi sle, %key0, %subgroup_pos : index
+        %compute = arith.andi %sees, %has_previous : i1
+        %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next = scf.if %compute -> (!fwk_o_acc, f32, f32, f32, f32) {
+          // Keys of the tile below visible_i are row i's; the subgroup's 16-key steps up to its last key.
+          %to_pos_0 = arith.subi %pos_0, %key0 : index
+          %visible_0 = arith.addi %to_pos_0, %c1 : index
+          %to_pos_1 = arith.subi %pos_1, %key0 : index
+          %visible_1 = arith.addi %to_pos_1, %c1 : index
+          %subgroup_to_pos = arith.subi %subgroup_pos, %key0 : index
+          %subgroup_keys = arith.addi %subgroup_to_pos, %c1 : index
+          %key_steps0 = arith.ceildivui %subgroup_keys, %c16 : index
+          %key_steps = arith.minui %key_steps0, %subtiles : index
+          %o_j, %mx0_j, %mx1_j, %l0_j, %l1_j = scf.for %key_step = %c0 to %key_steps step %c1
+              iter_args(%o_iter = %o_tile, %mx0 = %mx0_tile, %mx1 = %mx1_tile, %l0 = %l0_tile, %l1 = %l1_tile)
+              -> (!fwk_o_acc, f32, f32, f32, f32) {
+            %key_base = arith.muli %key_step, %c16 : index
+            // K and V chunks are stored XOR-swizzled by row (kv_staging): column c of row j at c ^ 8 (j & mask).
+            %score_row = arith.addi %key_base, %score_lane_row : index
+            %score_row_bits = arith.andi %score_row, %k_swizzle_mask : index
+            %score_swizzle_k = arith.muli %score_row_bits, %c8 : index
+            %pv_row = arith.addi %key_base, %pv_lane_row : index
+            %pv_row_bits = arith.andi %pv_row, %v_swizzle_mask : index
+            %pv_swizzle_v = arith.muli %pv_row_bits, %c8 : index
+${ softmax.step(dqk, EX2, PACK_PAIR, VOTE_ANY, per_row=true) }
+            scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
+          }
+          scf.yield %o_j, %mx0_j, %mx1_j, %l0_j, %l1_j : !fwk_o_acc, f32, f32, f32, f32
+        } else {
+          scf.yield %o_tile, %mx0_tile, %mx1_tile, %l0_tile, %l1_tile : !fwk_o_acc, f32, f32, f32, f32
+        }
+        // The next iteration stages into the buffer just read.
+        gpu.barrier
+        scf.yield %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next : !fwk_o_acc, f32, f32, f32, f32
+      }
+
+      // Each row's sum (over the 4 lanes that share it), 1 / sum and lse = max ln 2 + log(sum): -inf and o = 0
+      // for a row that saw no key.
+<% for i in ["0", "1"] %>
+${ softmax.quad_reduce("%row_sum_" ~ i, "%sum_" ~ i, "arith.addf") }
+      %seen_${i} = arith.cmpf ogt, %row_sum_${i}, %zero : f32
+      %safe_sum_${i} = arith.select %seen_${i}, %row_sum_${i}, %one : f32
+      %inverse_all_${i} = arith.divf %one, %safe_sum_${i} : f32
+      %inverse_${i} = arith.select %seen_${i}, %inverse_all_${i}, %zero : f32
+      %max_nat_${i} = arith.mulf %max_${i}, %ln2 : f32
+      %log_sum_${i} = math.log %safe_sum_${i} : f32
+      %lse_all_${i} = arith.addf %max_nat_${i}, %log_sum_${i} : f32
+      %lse_${i} = arith.select %seen_${i}, %lse_all_${i}, %minus_inf : f32
+      %inverse_pair_${i} = vector.broadcast %inverse_${i} : f32 to vector<2xf32>
+<% endfor %>
+      %first_of_row = arith.cmpi eq, %c, %c0 : index
+<% for i in ["0", "1"] %>
+      %writes_lse_${i} = arith.andi %first_of_row, %head_valid_${i} : i1
+      scf.if %writes_lse_${i} {
+        memref.store %lse_${i}, %lse[%b, %head_${i}, %m_${i}] : memref<?x${H}x?xf32>
+      }
+<% endfor %>
+      // o: accumulator element [0][tile][i] holds row 8 i + r, columns 8 tile + 2 c and + 1.
+      scf.for %tile = %c0 to %dv_tiles step %c1 {
+        %tile8 = arith.muli %tile, %c8 : index
+        %e = arith.addi %tile8, %c2x : index
+<% for i in ["0", "1"] %>
+        scf.if %head_valid_${i} {
+          %part_${i} = vector.extract %o_acc[0, %tile, ${i}] : vector<2xf32> from !fwk_o_acc
+          %scaled_${i} = arith.mulf %part_${i}, %inverse_pair_${i} : vector<2xf32>
+          %o_pair_${i} = ${TRUNCF} %scaled_${i} : vector<2xf32> to vector<2x${E}>
+          vector.store %o_pair_${i}, %o[%b, %m_${i}, %head_${i}, %e] : !fwk_o, vector<2x${E}>
+        }
+<% endfor %>
+      } {unroll_loop}
+      return
+    }
+<% endcall %>
+
+// Host side: one dispatch over the row tiles, o and lse written into the caller's tensors.
+${ host.forward("compressed_attention_fwd_exe", "compressed_attention_fwd_tile", DENSE_ROWS) }
