@@ -36,6 +36,15 @@ LAYOUTS = {
     "anchors_f16_n700": (64, 4, 128, 128, torch.float16, 700, 700),
 }
 TIMED_LENGTHS = (8192, 16384, 32768, 65536)      # bench/compression_h200.py's, anchors layout
+TIMED_SLOTS = 16
+# select_blocks on the GPU (HPG 16): name: (layout, block_counts: an int, or (low, high) for a [B, M, G] tensor of
+# counts drawn from low .. high - 1, 0 and more than a row sees among them)
+SELECT_CASES = {
+    "anchors_n2048_s16": ("anchors_n2048", 16),
+    "anchors_m1000_n3000_s32": ("anchors_m1000_n3000", 32),
+    "anchors_f16_n700_s1": ("anchors_f16_n700", 1),
+    "anchors_n2048_counts": ("anchors_n2048", (-2, 30)),
+}
 _DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -56,6 +65,16 @@ def specs():
     for s in dict.fromkeys(wanted):
         for variant in ("forward", "two-pass"):
             yield s, variant
+    # select_blocks' modules (T = its slots; BS the compression's block size, key_stride 1)
+    selects = [(LAYOUTS[layout], _slots(counts)) for layout, counts in SELECT_CASES.values()]
+    selects.append((LAYOUTS["anchors_n2048"], TIMED_SLOTS))
+    for (h, g, d, _, dtype, _, _), slots in dict.fromkeys(selects):
+        yield KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=BLOCK_SIZE, num_blocks=slots,
+                         dtype=_DTYPE_NAME[dtype], target="cuda"), "select"
+
+
+def _slots(counts) -> int:
+    return counts if isinstance(counts, int) else counts[1] - 1
 
 
 def _inputs(layout, seed=0):
@@ -69,8 +88,9 @@ def _inputs(layout, seed=0):
 
 
 def _poisoned(shape, like, dtype=None):
-    """compression._output with NaN in every element: what the kernels leave unwritten shows."""
-    return torch.full(shape, float("nan"), dtype=dtype or like.dtype, device=like.device)
+    """compression._output with NaN (block ids: -7) in every element: what the kernels leave unwritten shows."""
+    dtype = dtype or like.dtype
+    return torch.full(shape, float("nan") if dtype.is_floating_point else -7, dtype=dtype, device=like.device)
 
 
 def _run(q, k, v, do, n, kernels):
@@ -120,6 +140,47 @@ def check(layout):
     return row
 
 
+def check_select(case):
+    """select_blocks on the GPU against the reference (the same lse): rows whose ids differ, and the largest
+    relative gap of the f64 scores between the blocks that differ there (near-ties may order either way: the
+    scores are sums of 2^x in f32 in a different order, from the hardware's 2^x)."""
+    from nsa_iree.reference import block_scores_reference, select_blocks_reference
+
+    layout, counts = SELECT_CASES[case]
+    m, n = LAYOUTS[layout][5:]
+    q, k, _, _ = _inputs(layout)
+    k_cmp = nsa_iree.mean_pooling(k, BLOCK_SIZE)
+    if not isinstance(counts, int):
+        gen = torch.Generator(device="cuda").manual_seed(4)
+        counts = torch.randint(*counts, (1, m, k.shape[2]), device="cuda", generator=gen, dtype=torch.int32)
+    lse = nsa_iree.compressed_attention(q, k_cmp, k_cmp, BLOCK_SIZE, seq_len=n)[1]
+    with mock.patch.object(compression, "_output", _poisoned):
+        got = nsa_iree.select_blocks(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n)
+    again = nsa_iree.select_blocks(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n)
+    ref = select_blocks_reference(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n).to(got.device)
+    differ = (got != ref).any(-1)
+    row = {"check": f"select_{case}", "rows": int(differ.numel()), "rows_differing": int(differ.sum()),
+           "poison_left": int((got == -7).sum()), "deterministic": bool(torch.equal(got, again))}
+    if differ.any():
+        # at the first slot where a differing row's ids part, the relative gap of the two blocks' f64 scores
+        # (inf where one side has no block there: a different count is never a near-tie)
+        scores = block_scores_reference(q, k_cmp, BLOCK_SIZE, lse=lse, seq_len=n)        # [B, M, G, C]
+        gaps = []
+        for b, mm, g in differ.nonzero().tolist()[:64]:
+            t = int((got[b, mm, g] != ref[b, mm, g]).nonzero()[0])
+            a, r = int(got[b, mm, g, t]), int(ref[b, mm, g, t])
+            if min(a, r) < 0:
+                gaps.append(float("inf"))
+                continue
+            sa, sr = float(scores[b, mm, g, a]), float(scores[b, mm, g, r])
+            gaps.append(abs(sa - sr) / max(abs(sa), abs(sr), 1e-30))
+        row["largest_relative_gap"] = max(gaps)
+        b, mm, g = differ.nonzero()[0].tolist()
+        row["first_differing"] = {"row": mm, "kv_head": g, "ours": got[b, mm, g].tolist(),
+                                  "reference": ref[b, mm, g].tolist()}
+    return row
+
+
 def main(argv) -> int:
     if "--compile" in argv:
         from nsa_iree.compiler import compile_artifact
@@ -136,7 +197,13 @@ def main(argv) -> int:
         row["ok"] = ok
         failed += not ok
         print(json.dumps(row), flush=True)
-    print(json.dumps({"layouts": len(LAYOUTS), "failed": failed}), flush=True)
+    for case in SELECT_CASES:
+        row = check_select(case)
+        row["ok"] = (row["poison_left"] == 0 and row["deterministic"]
+                     and row.get("largest_relative_gap", 0.0) < 1e-3)
+        failed += not row["ok"]
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"layouts": len(LAYOUTS), "select_cases": len(SELECT_CASES), "failed": failed}), flush=True)
     return 1 if failed else 0
 
 

@@ -19,6 +19,7 @@ from nsa_iree.benchmark import timed
 from nsa_iree.testing import relative_rms_error
 
 from .compression_gpu_checks import TIMED_LENGTHS as LENGTHS
+from .compression_gpu_checks import TIMED_SLOTS as SLOTS
 
 ANCHORS = dict(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64)
 
@@ -55,10 +56,18 @@ def timing(n):
                                              nsa_iree.mean_pooling(leaves[2], bs), bs)
         o.backward(do)
 
+    def ours_forward_and_select():
+        _, lse = nsa_iree.compressed_attention(q, mine_k, mine_v, bs)
+        nsa_iree.select_blocks(q, mine_k, SLOTS, bs, lse=lse)
+
+    ours_lse = nsa_iree.compressed_attention(q, mine_k, mine_v, bs)[1]
     rows["nsa_iree_forward_ms"] = _median_ms(ours_forward)
+    rows["nsa_iree_select_ms"] = _median_ms(lambda: nsa_iree.select_blocks(q, mine_k, SLOTS, bs, lse=ours_lse))
+    rows["nsa_iree_forward_and_select_ms"] = _median_ms(ours_forward_and_select)
     rows["nsa_iree_fwd_bwd_with_pooling_ms"] = _median_ms(ours_training)
     try:
         from fla.ops.nsa.compression import parallel_nsa_compression
+        from fla.ops.nsa.parallel import parallel_nsa_topk
         from fla.ops.utils.pooling import mean_pooling
     except ImportError as err:
         rows["fla"] = f"not importable: {err}"
@@ -74,7 +83,26 @@ def timing(n):
                                         block_size=bs)
         o.backward(do)
 
+    # fla's top-k with the lse of its compression, as parallel_nsa runs it ([B, M, H] there; its scale is not
+    # defaulted)
+    scale = ANCHORS["head_dim"] ** -0.5
+    fla_lse = parallel_nsa_compression(q, fk, fv, TK=n, block_size=bs)[1]
+
+    def fla_topk():
+        return parallel_nsa_topk(q, fk, TK=n, lse=fla_lse, block_counts=SLOTS, block_size=bs, scale=scale)
+
+    def fla_forward_and_topk():
+        _, lse = parallel_nsa_compression(q, fk, fv, TK=n, block_size=bs)
+        parallel_nsa_topk(q, fk, TK=n, lse=lse, block_counts=SLOTS, block_size=bs, scale=scale)
+
     rows["fla_forward_ms"] = _median_ms(fla_forward)
+    rows["fla_topk_ms"] = _median_ms(fla_topk)
+    rows["fla_forward_and_topk_ms"] = _median_ms(fla_forward_and_topk)
+    rows["select_ratio_ours_over_fla"] = rows["nsa_iree_select_ms"] / rows["fla_topk_ms"]
+    # the same blocks? per (row, kv head), the sets of ids (fla's order differs; -1 padding dropped)
+    ours_ids = nsa_iree.select_blocks(q, mine_k, SLOTS, bs, lse=ours_lse).long().sort(-1).values
+    fla_ids = fla_topk().long().clamp_min(-1).sort(-1).values
+    rows["rows_same_blocks_as_fla"] = float((ours_ids == fla_ids).all(-1).float().mean())
     rows["fla_fwd_bwd_with_pooling_ms"] = _median_ms(fla_training)
     rows["forward_ratio_fla_over_ours"] = rows["fla_forward_ms"] / rows["nsa_iree_forward_ms"]
     rows["training_ratio_ours_over_fla"] = (rows["nsa_iree_fwd_bwd_with_pooling_ms"]

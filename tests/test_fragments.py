@@ -14,7 +14,7 @@ import pytest
 from nsa_iree.fragments import LAYOUTS, Unit, covers_tile, element_position, evaluate_map
 from nsa_iree.recipes import load_recipe
 from nsa_iree.kernels import choose
-from nsa_iree.render import render_module
+from nsa_iree.render import module_templates, render_module
 from nsa_iree.spec import KernelSpec
 
 ANCHORS_CUDA = KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16,
@@ -100,6 +100,34 @@ def test_kernel_choice(monkeypatch, case, spec, env, expected):
         monkeypatch.setenv(key, value)
     recipe = load_recipe(spec.target)
     assert tuple(choose(stage, spec, recipe).family for stage in ("forward", "dq", "dkdv")) == expected
+
+
+# The compressed attention (key_stride > 1): forward and dq on the dense kernels (kernels.DENSE) where the recipe
+# names a family for them (cuda.toml), at any heads per group; the stage's own kernel otherwise.
+COMPRESSED_CUDA = ANCHORS_CUDA.replace(key_stride=64)
+DENSE_CHOICE = [
+    ("cuda_hpg1", COMPRESSED_CUDA.replace(heads=4), ("nvidia", "dense_forward"), ("nvidia", "dense_dq")),
+    ("cuda_hpg16", COMPRESSED_CUDA, ("nvidia", "dense_forward"), ("nvidia", "dense_dq")),
+    ("cuda_hpg64", COMPRESSED_CUDA.replace(kv_heads=1), ("nvidia", "dense_forward"), ("nvidia", "dense_dq")),
+    ("cuda_key_stride_1", ANCHORS_CUDA, ("nvidia", None), ("nvidia", None)),
+    ("cuda_linalg", COMPRESSED_CUDA.replace(kernels="linalg"), ("linalg", None), ("linalg", None)),
+    ("gfx950_no_dense_entry", COMPRESSED_CUDA.replace(target="gfx950"), ("portable", None), ("portable", None)),
+]
+
+
+@pytest.mark.parametrize("case,spec,forward,dq", DENSE_CHOICE, ids=[c[0] for c in DENSE_CHOICE])
+def test_dense_kernel_choice(case, spec, forward, dq):
+    recipe = load_recipe(spec.target)
+    chosen = [choose(stage, spec, recipe) for stage in ("forward", "dq")]
+    assert [(c.family, c.template) for c in chosen] == [forward, dq]
+
+
+def test_compressed_cuda_modules_take_the_dense_templates():
+    """The dense forward and dq replace the selection ones; dk/dv stays the selection kernel over tile indices."""
+    forward = {name for name, _ in module_templates(COMPRESSED_CUDA, "forward")}
+    backward = {name for name, _ in module_templates(COMPRESSED_CUDA, "two-pass")}
+    assert "gpu/nvidia/dense_forward.mlir" in forward and "gpu/nvidia/forward.mlir" not in forward
+    assert {"gpu/nvidia/dense_dq.mlir", "gpu/nvidia/dkdv.mlir"} <= backward and "gpu/nvidia/dq.mlir" not in backward
 
 
 def test_a_kernel_over_the_targets_workgroup_memory_falls_back(monkeypatch):

@@ -44,9 +44,9 @@ def cases():
     for target, variant in itertools.product(TARGET_DTYPES, VARIANTS[:2]):
         fields = dict(LAYOUTS["anchors"], dtype="bf16", target=target, key_stride=64)
         yield f"anchors-{target}-bf16-stride64-{variant}", fields, variant
-    # select_blocks (the CPU only: T its 16 output slots, BS the compression's block size)
-    for dtype in TARGET_DTYPES["cpu"]:
-        yield f"anchors-cpu-{dtype}-select", dict(LAYOUTS["anchors"], dtype=dtype, target="cpu"), "select"
+    # select_blocks (T its 16 output slots, BS the compression's block size): the CPU and NVIDIA kernels
+    for target, dtype in [*(("cpu", dtype) for dtype in TARGET_DTYPES["cpu"]), ("cuda", "bf16")]:
+        yield f"anchors-{target}-{dtype}-select", dict(LAYOUTS["anchors"], dtype=dtype, target=target), "select"
 
 
 def normalised(fields: dict, variant: str) -> str:

@@ -173,15 +173,25 @@ def test_inputs_that_require_grad_give_a_plain_int32_tensor():
     assert torch.equal(got, select_blocks_reference(q.detach(), k.detach(), slots, bs))
 
 
-def test_a_target_without_the_kernel_raises_before_compiling(monkeypatch):
-    spec = KernelSpec(heads=4, kv_heads=1, head_dim=16, value_dim=16, block_size=16, num_blocks=4, target="cuda")
-    with pytest.raises(NotImplementedError, match="CPU only"):
-        choose("select_blocks", spec, load_recipe("cuda"))
-    monkeypatch.setattr(api, "_target_for", lambda device: "cuda")
+# Where select_blocks has no kernel: an AMD target (its recipe names none), and on cuda a layout the NVIDIA kernel
+# does not take (it needs 16 heads per group and at most 32 slots).
+NO_KERNEL = {
+    "gfx950": ("gfx950", dict(heads=16, num_blocks=4), "recipe names none"),
+    "cuda_4_heads_per_group": ("cuda", dict(heads=4, num_blocks=4), "16 heads per group"),
+    "cuda_33_slots": ("cuda", dict(heads=16, num_blocks=33), "more than 32 output slots"),
+}
+
+
+@pytest.mark.parametrize("target, fields, message", NO_KERNEL.values(), ids=NO_KERNEL)
+def test_a_layout_without_a_kernel_raises_before_compiling(monkeypatch, target, fields, message):
+    spec = KernelSpec(kv_heads=1, head_dim=16, value_dim=16, block_size=16, dtype="bf16", target=target, **fields)
+    with pytest.raises(NotImplementedError, match=message):
+        choose("select_blocks", spec, load_recipe(target))
+    monkeypatch.setattr(api, "_target_for", lambda device: target)
     monkeypatch.setattr(api, "kernels", lambda *a: pytest.fail("compiled on a target without the kernel"))
-    q, k, bs, _, _ = _problem((1, 64, None, 4, 1, 16, 16, 4), torch.float32)
-    with pytest.raises(NotImplementedError, match="select_blocks runs on the CPU only so far"):
-        compression.select_blocks(q, k, 4, bs, lse=torch.zeros(1, 4, 64))
+    q, k, bs, _, _ = _problem((1, 64, None, fields["heads"], 1, 16, 16, 4), torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=message):
+        compression.select_blocks(q, k, fields["num_blocks"], bs, lse=torch.zeros(1, fields["heads"], 64))
 
 
 def test_linalg_kernels_setting_still_runs_the_cpu_kernel(monkeypatch):

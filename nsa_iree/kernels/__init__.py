@@ -65,7 +65,7 @@ def choose(stage: str, spec, recipe) -> Choice:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.
         if wanted not in FAMILIES or wanted == "linalg":
             raise NotImplementedError(f"{stage} has no kernel for target {spec.target!r} (its recipe names none): "
-                                      f"{stage} runs on the CPU only so far")
+                                      f"{stage} runs on the CPU and NVIDIA GPUs so far")
         crossed = tuple(FAMILIES[wanted].limits(stage, spec, recipe))
         if crossed:
             raise NotImplementedError(f"{stage} has no kernel for {spec.name}: the {wanted} kernel "

@@ -15,8 +15,10 @@ WORKGROUP_RESERVED = 1024   # workgroup memory the driver reserves per workgroup
 # PACK_PAIR, VOTE_ANY).
 INSTRUCTIONS = {"forward": ("ex2", "pack_pair", "vote_any"), "dq": ("ex2", "pack_pair"),
                 "dkdv": ("ex2", "pack_pair"), "dense_forward": ("ex2", "pack_pair", "vote_any"),
-                "dense_dq": ("ex2", "pack_pair")}
-DENSE_STAGES = ("dense_forward", "dense_dq")
+                "dense_dq": ("ex2", "pack_pair"), "select_blocks": ("ex2",)}
+# The kernels whose subgroups each take 16 rows (the dense forward and dq: any group's rows; select_blocks: one
+# query row's 16 heads), DENSE_SUBGROUPS to a workgroup.
+DENSE_STAGES = ("dense_forward", "dense_dq", "select_blocks")
 STAGES = tuple(INSTRUCTIONS)
 
 
@@ -38,8 +40,13 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     if stage not in STAGES:
         return [f"no NVIDIA kernel for stage {stage!r}"]
     why = []
-    if stage in DENSE_STAGES and spec.key_stride == 1:
+    if stage in ("dense_forward", "dense_dq") and spec.key_stride == 1:
         why.append(f"{stage}.mlir serves the compressed attention (key_stride > 1) only")
+    if stage == "select_blocks":
+        if spec.heads_per_group != HEAD_ROWS:
+            why.append(f"select_blocks.mlir takes {HEAD_ROWS} heads per group (one row's heads per subgroup)")
+        if spec.num_blocks > 32:
+            why.append("more than 32 output slots (one per lane)")
     kind = recipe.kernel_settings.get("mma_kind", "")
     if spec.dtype not in ("bf16", "f16"):
         why.append("dtype is not bf16 or f16")
@@ -53,7 +60,7 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     missing = [key for key in INSTRUCTIONS[stage] if key not in recipe.kernel_settings]
     if missing:
         why.append(f"the recipe names no {', '.join(missing)} instruction")
-    if spec.heads_per_group > HEAD_ROWS and stage not in DENSE_STAGES:     # (their rows are any heads' positions)
+    if spec.heads_per_group > HEAD_ROWS and stage in ("forward", "dq", "dkdv"):   # (the others' rows are not heads)
         why.append(f"more than {HEAD_ROWS} heads per group")
     if spec.head_dim % 16 or spec.value_dim % 16:
         why.append("D or Dv not a multiple of 16")
@@ -69,9 +76,9 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
 def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
     """Bytes of workgroup memory the kernel of `stage` allocates for spec (16-bit elements)."""
     d, dv, bs = spec.head_dim + PAD, spec.value_dim + PAD, spec.block_size
-    if stage in DENSE_STAGES:        # the K/V pipeline; dq: each subgroup's do tile besides
+    if stage in DENSE_STAGES:        # the K/V pipeline (select_blocks: K alone); dq: each subgroup's do tile besides
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
-        kv_bytes = stages * bs * (spec.head_dim + spec.value_dim) * 2
+        kv_bytes = stages * bs * (spec.head_dim + (spec.value_dim if stage != "select_blocks" else 0)) * 2
         return kv_bytes + (dense_subgroups(recipe) * HEAD_ROWS * dv * 2 if stage == "dense_dq" else 0)
     if stage in ("dq", "forward"):
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
@@ -167,6 +174,7 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "DENSE_LANES": dense_lanes, "DENSE_SUBGROUPS": dense_subgroups(recipe),
         "DENSE_ROWS": HEAD_ROWS * dense_subgroups(recipe),
         "DENSE_DQ_SMEM_BYTES": workgroup_memory("dense_dq", spec, recipe),
+        "SELECT_SMEM_BYTES": workgroup_memory("select_blocks", spec, recipe),
         "DENSE_SUBTILES": bs // KEYS_PER_SUBGROUP, "DENSE_SMEM_BYTES": workgroup_memory("dense_forward", spec, recipe),
         "DENSE_K_STAGE_PER_LANE": -(-values["K_STAGE_ITEMS"] // dense_lanes),
         "DENSE_V_STAGE_PER_LANE": -(-values["V_STAGE_ITEMS"] // dense_lanes),

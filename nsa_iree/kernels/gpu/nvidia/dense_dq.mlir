@@ -34,15 +34,7 @@ ${ nv.fragment_types(D_STEPS) }
 
 <% call dispatch.executable("compressed_attention_dq_exe", "compressed_attention_dq_tile", "dense_dq_layout", ['row_tiles', 'kv_heads', 'batch'], lanes=DENSE_LANES) %>
 ${ nv.func_open("compressed_attention_dq_tile", DENSE_LANES, SUBGROUP_SIZE, DENSE_DQ_MIN_WORKGROUPS_PER_SM) }
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c2 = arith.constant 2 : index
-      %c4 = arith.constant 4 : index
-      %c8 = arith.constant 8 : index
-      %c15 = arith.constant 15 : index
-      %c16 = arith.constant 16 : index
-      %zero = arith.constant 0.0 : f32
-      %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
+${ nv.constants(["c0", "c1", "c2", "c4", "c8", "c15", "c16", "zero", "log2e"]) }
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
       %zero_f32_pair = arith.constant dense<0.0> : vector<2xf32>
       %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
@@ -118,7 +110,7 @@ ${ nv.ldmatrix_lanes() }
       // Iteration t stages tile t into buffer t mod STAGES and computes tile t - STAGES + 1 meanwhile.
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
       %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_tile = %dq_init) -> (!dqk_dq_acc) {
-        <% set staged_block = nv.next_tile %>
+        <% set staged_block, staged_values = nv.next_tile, true %>
         <% include "gpu/nvidia/kv_staging.mlir" %>
 ${ nv.previous("%slot") }
         %key0 = arith.muli %slot, %block_size : index

@@ -34,22 +34,7 @@ ${ nv.fragment_types(D_STEPS) }
 
 <% call dispatch.executable("compressed_attention_fwd_exe", "compressed_attention_fwd_tile", "dense_fwd_layout", ['row_tiles', 'kv_heads', 'batch'], lanes=DENSE_LANES) %>
 ${ nv.func_open("compressed_attention_fwd_tile", DENSE_LANES, SUBGROUP_SIZE, DENSE_FORWARD_MIN_WORKGROUPS_PER_SM) }
-      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-      %c2 = arith.constant 2 : index
-      %c4 = arith.constant 4 : index
-      %c8 = arith.constant 8 : index
-      %c15 = arith.constant 15 : index
-      %c16 = arith.constant 16 : index
-      %c1_i32 = arith.constant 1 : i32
-      %c2_i32 = arith.constant 2 : i32
-      %c32_i32 = arith.constant 32 : i32
-      %zero = arith.constant 0.0 : f32
-      %one = arith.constant 1.0 : f32
-      %minus_inf = arith.constant 0xFF800000 : f32
-      %c0_i32 = arith.constant 0 : i32
-      %log2e = arith.constant 1.44269504 : f32      // exp(x) = 2^(x log2 e), 2^ by the hardware's approximation
-      %ln2 = arith.constant 0.693147182 : f32
+${ nv.constants(["c0", "c1", "c2", "c4", "c8", "c15", "c16", "c1_i32", "c2_i32", "c32_i32", "zero", "one", "minus_inf", "c0_i32", "log2e", "ln2"]) }
       %rescale_slack = arith.constant ${RESCALE_SLACK} : f32
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
       %heads_per_group = arith.constant ${HPG} : index
@@ -94,7 +79,7 @@ ${ nv.ldmatrix_lanes() }
       %o_acc, %max_0, %max_1, %sum_0, %sum_1 = scf.for %t = %c0 to %steps step %c1
           iter_args(%o_tile = %o_init, %mx0_tile = %minus_inf, %mx1_tile = %minus_inf, %l0_tile = %zero, %l1_tile = %zero)
           -> (!fwk_o_acc, f32, f32, f32, f32) {
-        <% set staged_block = nv.next_tile %>
+        <% set staged_block, staged_values = nv.next_tile, true %>
         <% include "gpu/nvidia/kv_staging.mlir" %>
 ${ nv.previous("%slot") }
         %key0 = arith.muli %slot, %block_size : index

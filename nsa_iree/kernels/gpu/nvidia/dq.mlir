@@ -174,7 +174,7 @@ ${ nv.ldmatrix_lanes() }
       // while those copies are in flight.
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
       %dq_acc = scf.for %t = %c0 to %steps step %c1 iter_args(%dq_iter = %dq_init) -> (!dqk_dq_acc) {
-        <% set staged_block = nv.selected_block %>
+        <% set staged_block, staged_values = nv.selected_block, true %>
         <% include "gpu/nvidia/kv_staging.mlir" %>
 ${ nv.previous("%slot") }
 ${ nv.selected_block("%slot", "%selected_now") }

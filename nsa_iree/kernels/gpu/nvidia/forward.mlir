@@ -123,7 +123,7 @@ ${ nv.ldmatrix_lanes() }
       %o_acc, %max_0, %max_1, %sum_0, %sum_1 = scf.for %t = %c0 to %steps step %c1
           iter_args(%o_iter = %o_init, %mx0 = %minus_inf, %mx1 = %minus_inf, %l0 = %zero, %l1 = %zero)
           -> (!fwk_o_acc, f32, f32, f32, f32) {
-        <% set staged_block = nv.selected_block %>
+        <% set staged_block, staged_values = nv.selected_block, true %>
         <% include "gpu/nvidia/kv_staging.mlir" %>
 ${ nv.previous("%slot") }
 ${ nv.selected_block("%slot", "%selected_now") }

@@ -5,6 +5,20 @@
    forward share besides (the K/V pipeline of gpu/nvidia/kv_staging.mlir, the q fragments, s = q k^T): types,
    constants, positions, the score element. #>
 
+<# The named constants of `names`, in order: cN (N : index), cN_i32 (N : i32), and the f32 ones of FLOATS. #>
+<% set FLOATS = {"zero": "0.0", "one": "1.0", "minus_inf": "0xFF800000", "log2e": "1.44269504", "ln2": "0.693147182"} %>
+<% macro constants(names) %>
+<% for name in names %>
+<% if name in FLOATS %>
+      %${name} = arith.constant ${ FLOATS[name] } : f32
+<% elif name.endswith("_i32") %>
+      %${name} = arith.constant ${ name[1:-4] } : i32
+<% else %>
+      %${name} = arith.constant ${ name[1:] } : index
+<% endif %>
+<% endfor %>
+<% endmacro %>
+
 <# The kernel function `name`'s opening: the unroll/lowering pipeline, `lanes` x 1 x 1 workgroups of subgroups of
    subgroup_size lanes, at least min_workgroups workgroups per multiprocessor. #>
 <% macro func_open(name, lanes, subgroup_size, min_workgroups) %>

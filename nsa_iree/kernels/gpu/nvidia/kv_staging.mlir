@@ -4,11 +4,11 @@
 // c ^ (j & mask), so the rows are unpadded and each 8 lanes fill one aligned 128-byte line: padded rows split
 // the copies into about twice the L2 requests and ~45% more L2 -> SM bytes, bench/results/kernels_H200.md), commits one group (empty for a skipped slot or t >= T), waits
 // for the group of the slot computed in this iteration and synchronises the workgroup.
-// Slot t's block is `staged_block`'s (nv.selected_block for the selection kernels: the block a row selected; the
+// K and V rows, or K rows alone where staged_values is false (select_blocks). Slot t's block is `staged_block`'s (nv.selected_block for the selection kernels: the block a row selected; the
 // dense forward's: tile t). Uses %t, %stages, %slots, %block_indices, %b, %m, %g, %last_visible_block, %pos, %tid, %lanes, %k_per_lane,
 // %v_per_lane, %k, %v (types !dqk_k_block, !dqk_v_block), %k_swizzle_mask, %v_swizzle_mask,
 // %k_rows, %v_rows and the constants.
-<# part: takes ASYNC_COPY_HINT, DQ_STAGES_MINUS_1, staged_block #>
+<# part: takes ASYNC_COPY_HINT, DQ_STAGES_MINUS_1, staged_block, staged_values #>
         %stage_buffer = arith.remui %t, %stages : index
         %t_in_range = arith.cmpi ult, %t, %slots : index
         scf.if %t_in_range {
@@ -18,11 +18,14 @@ ${ staged_block("%t", "%selected") }
             %to_pos = arith.subi %pos, %key0 : index
             %visible = arith.addi %to_pos, %c1 : index
             // The block's rows as 2-d views (one base address per block; a lane's copies differ by constants).
-            %k_block = memref.subview %k[%b, %key0, %g, 0] [1, ${BS}, 1, ${D}] [1, 1, 1, 1] : !dqk_k to !dqk_k_block
-            %v_block = memref.subview %v[%b, %key0, %g, 0] [1, ${BS}, 1, ${DV}] [1, 1, 1, 1] : !dqk_v to !dqk_v_block
+            <# K (columns d0, D wide) then V (columns e0, Dv wide), or K alone (staged_values false): the same copies,
+               each with its own sizes and swizzle. #>
+            <% set staged = [("k", "%d0", D), ("v", "%e0", DV)] if staged_values else [("k", "%d0", D)] %>
+            <% for x, col, width in staged %>
+            %${x}_block = memref.subview %${x}[%b, %key0, %g, 0] [1, ${BS}, 1, ${width}] [1, 1, 1, 1] : !dqk_${x} to !dqk_${x}_block
+            <% endfor %>
             // Item = (key j, chunk of 8 elements); lanes run along a row (coalesced).
-            <# K (columns d0, D wide) then V (columns e0, Dv wide): the same copies, each with its own sizes and swizzle. #>
-            <% for x, col in [("k", "%d0"), ("v", "%e0")] %>
+            <% for x, col, width in staged %>
             scf.for %i = %c0 to %${x}_per_lane step %c1 {
              %i_lanes = arith.muli %i, %lanes : index
              %item = arith.addi %tid, %i_lanes : index
