@@ -54,6 +54,8 @@ def test_gfx950_fused_regions_within_budget(monkeypatch, config, variant):
 # pass kernel does not serve D = 192 on gfx950 (its tiles need 83 KB); on cuda it is the portable text with mma.sync's
 # 4-byte fragment reads (2.3 per mma.sync), outside these budgets (its native atomics:
 # tests/lit/atomics_one_pass.test).
+DENSE_FORWARD, DENSE_DQ, SELECT = ("compressed_attention_fwd_tile", "compressed_attention_dq_tile",
+                                  "select_blocks_nvidia_rows")
 FORWARD, DQ, DKDV, ONEPASS = ("selection_attention_fwd_row", "selection_attention_dq_row",
                               "selection_attention_dkdv_piece", "selection_attention_onepass_row")
 HAND_WRITTEN = [
@@ -64,10 +66,14 @@ HAND_WRITTEN = [
                          ("paper_h64g4_d192", ANCHORS.replace(target=target, head_dim=192)))
       for variant, kernels in (("forward", (FORWARD,)), ("two-pass", (DQ, DKDV)))],
     ("gfx950_anchors_h64g4_d128_one-pass", ANCHORS, "one-pass", (ONEPASS,)),
-    # the compressed attention's (nsa_iree.compression: the same kernels with key_stride 64)
-    *[(f"{target}_compressed_anchors_{variant}", ANCHORS.replace(target=target, key_stride=64), variant, kernels)
-      for target in ("cuda", "gfx950")
+    # the compressed attention's (nsa_iree.compression, key_stride 64): on cuda the dense forward and dq
+    # (kernels.DENSE), on gfx950 the selection kernels
+    ("cuda_compressed_anchors_forward", ANCHORS.replace(target="cuda", key_stride=64), "forward", (DENSE_FORWARD,)),
+    ("cuda_compressed_anchors_two-pass", ANCHORS.replace(target="cuda", key_stride=64), "two-pass", (DENSE_DQ, DKDV)),
+    *[(f"gfx950_compressed_anchors_{variant}", ANCHORS.replace(key_stride=64), variant, kernels)
       for variant, kernels in (("forward", (FORWARD,)), ("two-pass", (DQ, DKDV)))],
+    # select_blocks (T its slots)
+    ("cuda_select_anchors", ANCHORS.replace(target="cuda"), "select", (SELECT,)),
 ]
 # What the two inspectors call a matrix instruction and a compare-and-swap.
 MATRIX_OP = {"cuda": "mma", "gfx950": "mfma"}
