@@ -1,6 +1,8 @@
-"""nsa_iree: the selection branch of Native Sparse Attention, forward and backward, compiled by IREE.
+"""nsa_iree: Native Sparse Attention for PyTorch, forward and backward, compiled by IREE.
 
-    o = nsa_iree.selection_attention(q, k, v, block_indices, block_size=64)
+    layer = nsa_iree.NativeSparseAttention(hidden_size, num_heads=64, num_kv_heads=4, head_dim=64)
+    o = nsa_iree.nsa(q, k, v, g_cmp, g_slc)                      # the layer's attention: fla's parallel_nsa
+    o = nsa_iree.selection_attention(q, k, v, block_indices, block_size=64)     # one branch
 
 The contract (shapes, masking, skipped slots, dtypes, tolerances) is docs/semantics.md.
 
@@ -21,7 +23,7 @@ import sys
 _EXPORTS = {
     "selection_attention": "api", "selection_attention_fwd": "api", "selection_attention_bwd": "api",
     "selection_attention_reference": "reference", "mean_pooling": "compression", "compressed_attention": "compression",
-    "select_blocks": "compression",
+    "select_blocks": "compression", "nsa": "layer", "NativeSparseAttention": "layer",
     "realistic_block_indices": "selection", "uniform_block_indices": "selection", "local_block_indices": "selection",
     "KernelSpec": "spec",
 }

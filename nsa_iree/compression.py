@@ -316,33 +316,43 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: torch.Tens
     width = block_counts if isinstance(block_counts, int) else (
         max(int(block_counts.max()), 0) if block_counts.numel() else 0)
     batch, m_rows, heads, dim = q.shape
-    groups = k_cmp.shape[2]
     q, k_cmp = api._autocast(q.detach(), k_cmp.detach())        # the spec's dtype is the cast one
-    spec = _select_spec(q, groups, block_size, max(width, 1))
+    _select_spec(q, k_cmp.shape[2], block_size, max(width, 1))   # a kernel for this target, before anything runs
     scale = float(dim ** -0.5 if scale is None else scale)
     n = m_rows if seq_len is None else seq_len
-    with torch.no_grad():
-        if isinstance(block_counts, int):
-            counts = torch.full((batch, m_rows, groups), block_counts, dtype=torch.int32, device=q.device)
-        else:
-            counts = block_counts.clamp(0, max(width, 0)).to(torch.int32)
-        if 0 in (batch, m_rows, width) or cu_seqlens is not None:
-            out = torch.full((batch, m_rows, groups, width), -1, dtype=torch.int32, device=q.device)
-        else:
-            out = _output((batch, m_rows, groups, width), counts)       # the kernel writes every slot
-        if 0 in (batch, m_rows, width):
-            return out
-        if lse is None:
-            lse = compressed_attention(q, k_cmp, k_cmp, block_size, scale, seq_len=seq_len,
-                                       cu_seqlens=cu_seqlens)[1]
-        lse = lse.detach()
-        if cu_seqlens is None:
-            _select(out, q, k_cmp, lse, counts, scale, n, spec)
-            return out
-        for (a, b), (c, d) in _sequences(cu_seqlens, block_size):
-            out[:, a:b] = _select(_output((batch, b - a, groups, width), counts), q[:, a:b], k_cmp[:, c:d],
-                                  lse[:, :, a:b], counts[:, a:b], scale, b - a, spec)
+    if isinstance(block_counts, int):
+        counts = torch.full((batch, m_rows, k_cmp.shape[2]), block_counts, dtype=torch.int32, device=q.device)
+    else:
+        counts = block_counts.detach().clamp(0, max(width, 0)).to(torch.int32)
+    if lse is None and 0 not in (batch, m_rows, width):
+        lse = compressed_attention(q, k_cmp, k_cmp, block_size, scale, seq_len=seq_len, cu_seqlens=cu_seqlens)[1]
+    lse = q.new_empty((batch, heads, m_rows), dtype=torch.float32) if lse is None else lse.detach()
+    return torch.ops.nsa_iree.select_blocks(q, k_cmp, lse, counts, block_size, width, scale, n, cu_seqlens)
+
+
+@torch.library.custom_op("nsa_iree::select_blocks", mutates_args=())
+def _select_op(q: torch.Tensor, k_cmp: torch.Tensor, lse: torch.Tensor, counts: torch.Tensor, block_size: int,
+               width: int, scale: float, seq_len: int, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """block_indices [B, M, G, width] int32 (select_blocks' kernel: counts clamped, lse given)."""
+    batch, m_rows, groups = counts.shape
+    spec = _select_spec(q, groups, block_size, max(width, 1))
+    if 0 in (batch, m_rows, width) or cu_seqlens is not None:
+        out = torch.full((batch, m_rows, groups, width), -1, dtype=torch.int32, device=q.device)
+    else:
+        out = _output((batch, m_rows, groups, width), counts)       # the kernel writes every slot
+    if 0 in (batch, m_rows, width):
         return out
+    if cu_seqlens is None:
+        return _select(out, q, k_cmp, lse, counts, scale, seq_len, spec)
+    for (a, b), (c, d) in _sequences(cu_seqlens, block_size):
+        out[:, a:b] = _select(_output((batch, b - a, groups, width), counts), q[:, a:b], k_cmp[:, c:d],
+                              lse[:, :, a:b], counts[:, a:b], scale, b - a, spec)
+    return out
+
+
+@_select_op.register_fake
+def _select_fake(q, k_cmp, lse, counts, block_size, width, scale, seq_len, cu_seqlens=None):
+    return counts.new_empty((*counts.shape, width), dtype=torch.int32)
 
 
 def _select_spec(q: torch.Tensor, groups: int, block_size: int, width: int):

@@ -431,3 +431,35 @@ def select_blocks_reference(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: 
         count = block_counts.to(device=q.device, dtype=torch.int64)
     slot = torch.arange(width, device=q.device)
     return torch.where(slot < count.unsqueeze(-1), ranked, torch.full_like(ranked, -1)).to(torch.int32)
+
+
+def nsa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torch.Tensor | None = None,
+                  g_slc: torch.Tensor | None = None, block_indices: torch.Tensor | None = None,
+                  block_counts: torch.Tensor | int = 16, block_size: int = 64, scale: float | None = None,
+                  cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """The NSA layer without its sliding window (fla's parallel_nsa with window_size 0), from the branch oracles,
+    differentiable in every floating input (the selected blocks are constants).
+
+    k_cmp, v_cmp = mean_pooling_reference(k, v); o_cmp, lse_cmp = compressed_attention_reference (when g_cmp is
+    given or the blocks are to be selected); block_indices = select_blocks_reference(q, k_cmp, block_counts, lse
+    = lse_cmp) unless given (then block_counts limits its slots); o_slc = selection_attention_reference;
+    o = o_slc * g_slc (o_slc alone without g_slc) + o_cmp * g_cmp (with g_cmp). Shapes as nsa_iree.nsa's; the
+    result [B, M, H, Dv] in float64.
+    """
+    n = k.shape[1]
+    o_cmp = None
+    if g_cmp is not None or block_indices is None:
+        k_cmp = mean_pooling_reference(k, block_size, cu_seqlens)
+        v_cmp = mean_pooling_reference(v, block_size, cu_seqlens)
+        o_cmp, lse_cmp = compressed_attention_reference(q, k_cmp, v_cmp, block_size, scale, n, cu_seqlens)
+        if block_indices is None:
+            block_indices = select_blocks_reference(q.detach(), k_cmp.detach(), block_counts, block_size, scale,
+                                                    lse_cmp.detach(), n, cu_seqlens)
+            block_counts = None
+    o, _ = selection_attention_reference(q, k, v, block_indices, block_size, block_counts, scale,
+                                         cu_seqlens=cu_seqlens)
+    if g_slc is not None:
+        o = o * g_slc.to(o.dtype).unsqueeze(-1)
+    if g_cmp is not None:
+        o = o + o_cmp * g_cmp.to(o.dtype).unsqueeze(-1)
+    return o

@@ -88,27 +88,38 @@ def check_scale(scale) -> None:
         raise ValueError(f"scale must be a finite float, got {scale!r}")
 
 
-def check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens=None, scale=None) -> None:
-    check_scale(scale)
+def _qkv(q, k, v) -> None:
+    """q [B, M, H, D], k [B, N, G, D], v [B, N, G, Dv]: floating, one dtype (or autocast's), one device, H a
+    positive multiple of G."""
     _tensor("q", q, 4, "[B, M, H, D]")
     _tensor("k", k, 4, "[B, N, G, D]")
     _tensor("v", v, 4, "[B, N, G, Dv]")
-    _tensor("block_indices", block_indices, 4, "[B, M, G, T]")
     if q.dtype not in FLOAT_DTYPES:
         raise TypeError(f"q must be float32, float16 or bfloat16, got {q.dtype}")
     _same_dtype(q, ("k", k), ("v", v))
-    if block_indices.dtype not in INDEX_DTYPES:
-        raise TypeError(f"block_indices must be int32 or int64, got {block_indices.dtype}")
-    for name, t in (("k", k), ("v", v), ("block_indices", block_indices)):
+    for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must share a device")
-    batch, m_rows, heads, head_dim = q.shape
+    batch, _, heads, head_dim = q.shape
     n, groups = k.shape[1], k.shape[2]
     _same("k", k, (batch, n, groups, head_dim), "[B, N, G, D]")
     _same("v", v, (batch, n, groups, v.shape[3]), "[B, N, G, Dv]")
     if groups == 0 or heads % groups:
         raise ValueError(f"the number of query heads H={heads} (q.shape[2]) must be a positive multiple of the "
                          f"number of kv heads G={groups} (k.shape[2])")
+
+
+def check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens=None, scale=None) -> None:
+    check_scale(scale)
+    _qkv(q, k, v)
+    _tensor("block_indices", block_indices, 4, "[B, M, G, T]")
+    if block_indices.dtype not in INDEX_DTYPES:
+        raise TypeError(f"block_indices must be int32 or int64, got {block_indices.dtype}")
+    if block_indices.device != q.device:
+        raise ValueError(f"block_indices is on {block_indices.device} but q is on {q.device}: all tensors must "
+                         f"share a device")
+    batch, m_rows, _, head_dim = q.shape
+    groups = k.shape[2]
     _same("block_indices", block_indices, (batch, m_rows, groups, block_indices.shape[3]), "[B, M, G, T]")
     if block_indices.shape[3] == 0:
         raise ValueError("block_indices must have T >= 1 slots (its last dimension is 0)")
@@ -263,6 +274,13 @@ def check_select_blocks(q, k_cmp, block_counts, block_size, scale=None, lse=None
     q's device (its entries below 0 count as 0); lse None or [B, H, M] float32 on q's device."""
     check_scale(scale)
     _compressed_keys(q, k_cmp, block_size, seq_len, cu_seqlens)
+    _selected_counts(q, k_cmp.shape[2], block_counts)
+    if lse is not None:
+        _lse(q, lse)
+
+
+def _selected_counts(q, groups, block_counts) -> None:
+    """block_counts of a selection to make: an int >= 0 or a [B, M, G] int32/int64 tensor on q's device."""
     if isinstance(block_counts, int) and not isinstance(block_counts, bool):
         if block_counts < 0:
             raise ValueError(f"block_counts must be >= 0 (the slots of the result), got {block_counts}")
@@ -274,9 +292,7 @@ def check_select_blocks(q, k_cmp, block_counts, block_size, scale=None, lse=None
         if block_counts.device != q.device:
             raise ValueError(f"block_counts is on {block_counts.device} but q is on {q.device}: all tensors must "
                              f"share a device")
-        _same("block_counts", block_counts, (q.shape[0], q.shape[1], k_cmp.shape[2]), "[B, M, G]")
-    if lse is not None:
-        _lse(q, lse)
+        _same("block_counts", block_counts, (q.shape[0], q.shape[1], groups), "[B, M, G]")
 
 
 def check_packed_blocks(cu_seqlens, total, block_size, num_blocks, name="k_cmp") -> list[int]:
@@ -289,3 +305,54 @@ def check_packed_blocks(cu_seqlens, total, block_size, num_blocks, name="k_cmp")
                          f"after another, {blocks} in all for block_size {block_size}, got {name}.shape[1] = "
                          f"{num_blocks}")
     return bounds
+
+
+def _positive_int(name, value, minimum=1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_nsa(q, k, v, g_cmp, g_slc, g_swa, block_indices, block_counts, block_size, window_size, scale=None,
+              cu_seqlens=None) -> None:
+    """nsa's own arguments: the gates None or [B, M, H] floating tensors on q's device (q's dtype unless under
+    autocast), window_size an int >= 0 (with g_swa given when above 0), block_size a positive int; q, k, v,
+    block_indices and block_counts as the branches check them (they check again when they run)."""
+    _qkv(q, k, v)
+    _positive_int("block_size", block_size)
+    _positive_int("window_size", window_size, minimum=0)
+    for name, gate in (("g_cmp", g_cmp), ("g_slc", g_slc), ("g_swa", g_swa)):
+        if gate is None:
+            continue
+        _tensor(name, gate, 3, "[B, M, H]")
+        _same(name, gate, q.shape[:3], "[B, M, H]")
+        if gate.device != q.device:
+            raise ValueError(f"{name} is on {gate.device} but q is on {q.device}: all tensors must share a device")
+        _same_dtype(q, (name, gate))
+    if window_size > 0 and g_swa is None:
+        raise ValueError("window_size > 0 needs g_swa, the sliding window's gate [B, M, H]")
+    if block_indices is not None:
+        check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens, scale)
+        return
+    check_scale(scale)
+    _selected_counts(q, k.shape[2], block_counts)
+    if cu_seqlens is not None:
+        check_cu_seqlens(q, k, cu_seqlens)
+
+
+def check_layer(hidden_size, num_heads, num_kv_heads, head_dim, block_size, block_counts, window_size, rope_theta,
+                variant) -> None:
+    """NativeSparseAttention's configuration: positive ints (window_size >= 0), num_heads a multiple of
+    num_kv_heads, an even head_dim, a positive finite rope_theta, a backward variant."""
+    for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                        ("head_dim", head_dim), ("block_size", block_size), ("block_counts", block_counts)):
+        _positive_int(name, value)
+    _positive_int("window_size", window_size, minimum=0)
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even (the rotary embedding rotates its halves), got {head_dim}")
+    if not isinstance(rope_theta, numbers.Real) or not math.isfinite(rope_theta) or rope_theta <= 0:
+        raise ValueError(f"rope_theta must be a positive finite number, got {rope_theta!r}")
+    check_variant(variant)

@@ -1,0 +1,150 @@
+"""The whole NSA layer: :func:`nsa` (fla's ``parallel_nsa`` semantics: the compression branch, the top-n block
+selection, the selection branch and their gates) and :class:`NativeSparseAttention`, the ``nn.Module`` a model
+uses (projections, rotary embedding, the gates through a sigmoid, :func:`nsa`, the output projection).
+
+The branches are the package's operators (nsa_iree.compression, nsa_iree.api), so a model of these layers trains
+with exact gradients through every branch and the pooling, traces with ``torch.compile(fullgraph=True)`` and runs
+under autocast. The sliding-window branch is not built yet: ``window_size > 0`` raises NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import api, compression, validate
+
+BlockCounts = int | torch.Tensor
+
+
+def nsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torch.Tensor | None = None,
+        g_slc: torch.Tensor | None = None, g_swa: torch.Tensor | None = None,
+        block_indices: torch.Tensor | None = None, block_counts: BlockCounts = 16, block_size: int = 64,
+        window_size: int = 0, scale: float | None = None, *, cu_seqlens: torch.Tensor | None = None,
+        variant: str = "two-pass") -> torch.Tensor:
+    """Native Sparse Attention: o = o_slc g_slc + o_cmp g_cmp (fla's parallel_nsa, without its window here).
+
+    Args:
+        q: [B, M, H, D] float32, float16 or bfloat16; the rows are the last M of N positions.
+        k: [B, N, G, D] and v: [B, N, G, Dv] in q's dtype; H a multiple of G.
+        g_cmp: None or [B, M, H] in q's dtype: the compression branch's gate (already through the caller's
+            sigmoid); None leaves the branch out of o (it is still computed when it selects the blocks).
+        g_slc: None or [B, M, H]: the selection branch's gate; None adds o_slc ungated.
+        g_swa: None or [B, M, H]: the sliding window's gate (with window_size > 0).
+        block_indices: None (select_blocks on the compressed attention's probabilities), or [B, M, G, S] int32
+            or int64 block ids, as selection_attention takes them (then block_counts limits their slots).
+        block_counts: an int or a [B, M, G] integer tensor: the blocks each (row, kv head) keeps.
+        block_size: BS, the compression's block size and the selection's.
+        window_size: 0 (no sliding-window branch). Above 0: NotImplementedError (the branch is not built yet).
+        scale: the softmax scale of every branch, default D ** -0.5.
+        cu_seqlens: None, or [S + 1] int32 with B = 1 and M = N packed tokens: every sequence alone.
+        variant: the selection branch's backward, "two-pass" (bitwise reproducible) or "one-pass".
+    Returns:
+        o [B, M, H, Dv] in q's dtype: the branches' gated sum in float32, rounded once. Differentiable in q, k, v
+        (through every branch and the pooling) and the gates; the selected blocks are constants.
+
+    Raises a TypeError or ValueError naming the argument for bad input, before anything compiles.
+    """
+    validate.check_nsa(q, k, v, g_cmp, g_slc, g_swa, block_indices, block_counts, block_size, window_size, scale,
+                       cu_seqlens)
+    if window_size > 0:
+        raise NotImplementedError("nsa: the sliding-window branch (window_size > 0) is not built yet; pass "
+                                  "window_size=0")
+    n = k.shape[1]
+    o_cmp = None
+    if g_cmp is not None or block_indices is None:
+        k_cmp = compression.mean_pooling(k, block_size, cu_seqlens=cu_seqlens)
+        v_cmp = compression.mean_pooling(v, block_size, cu_seqlens=cu_seqlens)
+        o_cmp, lse_cmp = compression.compressed_attention(q, k_cmp, v_cmp, block_size, scale, seq_len=n,
+                                                          cu_seqlens=cu_seqlens)
+        if block_indices is None:
+            block_indices = compression.select_blocks(q, k_cmp, block_counts, block_size, scale, lse=lse_cmp,
+                                                      seq_len=n, cu_seqlens=cu_seqlens)
+            block_counts = None                 # select_blocks kept each row's count, -1 in the rest
+    o_slc = api.selection_attention(q, k, v, block_indices, block_size, block_counts, scale, variant,
+                                    cu_seqlens=cu_seqlens)
+    o = o_slc.float() if g_slc is None else o_slc.float() * g_slc.float().unsqueeze(-1)
+    if g_cmp is not None:
+        o = o + o_cmp.float() * g_cmp.float().unsqueeze(-1)
+    return o.to(o_slc.dtype)
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """The rotary position embedding of x [B, M, heads, D] (D even) at positions [B, M] (integers): the two halves
+    of every head rotated by position * theta ** (-2 i / D), i < D / 2 (non-interleaved, as fla's and Llama's),
+    computed in float32 and returned in x's dtype."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) * 2 / x.shape[-1])
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq                  # [B, M, D / 2]
+    cos, sin = angles.cos().unsqueeze(2), angles.sin().unsqueeze(2)
+    x1, x2 = x.float()[..., :half], x.float()[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def positions_of(batch: int, m_rows: int, device, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, M] int64: each token's position, 0 .. M - 1, or with cu_seqlens counted from its sequence's start."""
+    if cu_seqlens is None:
+        return torch.arange(m_rows, device=device).expand(batch, m_rows)
+    starts = cu_seqlens.to(device=device, dtype=torch.int64)
+    tokens = torch.arange(m_rows, device=device)
+    sequence = torch.searchsorted(starts[1:], tokens, right=True)
+    return (tokens - starts[sequence]).view(1, m_rows)
+
+
+class NativeSparseAttention(nn.Module):
+    """An NSA attention layer, built as fla's ``fla.layers.NativeSparseAttention``: q, k, v projections, rotary
+    embedding on q and k, a projection to three gates per head through a sigmoid (compression, selection,
+    window), :func:`nsa`, the output projection.
+
+    Args:
+        hidden_size: the model's width.
+        num_heads: H, query heads; num_kv_heads: G (H a multiple of G); head_dim: D (= Dv), even.
+        block_size, block_counts: the compression's and selection's block size, and the blocks each row keeps.
+        window_size: the sliding window; 0 for now (the window branch is not built yet: above 0 raises
+            NotImplementedError when the layer is built).
+        rope_theta: the rotary embedding's base.
+        bias: whether the projections have biases.
+        variant: the selection branch's backward ("two-pass": bitwise reproducible; "one-pass").
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int = 64, num_kv_heads: int = 4, head_dim: int = 64,
+                 block_size: int = 64, block_counts: int = 16, window_size: int = 0, rope_theta: float = 10000.0,
+                 bias: bool = False, variant: str = "two-pass", device=None, dtype=None) -> None:
+        super().__init__()
+        validate.check_layer(hidden_size, num_heads, num_kv_heads, head_dim, block_size, block_counts, window_size,
+                             rope_theta, variant)
+        if window_size > 0:
+            raise NotImplementedError("NativeSparseAttention: the sliding-window branch (window_size > 0) is not "
+                                      "built yet; pass window_size=0")
+        self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = (hidden_size, num_heads, num_kv_heads,
+                                                                              head_dim)
+        self.block_size, self.block_counts, self.window_size = block_size, block_counts, window_size
+        self.rope_theta, self.variant = rope_theta, variant
+        factory = dict(device=device, dtype=dtype)
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **factory)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **factory)
+        self.g_proj = nn.Linear(hidden_size, num_heads * 3, bias=bias, **factory)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias, **factory)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """y [B, M, hidden_size] from x [B, M, hidden_size] (with cu_seqlens: B = 1, M packed tokens, every
+        sequence alone, its positions from 0)."""
+        batch, m_rows, _ = x.shape
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        positions = positions_of(batch, m_rows, x.device, cu_seqlens)
+        q = rotary(self.q_proj(x).view(batch, m_rows, h, d), positions, self.rope_theta)
+        k = rotary(self.k_proj(x).view(batch, m_rows, g, d), positions, self.rope_theta)
+        v = self.v_proj(x).view(batch, m_rows, g, d)
+        gates = torch.sigmoid(self.g_proj(x).view(batch, m_rows, h, 3))
+        g_cmp, g_slc = gates[..., 0], gates[..., 1]
+        o = nsa(q, k, v, g_cmp, g_slc, None, block_counts=self.block_counts, block_size=self.block_size,
+                scale=1 / math.sqrt(d), cu_seqlens=cu_seqlens, variant=self.variant)
+        return self.o_proj(o.reshape(batch, m_rows, h * d))
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, block_size={self.block_size}, block_counts={self.block_counts}, "
+                f"window_size={self.window_size}")
