@@ -317,7 +317,8 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: torch.Tens
         max(int(block_counts.max()), 0) if block_counts.numel() else 0)
     batch, m_rows, heads, dim = q.shape
     q, k_cmp = api._autocast(q.detach(), k_cmp.detach())        # the spec's dtype is the cast one
-    _select_spec(q, k_cmp.shape[2], block_size, max(width, 1))   # a kernel for this target, before anything runs
+    if not torch.compiler.is_compiling():      # a kernel for this target before anything runs (traced: in the op)
+        _select_spec(q, k_cmp.shape[2], block_size, max(width, 1))
     scale = float(dim ** -0.5 if scale is None else scale)
     n = m_rows if seq_len is None else seq_len
     if isinstance(block_counts, int):
