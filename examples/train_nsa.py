@@ -54,8 +54,8 @@ class Config:
 
 PRESETS = {
     "cpu": Config(),
-    "h200": Config(seq_len=8192, queries=64, keys=4096, layers=4, hidden=768, heads=64, kv_heads=4, head_dim=64,
-                   block_size=64, block_counts=16, batch=4, steps=2000, lr=1e-3, device="cuda", dtype="bfloat16"),
+    "h200": Config(seq_len=32768, queries=256, keys=16384, layers=4, hidden=768, heads=64, kv_heads=4, head_dim=64,
+                   block_size=64, block_counts=16, batch=1, steps=2000, lr=1e-3, device="cuda", dtype="bfloat16"),
 }
 
 
@@ -130,11 +130,13 @@ class RecallModel(nn.Module):
         self.norm = nn.RMSNorm(cfg.hidden)
         self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, M, vocab], or [K, vocab] at the K positions where `scored` [B, M] is true (the answers:
+        the only positions the loss reads, so the vocabulary's projection runs there alone)."""
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        return self.head(self.norm(x if scored is None else x[scored]))
 
 
 def train(cfg: Config, log_path: Path | None = None, quiet: bool = False) -> list[dict]:
@@ -155,9 +157,10 @@ def train(cfg: Config, log_path: Path | None = None, quiet: bool = False) -> lis
     for step in range(cfg.steps):
         tokens, targets = (t.to(device) for t in recall_batch(cfg, data))
         start = time.perf_counter()
+        answered = targets != -100
         with autocast:
-            logits = model(tokens)
-        loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+            logits = model(tokens, answered)
+        loss = nn.functional.cross_entropy(logits.float(), targets[answered])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -166,8 +169,7 @@ def train(cfg: Config, log_path: Path | None = None, quiet: bool = False) -> lis
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        answered = targets != -100
-        accuracy = (logits.argmax(-1)[answered] == targets[answered]).float().mean().item()
+        accuracy = (logits.argmax(-1) == targets[answered]).float().mean().item()
         rows.append({"step": step, "loss": loss.item(), "accuracy": accuracy,
                      "tokens_per_s": tokens.numel() / seconds})
         if not quiet:
