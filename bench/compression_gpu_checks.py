@@ -45,6 +45,9 @@ SELECT_CASES = {
     "anchors_f16_n700_s1": ("anchors_f16_n700", 1),
     "anchors_n2048_counts": ("anchors_n2048", (-2, 30)),
 }
+# the sliding window (nsa_iree.window, the linalg stages on the GPU): name: (layout, W)
+WINDOW_CASES = {"anchors_n2048_w512": ("anchors_n2048", 512), "anchors_m1000_n3000_w100": ("anchors_m1000_n3000", 100),
+                "hpg1_n1000_w1000": ("hpg1_n1000", 1000)}
 _DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -71,6 +74,15 @@ def specs():
     for (h, g, d, _, dtype, _, _), slots in dict.fromkeys(selects):
         yield KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=BLOCK_SIZE, num_blocks=slots,
                          dtype=_DTYPE_NAME[dtype], target="cuda"), "select"
+    from nsa_iree import window
+
+    for layout, w in WINDOW_CASES.values():
+        h, g, d, dv, dtype, _, n = LAYOUTS[layout]
+        slots = min((w + window.WINDOW_BLOCK - 2) // window.WINDOW_BLOCK + 1, -(-n // window.WINDOW_BLOCK))
+        spec = KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=window.WINDOW_BLOCK,
+                          num_blocks=slots, dtype=_DTYPE_NAME[dtype], target="cuda", window=w)
+        for variant in ("forward", "two-pass"):
+            yield spec, variant
 
 
 def _slots(counts) -> int:
@@ -181,6 +193,32 @@ def check_select(case):
     return row
 
 
+def check_window(case):
+    """sliding_window_attention on the GPU against the f64 oracle: o, lse and the gradients, outputs poisoned, the
+    backward twice bitwise equal."""
+    from nsa_iree import window
+    from nsa_iree.reference import sliding_window_attention_reference
+
+    layout, w = WINDOW_CASES[case]
+    q, k, v, do = _inputs(layout)
+    runs = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with mock.patch.object(window, "_output", _poisoned):
+            o, lse = nsa_iree.sliding_window_attention_fwd(*leaves, w)
+            grads = torch.autograd.grad(o, leaves, do)
+        runs.append((o, lse, *grads))
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    ro, rl = sliding_window_attention_reference(*ref, w)
+    reference = (ro, rl, *torch.autograd.grad(ro, ref, do.double()))
+    row = {"check": f"window_{case}"}
+    for name, a, r in zip(("o", "lse", "dq", "dk", "dv"), runs[0], reference):
+        row[name] = relative_rms_error(a.double(), r, rms_floor=0.0 if name == "lse" else 1e-3)
+        row[f"{name}_nan"] = int(torch.isnan(a).sum())
+    row["backward_bitwise_equal"] = all(torch.equal(a, b) for a, b in zip(runs[0][2:], runs[1][2:]))
+    return row
+
+
 def main(argv) -> int:
     if "--compile" in argv:
         from nsa_iree.compiler import compile_artifact
@@ -203,7 +241,15 @@ def main(argv) -> int:
                      and row.get("largest_relative_gap", 0.0) < 1e-3)
         failed += not row["ok"]
         print(json.dumps(row), flush=True)
-    print(json.dumps({"layouts": len(LAYOUTS), "select_cases": len(SELECT_CASES), "failed": failed}), flush=True)
+    for case in WINDOW_CASES:
+        row = check_window(case)
+        tol = TOLERANCE[LAYOUTS[WINDOW_CASES[case][0]][4]]
+        row["ok"] = (all(row[x] < tol and row[f"{x}_nan"] == 0 for x in ("o", "lse", "dq", "dk", "dv"))
+                     and row["backward_bitwise_equal"])
+        failed += not row["ok"]
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"layouts": len(LAYOUTS), "select_cases": len(SELECT_CASES), "window_cases": len(WINDOW_CASES),
+                      "failed": failed}), flush=True)
     return 1 if failed else 0
 
 

@@ -24,6 +24,7 @@ _EXPORTS = {
     "selection_attention": "api", "selection_attention_fwd": "api", "selection_attention_bwd": "api",
     "selection_attention_reference": "reference", "mean_pooling": "compression", "compressed_attention": "compression",
     "select_blocks": "compression", "nsa": "layer", "NativeSparseAttention": "layer",
+    "sliding_window_attention": "window", "sliding_window_attention_fwd": "window",
     "realistic_block_indices": "selection", "uniform_block_indices": "selection", "local_block_indices": "selection",
     "KernelSpec": "spec",
 }

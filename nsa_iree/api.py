@@ -55,7 +55,7 @@ def _target_for(device: torch.device) -> str:
 
 
 def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int,
-             key_stride: int = 1) -> KernelSpec:
+             key_stride: int = 1, window: int = 0) -> KernelSpec:
     """The KernelSpec of a problem: everything static about it (B, M and N are not part of it), with the two
     settings the environment gives (NSA_IREE_CPU_TARGET, NSA_IREE_KERNELS: nsa_iree.spec), read where a spec is
     made (here for the operators, in the CLI for its commands), never while rendering."""
@@ -63,7 +63,7 @@ def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size:
     return KernelSpec(heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
                       block_size=block_size, num_blocks=block_indices.shape[3], dtype=_DTYPE_NAME[q.dtype],
                       target=target, target_cpu=target_cpu_from_environment() if target == "cpu" else "host",
-                      kernels=kernels_from_environment(), key_stride=key_stride)
+                      kernels=kernels_from_environment(), key_stride=key_stride, window=window)
 
 
 def _callers_level() -> int:
@@ -120,14 +120,15 @@ def _check_destinations(**outputs):
                              f"writes into its memory")
 
 
-def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_stride=1):
+def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_stride=1, window=0):
     """Run the forward kernel writing into caller-owned o [B, M, H, Dv] and lse [B, H, M] (float32).
 
     idx is the output of effective_block_indices. Inputs are not validated here (the public functions do
     that), except the values of cu_seqlens (packing.check_cu_seqlens_values); tests use this entry point to
     poison o and lse before the run. With cu_seqlens ([S + 1], B = 1, M = N packed tokens) the kernels run on
     the block-aligned layout of nsa_iree.packing. key_stride: KernelSpec.key_stride (compressed attention: its
-    block size, the M rows then every position; nsa_iree.compression).
+    block size, the M rows then every position; nsa_iree.compression). window: KernelSpec.window (the sliding
+    window, nsa_iree.window; callers run packed sequences one by one).
     """
     _check_destinations(o=o, lse=lse)
     if cu_seqlens is not None:
@@ -146,13 +147,13 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_s
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse
-    module = kernels(describe(q, k, v, idx, block_size, key_stride), "forward", q.device)
+    module = kernels(describe(q, k, v, idx, block_size, key_stride, window), "forward", q.device)
     module.call("selection_attention_fwd", q, k, v, idx, scale, o, lse)
     return o, lse
 
 
 def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None,
-                  after_dkdv=None, key_stride=1):
+                  after_dkdv=None, key_stride=1, window=0):
     """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype; dk and dv may
     be float32 for 16-bit inputs: their sums before the rounding to q's dtype).
 
@@ -163,7 +164,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     after_dkdv: called (no arguments) as soon as dk and dv are written, before the dq pass of two-pass runs,
     so that a caller can start sending them while dq is computed (nsa_iree.distributed). Not called when
     dk/dv are not computed; with packed sequences that need padding, called at the end (dk and dv are copied
-    out of the padded layout last). key_stride: as for forward_into.
+    out of the padded layout last). key_stride, window: as for forward_into.
     """
     check_variant(variant)
     if (dk is None) != (dv is None) or (variant == "one-pass" and None in (dq, dk, dv)):
@@ -196,7 +197,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         return dq, dk, dv
     if dq is None and dk is None:
         return dq, dk, dv
-    spec = describe(q, k, v, idx, block_size, key_stride)
+    spec = describe(q, k, v, idx, block_size, key_stride, window)
     if dk is not None and dk.dtype == torch.float32 != q.dtype:
         spec = spec.replace(dkdv_dtype="f32")          # dk and dv left unrounded (nsa_iree.distributed)
     module = kernels(spec, variant, q.device)

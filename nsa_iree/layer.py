@@ -4,7 +4,8 @@ uses (projections, rotary embedding, the gates through a sigmoid, :func:`nsa`, t
 
 The branches are the package's operators (nsa_iree.compression, nsa_iree.api), so a model of these layers trains
 with exact gradients through every branch and the pooling, traces with ``torch.compile(fullgraph=True)`` and runs
-under autocast. The sliding-window branch is not built yet: ``window_size > 0`` raises NotImplementedError.
+under autocast. The sliding window runs on the linalg stages for now (nsa_iree.window): correct on every
+target, not yet fast.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from . import api, compression, validate
+from . import api, compression, validate, window
 
 BlockCounts = int | torch.Tensor
 
@@ -24,7 +25,7 @@ def nsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torch.Tensor |
         block_indices: torch.Tensor | None = None, block_counts: BlockCounts = 16, block_size: int = 64,
         window_size: int = 0, scale: float | None = None, *, cu_seqlens: torch.Tensor | None = None,
         variant: str = "two-pass") -> torch.Tensor:
-    """Native Sparse Attention: o = o_slc g_slc + o_cmp g_cmp (fla's parallel_nsa, without its window here).
+    """Native Sparse Attention: o = o_slc g_slc + o_cmp g_cmp + o_swa g_swa (fla's parallel_nsa).
 
     Args:
         q: [B, M, H, D] float32, float16 or bfloat16; the rows are the last M of N positions.
@@ -37,7 +38,7 @@ def nsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torch.Tensor |
             or int64 block ids, as selection_attention takes them (then block_counts limits their slots).
         block_counts: an int or a [B, M, G] integer tensor: the blocks each (row, kv head) keeps.
         block_size: BS, the compression's block size and the selection's.
-        window_size: 0 (no sliding-window branch). Above 0: NotImplementedError (the branch is not built yet).
+        window_size: W, the sliding window's keys (nsa_iree.sliding_window_attention, gated by g_swa); 0: none.
         scale: the softmax scale of every branch, default D ** -0.5.
         cu_seqlens: None, or [S + 1] int32 with B = 1 and M = N packed tokens: every sequence alone.
         variant: the selection branch's backward, "two-pass" (bitwise reproducible) or "one-pass".
@@ -49,9 +50,6 @@ def nsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torch.Tensor |
     """
     validate.check_nsa(q, k, v, g_cmp, g_slc, g_swa, block_indices, block_counts, block_size, window_size, scale,
                        cu_seqlens)
-    if window_size > 0:
-        raise NotImplementedError("nsa: the sliding-window branch (window_size > 0) is not built yet; pass "
-                                  "window_size=0")
     n = k.shape[1]
     o_cmp = None
     if g_cmp is not None or block_indices is None:
@@ -68,6 +66,9 @@ def nsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torch.Tensor |
     o = o_slc.float() if g_slc is None else o_slc.float() * g_slc.float().unsqueeze(-1)
     if g_cmp is not None:
         o = o + o_cmp.float() * g_cmp.float().unsqueeze(-1)
+    if window_size > 0:
+        o_swa = window.sliding_window_attention(q, k, v, window_size, scale, cu_seqlens=cu_seqlens)
+        o = o + o_swa.float() * g_swa.float().unsqueeze(-1)
     return o.to(o_slc.dtype)
 
 
@@ -102,22 +103,18 @@ class NativeSparseAttention(nn.Module):
         hidden_size: the model's width.
         num_heads: H, query heads; num_kv_heads: G (H a multiple of G); head_dim: D (= Dv), even.
         block_size, block_counts: the compression's and selection's block size, and the blocks each row keeps.
-        window_size: the sliding window; 0 for now (the window branch is not built yet: above 0 raises
-            NotImplementedError when the layer is built).
+        window_size: the sliding window's keys (0: no window branch; its gate is then unused).
         rope_theta: the rotary embedding's base.
         bias: whether the projections have biases.
         variant: the selection branch's backward ("two-pass": bitwise reproducible; "one-pass").
     """
 
     def __init__(self, hidden_size: int, num_heads: int = 64, num_kv_heads: int = 4, head_dim: int = 64,
-                 block_size: int = 64, block_counts: int = 16, window_size: int = 0, rope_theta: float = 10000.0,
+                 block_size: int = 64, block_counts: int = 16, window_size: int = 512, rope_theta: float = 10000.0,
                  bias: bool = False, variant: str = "two-pass", device=None, dtype=None) -> None:
         super().__init__()
         validate.check_layer(hidden_size, num_heads, num_kv_heads, head_dim, block_size, block_counts, window_size,
                              rope_theta, variant)
-        if window_size > 0:
-            raise NotImplementedError("NativeSparseAttention: the sliding-window branch (window_size > 0) is not "
-                                      "built yet; pass window_size=0")
         self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = (hidden_size, num_heads, num_kv_heads,
                                                                               head_dim)
         self.block_size, self.block_counts, self.window_size = block_size, block_counts, window_size
@@ -139,9 +136,10 @@ class NativeSparseAttention(nn.Module):
         k = rotary(self.k_proj(x).view(batch, m_rows, g, d), positions, self.rope_theta)
         v = self.v_proj(x).view(batch, m_rows, g, d)
         gates = torch.sigmoid(self.g_proj(x).view(batch, m_rows, h, 3))
-        g_cmp, g_slc = gates[..., 0], gates[..., 1]
-        o = nsa(q, k, v, g_cmp, g_slc, None, block_counts=self.block_counts, block_size=self.block_size,
-                scale=1 / math.sqrt(d), cu_seqlens=cu_seqlens, variant=self.variant)
+        g_cmp, g_slc, g_swa = gates.unbind(-1)
+        o = nsa(q, k, v, g_cmp, g_slc, g_swa if self.window_size else None, block_counts=self.block_counts,
+                block_size=self.block_size, window_size=self.window_size, scale=1 / math.sqrt(d),
+                cu_seqlens=cu_seqlens, variant=self.variant)
         return self.o_proj(o.reshape(batch, m_rows, h * d))
 
     def extra_repr(self) -> str:

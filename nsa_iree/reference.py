@@ -434,17 +434,19 @@ def select_blocks_reference(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: 
 
 
 def nsa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torch.Tensor | None = None,
-                  g_slc: torch.Tensor | None = None, block_indices: torch.Tensor | None = None,
-                  block_counts: torch.Tensor | int = 16, block_size: int = 64, scale: float | None = None,
+                  g_slc: torch.Tensor | None = None, g_swa: torch.Tensor | None = None,
+                  block_indices: torch.Tensor | None = None, block_counts: torch.Tensor | int = 16,
+                  block_size: int = 64, window_size: int = 0, scale: float | None = None,
                   cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-    """The NSA layer without its sliding window (fla's parallel_nsa with window_size 0), from the branch oracles,
-    differentiable in every floating input (the selected blocks are constants).
+    """The NSA layer (fla's parallel_nsa), from the branch oracles, differentiable in every floating input (the
+    selected blocks are constants).
 
     k_cmp, v_cmp = mean_pooling_reference(k, v); o_cmp, lse_cmp = compressed_attention_reference (when g_cmp is
     given or the blocks are to be selected); block_indices = select_blocks_reference(q, k_cmp, block_counts, lse
     = lse_cmp) unless given (then block_counts limits its slots); o_slc = selection_attention_reference;
-    o = o_slc * g_slc (o_slc alone without g_slc) + o_cmp * g_cmp (with g_cmp). Shapes as nsa_iree.nsa's; the
-    result [B, M, H, Dv] in float64.
+    o = o_slc * g_slc (o_slc alone without g_slc) + o_cmp * g_cmp (with g_cmp) + o_swa * g_swa (with
+    window_size > 0: sliding_window_attention_reference). Shapes as nsa_iree.nsa's; the result [B, M, H, Dv] in
+    float64.
     """
     n = k.shape[1]
     o_cmp = None
@@ -462,4 +464,47 @@ def nsa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torc
         o = o * g_slc.to(o.dtype).unsqueeze(-1)
     if g_cmp is not None:
         o = o + o_cmp * g_cmp.to(o.dtype).unsqueeze(-1)
+    if window_size > 0:
+        o_swa, _ = sliding_window_attention_reference(q, k, v, window_size, scale, cu_seqlens)
+        o = o + o_swa * g_swa.to(o.dtype).unsqueeze(-1)
     return o
+
+
+def sliding_window_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: int,
+                                       scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
+                                       compute_dtype: torch.dtype = torch.float64):
+    """Sliding-window attention, differentiable: row m at pos(m) = m + N - M sees key j iff
+    pos(m) - window_size < j <= pos(m).
+
+    Args:
+        q: [B, M, H, D]; k: [B, N, G, D]; v: [B, N, G, Dv]; any float dtype (computed in compute_dtype).
+        window_size: W >= 1; scale: default D ** -0.5.
+        cu_seqlens: None, or [S + 1] integer: B = 1, M = N packed tokens, every sequence alone.
+    Returns:
+        o [B, M, H, Dv] and lse [B, H, M] (natural log, -inf for a row that sees no key), in compute_dtype.
+    """
+    if cu_seqlens is not None:
+        outs = [sliding_window_attention_reference(q[:, a:b], k[:, a:b], v[:, a:b], window_size, scale, None,
+                                                   compute_dtype) for a, b in sequences(cu_seqlens)]
+        if not outs:
+            return (q.new_zeros(*q.shape[:3], v.shape[3], dtype=compute_dtype),
+                    q.new_full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=compute_dtype))
+        return torch.cat([o for o, _ in outs], dim=1), torch.cat([lse for _, lse in outs], dim=2)
+    batch, m_rows, heads, head_dim = q.shape
+    n, groups = k.shape[1], k.shape[2]
+    hpg = heads // groups
+    scale = head_dim ** -0.5 if scale is None else scale
+    qc, kc, vc = (x.to(compute_dtype) for x in (q, k, v))
+    kh, vh = kc.repeat_interleave(hpg, dim=2), vc.repeat_interleave(hpg, dim=2)
+    s = torch.einsum("bmhd,bnhd->bmhn", qc, kh) * scale
+    pos = (torch.arange(m_rows, device=q.device) + (n - m_rows)).view(1, m_rows, 1, 1)
+    j = torch.arange(n, device=q.device).view(1, 1, 1, n)
+    visible = ((j <= pos) & (j > pos - window_size)).expand_as(s)
+    empty = ~visible.any(dim=-1, keepdim=True)
+    logits = torch.where(visible, s, torch.full_like(s, float("-inf")))
+    logits = torch.where(empty, torch.zeros_like(logits), logits)
+    lse_safe = torch.logsumexp(logits, dim=-1, keepdim=True)
+    p = torch.where(visible, torch.exp(logits - lse_safe), torch.zeros_like(logits))
+    o = torch.einsum("bmhn,bnhe->bmhe", p, vh)
+    lse = torch.where(empty, torch.full_like(lse_safe, float("-inf")), lse_safe).squeeze(-1)
+    return o, lse.permute(0, 2, 1).contiguous()

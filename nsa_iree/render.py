@@ -56,6 +56,8 @@ def configuration_values(spec: KernelSpec, recipe: Recipe) -> dict[str, str]:
         "DKV_TRUNCF": "arith.bitcast" if dkdv == "f32" else "arith.truncf",
         # positions per key: 1, or the compression's block size (kernels/common/rules.mlir)
         "KEY_STRIDE": spec.key_stride,
+        # keys per row's sliding window, 0 for none (kernels/common/rules.mlir)
+        "WINDOW": spec.window,
     }
     return {key: str(value) for key, value in values.items()}
 

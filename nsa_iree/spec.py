@@ -71,6 +71,8 @@ class KernelSpec:
             position m + N - M. S > 1 (compressed attention, S its block size): key c stands for the S positions
             c S .. c S + S - 1 and is seen from position c S + S - 1 on; the M query rows are then all the
             positions, row m seeing keys up to floor((m + 1) / S) - 1 (kernels/common/rules.mlir).
+        window: 0 (no window), or W > 0 (the sliding-window attention, key_stride 1): row m sees key j iff
+            pos(m) - W < j <= pos(m). Only the linalg stages take a window (the families' limits say so).
     """
 
     heads: int = 16
@@ -85,6 +87,7 @@ class KernelSpec:
     dkdv_dtype: str | None = None
     kernels: str = "auto"
     key_stride: int = 1
+    window: int = 0
 
     def __post_init__(self) -> None:
         for name in ("heads", "kv_heads", "head_dim", "value_dim", "block_size", "num_blocks", "key_stride"):
@@ -107,6 +110,10 @@ class KernelSpec:
             raise ValueError(f"dkdv_dtype must be None or 'f32', got {self.dkdv_dtype!r}")
         if self.dkdv_dtype == self.dtype:           # the same module: one spec, one cache entry
             object.__setattr__(self, "dkdv_dtype", None)
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 0:
+            raise ValueError(f"KernelSpec.window must be an int >= 0, got {self.window!r}")
+        if self.window and self.key_stride != 1:
+            raise ValueError("KernelSpec.window applies to key_stride 1 (the sliding window over keys) only")
         if self.target != "cpu" and self.target_cpu != "host":
             raise ValueError(f"target_cpu applies to the cpu target only; target {self.target!r} got "
                              f"target_cpu={self.target_cpu!r}")
@@ -126,6 +133,7 @@ class KernelSpec:
         dkdv = "" if self.dkdv_dtype in (None, self.dtype) else f"_dkdv{self.dkdv_dtype}"
         linalg = "_linalg" if self.kernels == "linalg" else ""
         stride = "" if self.key_stride == 1 else f"_stride{self.key_stride}"
+        stride += f"_window{self.window}" if self.window else ""
         return (f"h{self.heads}g{self.kv_heads}_d{self.head_dim}dv{self.value_dim}"
                 f"_bs{self.block_size}t{self.num_blocks}{stride}_{self.dtype}{dkdv}_{self.target}{cpu}{linalg}")
 

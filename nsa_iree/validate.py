@@ -356,3 +356,12 @@ def check_layer(hidden_size, num_heads, num_kv_heads, head_dim, block_size, bloc
     if not isinstance(rope_theta, numbers.Real) or not math.isfinite(rope_theta) or rope_theta <= 0:
         raise ValueError(f"rope_theta must be a positive finite number, got {rope_theta!r}")
     check_variant(variant)
+
+
+def check_sliding_window(q, k, v, window_size, scale=None, cu_seqlens=None) -> None:
+    """q, k, v as for the selection ops; window_size an int >= 1; scale; cu_seqlens as the selection ops'."""
+    check_scale(scale)
+    _qkv(q, k, v)
+    _positive_int("window_size", window_size)
+    if cu_seqlens is not None:
+        check_cu_seqlens(q, k, cu_seqlens)

@@ -1,7 +1,8 @@
 """nsa_iree.nsa and NativeSparseAttention against the f64 oracle (reference.nsa_reference: the branch oracles put
 together): the gated sum, the ungated selection, given block indices, per-row counts, M < N, packed sequences;
-gradients into q, k, v and the gates; the module's output and parameter gradients, packed input, torch.compile and
-autocast; bad input (docs/semantics.md, 'The whole layer'). The compression branch's buffers are poisoned."""
+the sliding window's gated branch; gradients into q, k, v and the gates; the module's output and parameter
+gradients, packed input, torch.compile and autocast; bad input (docs/semantics.md, 'The whole layer'). The
+compression branch's and the window's buffers are poisoned."""
 
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def test_backward_is_bitwise_reproducible():
 
 # --- the module -------------------------------------------------------------------------------------------
 
-LAYER = dict(hidden_size=48, num_heads=16, num_kv_heads=1, head_dim=16, block_size=16, block_counts=3)
+LAYER = dict(hidden_size=48, num_heads=16, num_kv_heads=1, head_dim=16, block_size=16, block_counts=3, window_size=24)
 
 
 def _layer(seed=0, **changes):
@@ -134,9 +135,10 @@ def _layer(seed=0, **changes):
 
 def _with_oracle(monkeypatch):
     """layer.nsa replaced by the f64 oracle (inputs cast up, the result cast back)."""
-    def oracle(q, k, v, g_cmp, g_slc, g_swa, block_counts, block_size, scale, cu_seqlens, variant):
-        o = nsa_reference(q.double(), k.double(), v.double(), g_cmp.double(), g_slc.double(),
-                          block_counts=block_counts, block_size=block_size, scale=scale, cu_seqlens=cu_seqlens)
+    def oracle(q, k, v, g_cmp, g_slc, g_swa, block_counts, block_size, window_size, scale, cu_seqlens, variant):
+        o = nsa_reference(q.double(), k.double(), v.double(), g_cmp.double(), g_slc.double(), g_swa.double(),
+                          block_counts=block_counts, block_size=block_size, window_size=window_size, scale=scale,
+                          cu_seqlens=cu_seqlens)
         return o.to(q.dtype)
     monkeypatch.setattr(layer, "nsa", oracle)
 
@@ -214,12 +216,19 @@ def test_bad_input_names_the_argument(name, monkeypatch):
         nsa_iree.nsa(**(t | kwargs | change))
 
 
-def test_the_window_branch_is_not_built_yet():
+def test_the_window_branch_adds_its_gated_attention():
     t, kwargs = _problem("gated", torch.float32)
-    with pytest.raises(NotImplementedError, match="sliding-window"):
-        nsa_iree.nsa(**t, **kwargs, window_size=8, g_swa=t["g_slc"])
-    with pytest.raises(NotImplementedError, match="sliding-window"):
-        _layer(window_size=512)
+    g_swa = torch.rand(t["g_slc"].shape, generator=torch.Generator().manual_seed(6))
+    leaves = {name: x.clone().requires_grad_() for name, x in (t | {"g_swa": g_swa}).items()}
+    o = nsa_iree.nsa(**leaves, **kwargs, window_size=40)
+    ref_leaves = {name: x.detach().double().requires_grad_() for name, x in leaves.items()}
+    ro = nsa_reference(**ref_leaves, **kwargs, window_size=40)
+    assert relative_rms_error(o.double(), ro) <= TOLERANCE[torch.float32]
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(7))
+    grads = torch.autograd.grad(o, list(leaves.values()), do)
+    ref_grads = torch.autograd.grad(ro, list(ref_leaves.values()), do.double())
+    for name, got, ref in zip(leaves, grads, ref_grads):
+        assert relative_rms_error(got.double(), ref, rms_floor=1e-3) <= TOLERANCE[torch.float32], name
 
 
 LAYER_BAD = {

@@ -5,6 +5,8 @@
 // Compressed attention (KEY_STRIDE S, the compression's block size): the M rows are all the positions and key c
 // stands for positions c S .. c S + S - 1, complete from position c S + S - 1 on: pos(m) = floor((m + 1) / S) - 1,
 // the last key row m sees. Signed index arithmetic: pos(m) < 0 for a row that sees nothing.
+// Sliding window (WINDOW W > 0, key stride 1): row m sees key j iff pos(m) - W < j <= pos(m). Only the linalg stages
+// take a window: the slot's keys as one i32 code (key_code), compared in the regions (key_visible).
 
 <# %offset = N - M, from %n and %m_rows. #>
 <% macro offset() %>%offset = arith.subi %n, %m_rows : index<% endmacro %>
@@ -22,3 +24,47 @@
 
 <# %`name` = the last block row position %`pos` may read, pos / BS (of %block_size). #>
 <% macro last_block(name, pos="pos") %>%${name} = arith.floordivsi %${pos}, %block_size : index<% endmacro %>
+
+<# %`name` (i32): which keys of a slot's block at %`key0` row position %`pos` sees, as the linalg regions compare
+   them (key_visible), from %`last` (i32: the last visible offset; nothing visible where not %`used`). With no
+   window the code is `last` itself (-1: none); with one, last + 65536 first, first = pos - WINDOW + 1 - key0
+   clamped to [0, 32767] (none: first 32767, last 0). #>
+<% macro key_code(name, last, used, pos="pos", key0="key0") %>
+<% if WINDOW == "0" %>
+    %${name}_none = arith.constant -1 : i32
+    %${name} = arith.select %${used}, %${last}, %${name}_none : i32
+<% else %>
+    %${name}_window = arith.constant ${WINDOW} : index
+    %${name}_from = arith.subi %${pos}, %${name}_window : index
+    %${name}_first_raw = arith.subi %${name}_from, %${key0} : index
+    %${name}_one = arith.constant 1 : index
+    %${name}_first1 = arith.addi %${name}_first_raw, %${name}_one : index
+    %${name}_zero = arith.constant 0 : index
+    %${name}_top = arith.constant 32767 : index
+    %${name}_first2 = arith.maxsi %${name}_first1, %${name}_zero : index
+    %${name}_first3 = arith.minsi %${name}_first2, %${name}_top : index
+    %${name}_first = arith.index_cast %${name}_first3 : index to i32
+    %${name}_shift = arith.constant 16 : i32
+    %${name}_high = arith.shli %${name}_first, %${name}_shift : i32
+    %${name}_last_top = arith.constant 32767 : i32
+    %${name}_last_cap = arith.minsi %${last}, %${name}_last_top : i32
+    %${name}_code = arith.addi %${name}_high, %${name}_last_cap : i32
+    %${name}_none = arith.constant 2147418112 : i32
+    %${name} = arith.select %${used}, %${name}_code, %${name}_none : i32
+<% endif %>
+<% endmacro %>
+
+<# %`name` (i1): key offset %`j` (i32) of a slot is visible under its code %`code` (key_code). #>
+<% macro key_visible(name, j, code) %>
+<% if WINDOW == "0" %>
+      %${name} = arith.cmpi sle, %${j}, %${code} : i32
+<% else %>
+      %${name}_mask = arith.constant 65535 : i32
+      %${name}_shift = arith.constant 16 : i32
+      %${name}_last = arith.andi %${code}, %${name}_mask : i32
+      %${name}_first = arith.shrsi %${code}, %${name}_shift : i32
+      %${name}_below = arith.cmpi sle, %${j}, %${name}_last : i32
+      %${name}_above = arith.cmpi sge, %${j}, %${name}_first : i32
+      %${name} = arith.andi %${name}_below, %${name}_above : i1
+<% endif %>
+<% endmacro %>

@@ -2,7 +2,8 @@
 //   block_gather_index[b, m, g, t]: row of key_blocks to gather for slot t; a skipped slot points at the
 //                                   zero block B * G * NB (see kv_blocks.mlir) and is masked out.
 //   last_key[b, m, g, t]:           the last visible key of the slot's block, as an offset j in [0, BS):
-//                                   key i*BS + j is visible iff j <= last_key (-1 for a skipped slot).
+//                                   key i*BS + j is visible iff j <= last_key (-1 for a skipped slot); with a
+//                                   sliding window, the code of the first and the last (rules.key_code).
 //                                   One i32 per slot instead of a [T, BS] mask per row: consumers
 //                                   compare it with their key index inside the fused regions.
 // A slot is skipped when i < 0 or i*BS > pos(m) (future; covers i*BS >= N); pos(m) = m + N - M.
@@ -46,8 +47,7 @@ ${ blocks.selected("selected") }
     %last_in_block = arith.subi %block_size, %c1 : index
     %last = arith.minsi %past, %last_in_block : index
     %last_i32 = arith.index_cast %last : index to i32
-    %none = arith.constant -1 : i32
-    %result = arith.select %selected, %last_i32, %none : i32
+${ rules.key_code("result", "last_i32", "selected") }
     linalg.yield %result : i32
 <% endcall %>
   return %block_gather_index, %last_key : tensor<?x?x${G}x${T}xi32>, tensor<?x?x${G}x${T}xi32>

@@ -34,8 +34,10 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the CPU kernel of `stage` cannot serve spec (empty: it can)."""
     if stage not in FAMILY.stages:
         return [f"no CPU kernel for stage {stage!r}"]
+    why = ["no sliding-window mask (the linalg stages take it)"] if spec.window else []
     need = cpu_stack_bytes(stage, spec)
-    return [f"needs {need} bytes of stack tiles, more than {CPU_STACK_BYTES}"] if need > CPU_STACK_BYTES else []
+    return why + ([f"needs {need} bytes of stack tiles, more than {CPU_STACK_BYTES}"] if need > CPU_STACK_BYTES
+                  else [])
 
 
 def _largest_divisor(n: int, cap: int) -> int:

@@ -85,8 +85,7 @@ ${ linalg.kv_blocks() }
     %key0 = arith.muli %block, %block_size : index
     %last = arith.subi %pos, %key0 : index
     %last_i32 = arith.index_cast %last : index to i32
-    %minus_one = arith.constant -1 : i32
-    %last_key_here = arith.select %used, %last_i32, %minus_one : i32
+${ rules.key_code("last_key_here", "last_i32", "used") }
     %block_i32 = arith.index_cast %block : index to i32
     %one = arith.constant 1.0 : f32
     %slot_count = arith.constant ${T} : index
@@ -106,7 +105,7 @@ ${ linalg.kv_blocks() }
 <% macro piece_p() %>
       %j = linalg.index 3 : index
       %j_i32 = arith.index_cast %j : index to i32
-      %visible = arith.cmpi sle, %j_i32, %last : i32
+${ rules.key_visible("visible", "j_i32", "last") }
       %scaled = arith.mulf %sv, %scale : f32
       %shifted = arith.subf %scaled, %l : f32
       %e_s = math.exp %shifted : f32

@@ -4,6 +4,7 @@
 // Everything sits in one flow.dispatch.region, which pins the fusion: the gathered K/V and the s, p, dp,
 // ds tiles live only inside the dispatch, never in memory for the whole sequence. The contraction
 // attributes are empty on CPU and name the matrix-unit layouts on GPU targets (pipelines/<target>.toml).
+<% import "common/rules.mlir" as rules %>
 <% import "common/contraction.mlir" as contraction %>
 <% import "common/host.mlir" as host %>
 <% import "linalg/host.mlir" as linalg %>
@@ -49,7 +50,7 @@ ${ regions.product("dp", "do_grouped", "gathered_v", "e", DV, DQ_DP_CONFIG) }
     ^bb0(%sv: f32, %dpv: f32, %l: f32, %dl: f32, %last: i32, %out: ${E}):
       %j = linalg.index 5 : index
       %j_i32 = arith.index_cast %j : index to i32
-      %visible = arith.cmpi sle, %j_i32, %last : i32
+${ rules.key_visible("visible", "j_i32", "last") }
       %scaled = arith.mulf %sv, %scale : f32
       %shifted = arith.subf %scaled, %l : f32
       %p = math.exp %shifted : f32

@@ -13,6 +13,7 @@
 // (iree_linalg_ext.online_attention would do this in one dispatch, but IREE 3.13's llvm-cpu tiling of its
 // head dimension gives wrong results for D > 128; a single running max/sum over all T*BS keys instead
 // became scalar code on GPUs.)
+<% import "common/rules.mlir" as rules %>
 <% import "common/contraction.mlir" as contraction %>
 <% import "common/host.mlir" as host %>
 <% import "linalg/host.mlir" as linalg %>
@@ -53,7 +54,7 @@ ${ regions.product("s", "q_grouped", "gathered_k", "d", D, FWD_LSE_SCORES_CONFIG
     ^bb0(%sv: f32, %last: i32, %mx: f32):
       %j = linalg.index 5 : index
       %j_i32 = arith.index_cast %j : index to i32
-      %visible = arith.cmpi sle, %j_i32, %last : i32
+${ rules.key_visible("visible", "j_i32", "last") }
       %scaled = arith.mulf %sv, %scale : f32
       %masked = arith.select %visible, %scaled, %neg_inf_s : f32
       %new_max = arith.maximumf %mx, %masked : f32
@@ -74,7 +75,7 @@ ${ regions.product("s", "q_grouped", "gathered_k", "d", D, FWD_LSE_SCORES_CONFIG
     ^bb0(%sv: f32, %last: i32, %mx: f32, %sm: f32):
       %j = linalg.index 5 : index
       %j_i32 = arith.index_cast %j : index to i32
-      %visible = arith.cmpi sle, %j_i32, %last : i32
+${ rules.key_visible("visible", "j_i32", "last") }
       %scaled = arith.mulf %sv, %scale : f32
       %shifted = arith.subf %scaled, %mx : f32
       %e = math.exp %shifted : f32
@@ -146,7 +147,7 @@ ${ regions.product("s", "q_grouped", "gathered_k", "d", D, FWD_O_SCORES_CONFIG) 
     ^bb0(%sv: f32, %l: f32, %last: i32, %out: ${E}):
       %j = linalg.index 5 : index
       %j_i32 = arith.index_cast %j : index to i32
-      %visible = arith.cmpi sle, %j_i32, %last : i32
+${ rules.key_visible("visible", "j_i32", "last") }
       %scaled = arith.mulf %sv, %scale : f32
       %shifted = arith.subf %scaled, %l : f32
       %e = math.exp %shifted : f32

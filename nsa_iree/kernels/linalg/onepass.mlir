@@ -114,7 +114,17 @@ ${ dispatch.bindings("onepass_layout", inputs, outputs) }
           scf.for %i = %lane to %score_items step %lanes {
             %h = arith.divui %i, %block_size : index
             %j = arith.remui %i, %block_size : index
+<% if WINDOW == "0" %>
             %is_visible = arith.cmpi slt, %j, %visible : index
+<% else %>
+            // (the sliding window: keys from pos(m) - WINDOW + 1 on)
+            %is_below = arith.cmpi slt, %j, %visible : index
+            %window_keys = arith.constant ${WINDOW} : index
+            %window_key = arith.addi %key0, %j : index
+            %window_end = arith.addi %window_key, %window_keys : index
+            %is_above = arith.cmpi sgt, %window_end, %pos : index
+            %is_visible = arith.andi %is_below, %is_above : i1
+<% endif %>
             %p, %ds = scf.if %is_visible -> (f32, f32) {
               %key = arith.addi %key0, %j : index
               %s_raw = scf.for %d = %c0 to %head_dim step %c1 iter_args(%acc = %zero) -> (f32) {

@@ -12,7 +12,7 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the portable kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
     if stage not in ("forward", "dq", "dkdv", "onepass"):
         return [f"no portable kernel for stage {stage!r}"]
-    why = []
+    why = ["no sliding-window mask (the linalg stages take it)"] if spec.window else []
     if spec.dtype not in ("bf16", "f16"):
         why.append("dtype is not bf16 or f16")
     kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
