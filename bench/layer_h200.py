@@ -1,0 +1,75 @@
+"""The whole NSA layer's attention on a GPU: nsa_iree.nsa (compression, select_blocks, selection, gates; no
+window) against fla-core's parallel_nsa with g_cmp and g_slc, forward and a training step (forward + backward),
+in one process; anchors layout, bf16.
+
+    python3 -m bench.layer_h200 OUT [N ...]      (artifacts prebuilt: python -m bench.layer_h200 --compile N ...)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ANCHORS = dict(heads=64, kv_heads=4, head_dim=128, block_size=64, block_counts=16)
+
+
+def specs(n):
+    from nsa_iree import compression
+    from nsa_iree.spec import KernelSpec
+
+    h, g, d, bs, t = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "block_size", "block_counts"))
+    layout = dict(heads=h, kv_heads=g, head_dim=d, value_dim=d, dtype="bf16", target="cuda")
+    selection = KernelSpec(**layout, block_size=bs, num_blocks=t)
+    compressed = KernelSpec(**layout, block_size=compression.DEFAULT_TILE, key_stride=bs,
+                            num_blocks=compression.tile_slots(-(-n // bs), compression.DEFAULT_TILE))
+    return [(selection, "forward"), (selection, "two-pass"), (compressed, "forward"), (compressed, "two-pass"),
+            (selection, "select")]
+
+
+def timing(n):
+    import nsa_iree
+    from nsa_iree.benchmark import timed
+
+    h, g, d, bs, t = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "block_size", "block_counts"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, n, heads, d, device="cuda", generator=gen).to(torch.bfloat16) for heads in (h, g, g))
+    g_cmp, g_slc = (torch.rand(1, n, h, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+    do = torch.randn(1, n, h, d, device="cuda", generator=gen).to(torch.bfloat16)
+    ms = lambda fn: timed(fn, torch.device("cuda"), 5, warmup=2) * 1e3  # noqa: E731
+
+    def step(attention):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v, g_cmp, g_slc)]
+        attention(*leaves).backward(do)
+
+    ours = lambda q, k, v, gc, gs: nsa_iree.nsa(q, k, v, gc, gs, block_counts=t, block_size=bs)  # noqa: E731
+    row = {"n": n, "nsa_iree_forward_ms": ms(lambda: ours(q, k, v, g_cmp, g_slc)),
+           "nsa_iree_step_ms": ms(lambda: step(ours))}
+    from fla.ops.nsa.parallel import parallel_nsa
+
+    theirs = lambda q, k, v, gc, gs: parallel_nsa(q, k, v, gc, gs, block_counts=t, block_size=bs)  # noqa: E731
+    row["fla_forward_ms"] = ms(lambda: theirs(q, k, v, g_cmp, g_slc))
+    row["fla_step_ms"] = ms(lambda: step(theirs))
+    row["step_ratio_ours_over_fla"] = row["nsa_iree_step_ms"] / row["fla_step_ms"]
+    return row
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args and args[0] == "--compile":
+        from nsa_iree.compiler import compile_artifact
+
+        for n in map(int, args[1:]):
+            for spec, variant in specs(n):
+                print(compile_artifact(spec, variant).path.name, flush=True)
+        sys.exit(0)
+    out, lengths = Path(args[0]), [int(x) for x in args[1:]] or [65536]
+    rows = []
+    for n in lengths:
+        rows.append(timing(n))
+        print(json.dumps(rows[-1]), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "layer.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "layout": ANCHORS,
+                                                "timings": rows}, indent=1))
