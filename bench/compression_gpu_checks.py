@@ -78,7 +78,7 @@ def specs():
 
     for layout, w in WINDOW_CASES.values():
         h, g, d, dv, dtype, _, n = LAYOUTS[layout]
-        slots = min((w + window.WINDOW_BLOCK - 2) // window.WINDOW_BLOCK + 1, -(-n // window.WINDOW_BLOCK))
+        slots = window.window_slots(w)
         spec = KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=window.WINDOW_BLOCK,
                           num_blocks=slots, dtype=_DTYPE_NAME[dtype], target="cuda", window=w)
         for variant in ("forward", "two-pass"):

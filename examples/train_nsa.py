@@ -4,7 +4,7 @@ Answering needs the pair, anywhere in the context: long-range retrieval, what NS
 branches are for. The data is generated here; the loss is the cross entropy of the answers alone.
 
     python examples/train_nsa.py                                   # CPU: a tiny model, 256 tokens, a minute
-    python examples/train_nsa.py --device cuda --preset h200       # H200: ~30M parameters, 8k tokens
+    python examples/train_nsa.py --device cuda --preset h200       # H200: 97M parameters, 32k tokens
     python examples/train_nsa.py --device cuda --preset h200 --attention fla   # fla's parallel_nsa instead
 
 Prints a progress line, writes the loss log (a CSV: step, loss, answer accuracy, tokens/s) and, with matplotlib

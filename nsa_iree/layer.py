@@ -49,7 +49,11 @@ def nsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torch.Tensor |
     Raises a TypeError or ValueError naming the argument for bad input, before anything compiles.
     """
     validate.check_nsa(q, k, v, g_cmp, g_slc, g_swa, block_indices, block_counts, block_size, window_size, scale,
-                       cu_seqlens)
+                       cu_seqlens, variant)
+    if block_indices is None and not torch.compiler.is_compiling():
+        # select_blocks' kernel for this target and layout, before the compression branch runs
+        width = block_counts if isinstance(block_counts, int) else int(block_counts.max())
+        compression._select_spec(api._autocast(q.detach())[0], k.shape[2], block_size, max(width, 1))
     n = k.shape[1]
     o_cmp = None
     if g_cmp is not None or block_indices is None:
@@ -105,13 +109,14 @@ class NativeSparseAttention(nn.Module):
         block_size, block_counts: the compression's and selection's block size, and the blocks each row keeps.
         window_size: the sliding window's keys (0: no window branch; its gate is then unused).
         rope_theta: the rotary embedding's base.
-        bias: whether the projections have biases.
+        qkv_bias: whether the q, k and v projections have biases (fla's qkv_bias; the gate and output
+            projections have none).
         variant: the selection branch's backward ("two-pass": bitwise reproducible; "one-pass").
     """
 
     def __init__(self, hidden_size: int, num_heads: int = 64, num_kv_heads: int = 4, head_dim: int = 64,
                  block_size: int = 64, block_counts: int = 16, window_size: int = 512, rope_theta: float = 10000.0,
-                 bias: bool = False, variant: str = "two-pass", device=None, dtype=None) -> None:
+                 qkv_bias: bool = False, variant: str = "two-pass", device=None, dtype=None) -> None:
         super().__init__()
         validate.check_layer(hidden_size, num_heads, num_kv_heads, head_dim, block_size, block_counts, window_size,
                              rope_theta, variant)
@@ -120,15 +125,19 @@ class NativeSparseAttention(nn.Module):
         self.block_size, self.block_counts, self.window_size = block_size, block_counts, window_size
         self.rope_theta, self.variant = rope_theta, variant
         factory = dict(device=device, dtype=dtype)
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias, **factory)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **factory)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias, **factory)
-        self.g_proj = nn.Linear(hidden_size, num_heads * 3, bias=bias, **factory)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias, **factory)
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=qkv_bias, **factory)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias, **factory)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias, **factory)
+        self.g_proj = nn.Linear(hidden_size, num_heads * 3, bias=False, **factory)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False, **factory)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        """y [B, M, hidden_size] from x [B, M, hidden_size] (with cu_seqlens: B = 1, M packed tokens, every
-        sequence alone, its positions from 0)."""
+        """y [B, M, hidden_size] from x [B, M, hidden_size] (with cu_seqlens, [S + 1] int32 or int64: B = 1, M
+        packed tokens, every sequence alone, its positions from 0)."""
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"x must have shape [B, M, hidden_size={self.hidden_size}], got {list(x.shape)}")
+        if cu_seqlens is not None and cu_seqlens.dtype == torch.int64:
+            cu_seqlens = cu_seqlens.to(torch.int32)            # (fla's layers take int64)
         batch, m_rows, _ = x.shape
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         positions = positions_of(batch, m_rows, x.device, cu_seqlens)

@@ -315,7 +315,7 @@ def _positive_int(name, value, minimum=1) -> None:
 
 
 def check_nsa(q, k, v, g_cmp, g_slc, g_swa, block_indices, block_counts, block_size, window_size, scale=None,
-              cu_seqlens=None) -> None:
+              cu_seqlens=None, variant="two-pass") -> None:
     """nsa's own arguments: the gates None or [B, M, H] floating tensors on q's device (q's dtype unless under
     autocast), window_size an int >= 0 (with g_swa given when above 0), block_size a positive int; q, k, v,
     block_indices and block_counts as the branches check them (they check again when they run)."""
@@ -332,11 +332,16 @@ def check_nsa(q, k, v, g_cmp, g_slc, g_swa, block_indices, block_counts, block_s
         _same_dtype(q, (name, gate))
     if window_size > 0 and g_swa is None:
         raise ValueError("window_size > 0 needs g_swa, the sliding window's gate [B, M, H]")
+    check_variant(variant)
     if block_indices is not None:
         check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens, scale)
         return
     check_scale(scale)
     _selected_counts(q, k.shape[2], block_counts)
+    most = block_counts if isinstance(block_counts, int) else int(block_counts.max()) if block_counts.numel() else 0
+    if most < 1:
+        raise ValueError(f"block_counts must keep at least one block somewhere when nsa selects them (block_indices "
+                         f"None), got at most {most}")
     if cu_seqlens is not None:
         check_cu_seqlens(q, k, cu_seqlens)
 

@@ -12,6 +12,7 @@ import functools
 import torch
 
 from . import api, validate
+from .packing import check_cu_seqlens_values
 
 # Keys per block of the window's block lists (the linalg stages' block size; every target's recipe compiles it).
 WINDOW_BLOCK = 64
@@ -43,6 +44,8 @@ def sliding_window_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """sliding_window_attention's o [B, M, H, Dv] and lse [B, H, M] float32 (natural log, -inf for a row that
     sees no key); differentiable in q, k, v through o."""
     validate.check_sliding_window(q, k, v, window_size, scale, cu_seqlens)
+    if cu_seqlens is not None and not torch.compiler.is_compiling():
+        check_cu_seqlens_values(cu_seqlens, q.shape[1])
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     q, k, v = api._autocast(q, k, v)
     return torch.ops.nsa_iree.sliding_window_fwd(q, k, v, window_size, scale, cu_seqlens)
@@ -54,6 +57,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: int,
     """o [B, M, H, Dv] (q's dtype) and lse [B, H, M] (float32)."""
     if cu_seqlens is None:
         return _forward(q, k, v, window_size, scale)
+    check_cu_seqlens_values(cu_seqlens, q.shape[1])
     outs = [_forward(q[:, a:b], k[:, a:b], v[:, a:b], window_size, scale) for a, b in _sequences(cu_seqlens)]
     if not outs:
         return _forward(q, k, v, window_size, scale)
@@ -112,18 +116,24 @@ for _device_type in ("cpu", "cuda"):
 
 
 def _sequences(cu_seqlens: torch.Tensor):
-    """(a, b): the tokens of every non-empty packed sequence."""
+    """(a, b): the tokens of every non-empty packed sequence (the values checked: packing)."""
     bounds = [int(x) for x in cu_seqlens.tolist()]
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def window_slots(window: int) -> int:
+    """T of a window of `window` keys: the most blocks of WINDOW_BLOCK keys it spans (one module per window,
+    whatever the lengths: the slots a short sequence does not reach are -1)."""
+    return (window + WINDOW_BLOCK - 2) // WINDOW_BLOCK + 1
 
 
 @functools.lru_cache(maxsize=8)
 def _band_indices(batch: int, m_rows: int, n: int, groups: int, window: int, device) -> torch.Tensor:
     """[B, M, G, T] int32: the blocks of WINDOW_BLOCK keys the window of each row touches, in increasing order,
-    -1 past them (and for rows before position 0). T = the most blocks a window of W keys spans. Made once per
-    shape (the kernels only read it)."""
+    -1 past them (and for rows before position 0); T = window_slots(W). Made once per shape (the kernels only
+    read it)."""
     bs = WINDOW_BLOCK
-    slots = min((window + bs - 2) // bs + 1, max(-(-n // bs), 1))
+    slots = window_slots(window)
     pos = torch.arange(m_rows, device=device) + (n - m_rows)
     first = (pos - window + 1).clamp(min=0) // bs
     last = torch.div(pos, bs, rounding_mode="floor")

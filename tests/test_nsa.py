@@ -199,13 +199,17 @@ def _bad(name):
         "window_negative": ({"window_size": -1}, "window_size"),
         "window_without_gate": ({"window_size": 8}, "g_swa"),
         "block_counts_negative": ({"block_counts": -1}, "block_counts"),
+        "block_counts_zero_when_selecting": ({"block_counts": 0}, "block_counts"),
+        "variant": ({"variant": "three-pass"}, "variant"),
+        "g_swa_shape_without_window": ({"g_swa": q.new_ones(1, 200, 3)}, "g_swa"),
         "v_heads": ({"v": q.new_ones(1, 200, 2, 32)}, "v"),
     }
     return changes[name], t, kwargs
 
 
 BAD = ["g_cmp_shape", "g_slc_dtype", "g_cmp_rank", "block_size_zero", "window_negative", "window_without_gate",
-       "block_counts_negative", "v_heads"]
+       "block_counts_negative", "block_counts_zero_when_selecting", "variant", "g_swa_shape_without_window",
+       "v_heads"]
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -216,8 +220,9 @@ def test_bad_input_names_the_argument(name, monkeypatch):
         nsa_iree.nsa(**(t | kwargs | change))
 
 
-def test_the_window_branch_adds_its_gated_attention():
-    t, kwargs = _problem("gated", torch.float32)
+@pytest.mark.parametrize("case", ["gated", "m_below_n", "packed"])
+def test_the_window_branch_adds_its_gated_attention(case):
+    t, kwargs = _problem(case, torch.float32)
     g_swa = torch.rand(t["g_slc"].shape, generator=torch.Generator().manual_seed(6))
     leaves = {name: x.clone().requires_grad_() for name, x in (t | {"g_swa": g_swa}).items()}
     o = nsa_iree.nsa(**leaves, **kwargs, window_size=40)
@@ -244,3 +249,24 @@ LAYER_BAD = {
 def test_bad_layer_configuration_names_the_argument(change, named):
     with pytest.raises((TypeError, ValueError), match=named):
         _layer(**change)
+
+
+def test_module_input_of_the_wrong_shape_names_x():
+    with pytest.raises(ValueError, match="x must have shape"):
+        _layer()(torch.ones(10, LAYER["hidden_size"]))
+
+
+def test_module_takes_int64_cu_seqlens_as_fla_layers_do():
+    module = _layer()
+    x = torch.randn(1, 80, LAYER["hidden_size"], generator=torch.Generator().manual_seed(8))
+    bounds = [0, 30, 80]
+    torch.testing.assert_close(module(x, cu_seqlens=torch.tensor(bounds)),
+                               module(x, cu_seqlens=torch.tensor(bounds, dtype=torch.int32)), rtol=0, atol=0)
+
+
+def test_a_target_without_select_blocks_raises_before_anything_compiles(monkeypatch):
+    t, kwargs = _problem("gated", torch.bfloat16)
+    monkeypatch.setattr("nsa_iree.api._target_for", lambda device: "gfx950")
+    monkeypatch.setattr("nsa_iree.api.kernels", lambda *a: pytest.fail("compiled before the selection's check"))
+    with pytest.raises(NotImplementedError, match="select_blocks"):
+        nsa_iree.nsa(**t, **kwargs)

@@ -92,6 +92,14 @@ BAD = {
 }
 
 
+def test_bad_cu_seqlens_values_raise_before_anything_runs(monkeypatch):
+    q, k, v, window = _problem((1, 100, None, 4, 1, 16, 16, 40), torch.float32)
+    monkeypatch.setattr("nsa_iree.api.kernels", lambda *a: pytest.fail("ran with bad cu_seqlens"))
+    for bounds in ([0, 40], [0, 60, 30, 100], [5, 100]):
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            nsa_iree.sliding_window_attention(q, k, v, window, cu_seqlens=torch.tensor(bounds, dtype=torch.int32))
+
+
 @pytest.mark.parametrize("change, error, named", BAD.values(), ids=list(BAD))
 def test_bad_input_names_the_argument(change, error, named, monkeypatch):
     q, k, v, window = _problem(SHAPES["two_keys"], torch.float32)
