@@ -38,16 +38,10 @@ ${ nv.constants(["c0", "c1", "c2", "c4", "c8", "c15", "c16", "zero", "log2e"]) }
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
       %zero_f32_pair = arith.constant dense<0.0> : vector<2xf32>
       %zero_chunk = arith.constant dense<0.0> : vector<8x${E}>
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %rows_per_workgroup = arith.constant ${DENSE_ROWS} : index
-      %subtiles = arith.constant ${DENSE_SUBTILES} : index
+${ nv.constants([("heads_per_group", HPG), ("block_size", BS), ("rows_per_workgroup", DENSE_ROWS), ("subtiles", DENSE_SUBTILES)]) }
 ${ nv.stage_constants(none, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
 ${ nv.copy_constants(DENSE_LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, DENSE_K_STAGE_PER_LANE, DENSE_V_STAGE_PER_LANE) }
-      %do_items = arith.constant ${DO_STAGE_ITEMS} : index
-      %d_steps = arith.constant ${D_STEPS} : index
-      %dv_steps = arith.constant ${DV_STEPS} : index
-      %d_tiles = arith.constant ${D_TILES} : index
+${ nv.constants([("do_items", DO_STAGE_ITEMS), ("d_steps", D_STEPS), ("dv_steps", DV_STEPS), ("d_tiles", D_TILES)]) }
 
 ${ dispatch.ids(['row_tile', 'g', 'b']) }
 ${ dispatch.push_constants("dense_dq_layout", ['batch', 'm_rows', 'n', 'scale']) }
@@ -56,8 +50,7 @@ ${ dispatch.bindings("dense_dq_layout", inputs, outputs) }
 
       // One workgroup allocation: K rows, V rows, the subgroups' do tiles.
       %smem = memref.alloc() : !dqk_smem
-      %v_offset = arith.constant ${DQ_K_BYTES} : index
-      %do_offset = arith.constant ${DQ_KV_BYTES} : index
+${ nv.constants([("v_offset", DQ_K_BYTES), ("do_offset", DQ_KV_BYTES)]) }
       %k_rows = memref.view %smem[%c0][] : !dqk_smem to !dqk_k_rows
       %v_rows = memref.view %smem[%v_offset][] : !dqk_smem to !dqk_v_rows
       %do_tile = memref.view %smem[%do_offset][] : !dqk_smem to !dqk_do_tile

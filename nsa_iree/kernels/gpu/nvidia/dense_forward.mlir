@@ -37,14 +37,9 @@ ${ nv.func_open("compressed_attention_fwd_tile", DENSE_LANES, SUBGROUP_SIZE, DEN
 ${ nv.constants(["c0", "c1", "c2", "c4", "c8", "c15", "c16", "c1_i32", "c2_i32", "c32_i32", "zero", "one", "minus_inf", "c0_i32", "log2e", "ln2"]) }
       %rescale_slack = arith.constant ${RESCALE_SLACK} : f32
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %rows_per_workgroup = arith.constant ${DENSE_ROWS} : index
-      %subtiles = arith.constant ${DENSE_SUBTILES} : index
+${ nv.constants([("heads_per_group", HPG), ("block_size", BS), ("rows_per_workgroup", DENSE_ROWS), ("subtiles", DENSE_SUBTILES)]) }
 ${ nv.copy_constants(DENSE_LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, DENSE_K_STAGE_PER_LANE, DENSE_V_STAGE_PER_LANE) }
-      %d_steps = arith.constant ${D_STEPS} : index
-      %dv_steps = arith.constant ${DV_STEPS} : index
-      %dv_tiles = arith.constant ${DV_TILES} : index
+${ nv.constants([("d_steps", D_STEPS), ("dv_steps", DV_STEPS), ("dv_tiles", DV_TILES)]) }
 ${ nv.stage_constants(none, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
 
 ${ dispatch.ids(['row_tile', 'g', 'b']) }

@@ -5,11 +5,14 @@
    forward share besides (the K/V pipeline of gpu/nvidia/kv_staging.mlir, the q fragments, s = q k^T): types,
    constants, positions, the score element. #>
 
-<# The named constants of `names`, in order: cN (N : index), cN_i32 (N : i32), and the f32 ones of FLOATS. #>
+<# The named constants of `names`, in order: cN (N : index), cN_i32 (N : i32), the f32 ones of FLOATS, and
+   (name, value) pairs (index). #>
 <% set FLOATS = {"zero": "0.0", "one": "1.0", "minus_inf": "0xFF800000", "log2e": "1.44269504", "ln2": "0.693147182"} %>
 <% macro constants(names) %>
 <% for name in names %>
-<% if name in FLOATS %>
+<% if name is not string %>
+      %${name[0]} = arith.constant ${name[1]} : index
+<% elif name in FLOATS %>
       %${name} = arith.constant ${ FLOATS[name] } : f32
 <% elif name.endswith("_i32") %>
       %${name} = arith.constant ${ name[1:-4] } : i32

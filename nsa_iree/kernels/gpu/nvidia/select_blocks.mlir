@@ -42,11 +42,7 @@ ${ nv.constants(["c0", "c1", "c2", "c3", "c4", "c8", "c16", "c1_i32", "c2_i32", 
       %minus_one = arith.constant -1 : index
       %minus_one_i32 = arith.constant -1 : i32
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
-      %heads_per_group = arith.constant ${HPG} : index
-      %block_size = arith.constant ${BS} : index
-      %subgroups = arith.constant ${DENSE_SUBGROUPS} : index
-      %subtiles = arith.constant ${DENSE_SUBTILES} : index
-      %slots_out = arith.constant ${T} : index
+${ nv.constants([("heads_per_group", HPG), ("block_size", BS), ("subgroups", DENSE_SUBGROUPS), ("subtiles", DENSE_SUBTILES), ("slots_out", T)]) }
 ${ nv.copy_constants(DENSE_LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V_STAGE_ITEMS, DENSE_K_STAGE_PER_LANE, DENSE_V_STAGE_PER_LANE) }
       %d_steps = arith.constant ${D_STEPS} : index
 ${ nv.stage_constants(none, DQ_STAGES, DQ_STAGES_MINUS_1, K_SWIZZLE_MASK, V_SWIZZLE_MASK, K_SWIZZLE_HIGH, V_SWIZZLE_HIGH) }
