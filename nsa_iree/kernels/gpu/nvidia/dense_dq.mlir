@@ -143,17 +143,7 @@ ${ dq_step.step(dqk, EX2, PACK_PAIR, "%subgroup, ", per_row=true) }
       }
 
       // dq of the lane's rows: accumulator element [0][tile][i] holds row 8 i + r, columns 8 tile + 2 c and + 1.
-      scf.for %tile = %c0 to %d_tiles step %c1 {
-        %tile8 = arith.muli %tile, %c8 : index
-        %d = arith.addi %tile8, %c2x : index
-<% for i in ["0", "1"] %>
-        scf.if %head_valid_${i} {
-          %part_${i} = vector.extract %dq_acc[0, %tile, ${i}] : vector<2xf32> from !dqk_dq_acc
-          %dq_pair_${i} = ${TRUNCF} %part_${i} : vector<2xf32> to vector<2x${E}>
-          vector.store %dq_pair_${i}, %dq[%b, %m_${i}, %head_${i}, %d] : !dqk_q, vector<2x${E}>
-        }
-<% endfor %>
-      } {unroll_loop}
+${ nv.store_rows("%dq_acc", "!dqk_dq_acc", "%d_tiles", "%dq", "!dqk_q") }
       return
     }
 <% endcall %>

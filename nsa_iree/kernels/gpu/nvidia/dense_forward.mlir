@@ -135,18 +135,7 @@ ${ softmax.quad_reduce("%row_sum_" ~ i, "%sum_" ~ i, "arith.addf") }
       }
 <% endfor %>
       // o: accumulator element [0][tile][i] holds row 8 i + r, columns 8 tile + 2 c and + 1.
-      scf.for %tile = %c0 to %dv_tiles step %c1 {
-        %tile8 = arith.muli %tile, %c8 : index
-        %e = arith.addi %tile8, %c2x : index
-<% for i in ["0", "1"] %>
-        scf.if %head_valid_${i} {
-          %part_${i} = vector.extract %o_acc[0, %tile, ${i}] : vector<2xf32> from !fwk_o_acc
-          %scaled_${i} = arith.mulf %part_${i}, %inverse_pair_${i} : vector<2xf32>
-          %o_pair_${i} = ${TRUNCF} %scaled_${i} : vector<2xf32> to vector<2x${E}>
-          vector.store %o_pair_${i}, %o[%b, %m_${i}, %head_${i}, %e] : !fwk_o, vector<2x${E}>
-        }
-<% endfor %>
-      } {unroll_loop}
+${ nv.store_rows("%o_acc", "!fwk_o_acc", "%dv_tiles", "%o", "!fwk_o", scaled=true) }
       return
     }
 <% endcall %>

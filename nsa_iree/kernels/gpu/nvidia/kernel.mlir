@@ -22,6 +22,27 @@
 <% endfor %>
 <% endmacro %>
 
+<# The lane's rows of accumulator `acc` (acc_type; element [0][tile][i] is row 8 i + r, columns 8 tile + 2 c and
+   + 1, over `tiles` 8-column tiles) into `dest` (dest_type) at [%b, %m_i, %head_i, column] in E, times
+   %inverse_pair_i where `scaled`; a row with %head_valid_i false (padding) is not written. (The dense kernels'
+   epilogue: each subgroup writes its own rows.) #>
+<% macro store_rows(acc, acc_type, tiles, dest, dest_type, scaled=false) %>
+      scf.for %tile = %c0 to ${tiles} step %c1 {
+        %tile8 = arith.muli %tile, %c8 : index
+        %column = arith.addi %tile8, %c2x : index
+<% for i in ["0", "1"] %>
+        scf.if %head_valid_${i} {
+          %part_${i} = vector.extract ${acc}[0, %tile, ${i}] : vector<2xf32> from ${acc_type}
+<% if scaled %>
+          %scaled_${i} = arith.mulf %part_${i}, %inverse_pair_${i} : vector<2xf32>
+<% endif %>
+          %pair_${i} = ${TRUNCF} %${"scaled_" if scaled else "part_"}${i} : vector<2xf32> to vector<2x${E}>
+          vector.store %pair_${i}, ${dest}[%b, %m_${i}, %head_${i}, %column] : ${dest_type}, vector<2x${E}>
+        }
+<% endfor %>
+      } {unroll_loop}
+<% endmacro %>
+
 <# The kernel function `name`'s opening: the unroll/lowering pipeline, `lanes` x 1 x 1 workgroups of subgroups of
    subgroup_size lanes, at least min_workgroups workgroups per multiprocessor. #>
 <% macro func_open(name, lanes, subgroup_size, min_workgroups) %>
