@@ -165,3 +165,13 @@ def test_atomics_issued_counts_every_visible_key_of_every_selected_slot():
                         expected += min(pos - i * bs + 1, bs) * dims
     assert expected > 0
     assert atomics_issued(idx, m_rows, n, bs, dims) == expected
+
+
+def test_layer_cpu_runs_and_agrees_with_its_eager_layer(capsys):
+    """bench/layer_cpu.py at a small size: one table row, nsa_iree's layer within f32 rounding of the eager one."""
+    from bench import layer_cpu
+
+    layer_cpu.main(["--seq", "512", "--repeats", "1", "--window", "64"])
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 512 |")]
+    assert len(row) == 1
+    assert float(row[0].rstrip(" |").rsplit("|", 1)[-1]) < 1e-5
