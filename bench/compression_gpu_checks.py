@@ -18,7 +18,7 @@ from unittest import mock
 import torch
 
 import nsa_iree
-from nsa_iree import compression
+from nsa_iree import api, compression
 from nsa_iree.reference import (compressed_attention_backward_reference, compressed_attention_reference,
                                 mean_pooling_reference)
 from nsa_iree.testing import TOLERANCE, relative_rms_error
@@ -100,7 +100,7 @@ def _inputs(layout, seed=0):
 
 
 def _poisoned(shape, like, dtype=None):
-    """compression._output with NaN (block ids: -7) in every element: what the kernels leave unwritten shows."""
+    """api.output_buffer with NaN (block ids: -7) in every element: what the kernels leave unwritten shows."""
     dtype = dtype or like.dtype
     return torch.full(shape, float("nan") if dtype.is_floating_point else -7, dtype=dtype, device=like.device)
 
@@ -112,7 +112,7 @@ def _run(q, k, v, do, n, kernels):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         k_cmp = nsa_iree.mean_pooling(leaves[1], BLOCK_SIZE)
         v_cmp = nsa_iree.mean_pooling(leaves[2], BLOCK_SIZE)
-        with mock.patch.object(compression, "_output", _poisoned):
+        with mock.patch.object(api, "output_buffer", _poisoned):
             o, lse = nsa_iree.compressed_attention(leaves[0], k_cmp, v_cmp, BLOCK_SIZE, seq_len=n)
             o.backward(do)
         return o.detach(), lse, leaves[0].grad, leaves[1].grad, leaves[2].grad
@@ -166,7 +166,7 @@ def check_select(case):
         gen = torch.Generator(device="cuda").manual_seed(4)
         counts = torch.randint(*counts, (1, m, k.shape[2]), device="cuda", generator=gen, dtype=torch.int32)
     lse = nsa_iree.compressed_attention(q, k_cmp, k_cmp, BLOCK_SIZE, seq_len=n)[1]
-    with mock.patch.object(compression, "_output", _poisoned):
+    with mock.patch.object(api, "output_buffer", _poisoned):
         got = nsa_iree.select_blocks(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n)
     again = nsa_iree.select_blocks(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n)
     ref = select_blocks_reference(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n).to(got.device)
@@ -196,7 +196,6 @@ def check_select(case):
 def check_window(case):
     """sliding_window_attention on the GPU against the f64 oracle: o, lse and the gradients, outputs poisoned, the
     backward twice bitwise equal."""
-    from nsa_iree import window
     from nsa_iree.reference import sliding_window_attention_reference
 
     layout, w = WINDOW_CASES[case]
@@ -204,7 +203,7 @@ def check_window(case):
     runs = []
     for _ in range(2):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        with mock.patch.object(window, "_output", _poisoned):
+        with mock.patch.object(api, "output_buffer", _poisoned):
             o, lse = nsa_iree.sliding_window_attention_fwd(*leaves, w)
             grads = torch.autograd.grad(o, leaves, do)
         runs.append((o, lse, *grads))

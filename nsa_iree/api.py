@@ -450,6 +450,29 @@ for _name in _CAST_POSITIONS:
         _register_autocast(_name, _device_type)
 
 
+def register_operator_pair(name: str, fwd_op, bwd_op, backward, setup_context, fwd_casts: tuple[int, ...],
+                           bwd_casts: tuple[int, ...]) -> None:
+    """Make the custom operators nsa_iree::<name>_fwd and <name>_bwd a differentiable pair, as the selection
+    operators are: `backward` (with `setup_context`) the forward's derivative, none for the backward operator (a
+    second derivative raises), and the autocast rule on both at their floating inputs' positions `fwd_casts`,
+    `bwd_casts` (nsa_iree.compression, nsa_iree.window)."""
+    def not_twice_differentiable(ctx, *grads):
+        raise RuntimeError(f"{name} is not twice differentiable: its backward (nsa_iree::{name}_bwd) has no "
+                           f"derivative of its own")
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    bwd_op.register_autograd(not_twice_differentiable)
+    _CAST_POSITIONS.update({f"{name}_fwd": fwd_casts, f"{name}_bwd": bwd_casts})
+    for device_type in ("cpu", "cuda"):
+        _register_autocast(f"{name}_fwd", device_type)
+        _register_autocast(f"{name}_bwd", device_type)
+
+
+def output_buffer(shape, like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """A buffer a kernel writes whole, on like's device (like's dtype unless given); the tests poison it."""
+    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+
+
 
 # --- public functions ----------------------------------------------------------------------------------
 

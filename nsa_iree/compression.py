@@ -167,17 +167,8 @@ def _fwd_backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None, None
 
 
-def _not_twice_differentiable(ctx, *grads):
-    raise RuntimeError("compressed_attention is not twice differentiable: its backward "
-                       "(nsa_iree::compressed_attention_bwd) has no derivative of its own")
-
-
-_fwd_op.register_autograd(_fwd_backward, setup_context=_setup_context)
-_bwd_op.register_autograd(_not_twice_differentiable)
-api._CAST_POSITIONS.update({"compressed_attention_fwd": (0, 1, 2), "compressed_attention_bwd": (0, 1, 2, 3, 4)})
-for _device_type in ("cpu", "cuda"):
-    api._register_autocast("compressed_attention_fwd", _device_type)
-    api._register_autocast("compressed_attention_bwd", _device_type)
+api.register_operator_pair("compressed_attention", _fwd_op, _bwd_op, _fwd_backward, _setup_context, (0, 1, 2),
+                           (0, 1, 2, 3, 4))
 
 
 def _sequences(cu_seqlens: torch.Tensor, block_size: int):
@@ -189,11 +180,6 @@ def _sequences(cu_seqlens: torch.Tensor, block_size: int):
         if b > a:
             yield (a, b), (first, first + blocks)
         first += blocks
-
-
-def _output(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A buffer the kernels write whole (the tests poison it first)."""
-    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
 
 
 def _positions(q: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
@@ -235,8 +221,8 @@ def _forward(q, k_cmp, v_cmp, block_size, scale, n):
                 torch.full((batch, heads, m_rows), float("-inf"), dtype=torch.float32, device=q.device))
     qp, p0 = _positions(q, n)
     idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
-    o = _output((batch, n, heads, v_cmp.shape[3]), q)
-    lse = _output((batch, heads, n), q, torch.float32)
+    o = api.output_buffer((batch, n, heads, v_cmp.shape[3]), q)
+    lse = api.output_buffer((batch, heads, n), q, torch.float32)
     api.forward_into(o, lse, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), idx, _tile(q.device), scale,
                      key_stride=block_size)
     return _from_positions(o, p0, m_rows, 1, 0.0), _from_positions(lse, p0, m_rows, 2, float("-inf"))
@@ -255,8 +241,8 @@ def _backward(do, q, k_cmp, v_cmp, o, lse, block_size, scale, n):
     else:
         lsep = lse[:, :, -p0:]
     idx = _tile_indices(batch, n, p0, k_cmp.shape[2], k_cmp.shape[1], q.device)
-    dq = _output(qp.shape, q)
-    dk, dv = _output(k_cmp.shape, k_cmp), _output(v_cmp.shape, v_cmp)
+    dq = api.output_buffer(qp.shape, q)
+    dk, dv = api.output_buffer(k_cmp.shape, k_cmp), api.output_buffer(v_cmp.shape, v_cmp)
     api.backward_into(dq, dk, dv, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), op.contiguous(),
                       lsep.contiguous(), dop.contiguous(), idx, _tile(q.device), scale, "two-pass",
                       key_stride=block_size)
@@ -340,13 +326,13 @@ def _select_op(q: torch.Tensor, k_cmp: torch.Tensor, lse: torch.Tensor, counts: 
     if 0 in (batch, m_rows, width) or cu_seqlens is not None:
         out = torch.full((batch, m_rows, groups, width), -1, dtype=torch.int32, device=q.device)
     else:
-        out = _output((batch, m_rows, groups, width), counts)       # the kernel writes every slot
+        out = api.output_buffer((batch, m_rows, groups, width), counts)       # the kernel writes every slot
     if 0 in (batch, m_rows, width):
         return out
     if cu_seqlens is None:
         return _select(out, q, k_cmp, lse, counts, scale, seq_len, spec)
     for (a, b), (c, d) in _sequences(cu_seqlens, block_size):
-        out[:, a:b] = _select(_output((batch, b - a, groups, width), counts), q[:, a:b], k_cmp[:, c:d],
+        out[:, a:b] = _select(api.output_buffer((batch, b - a, groups, width), counts), q[:, a:b], k_cmp[:, c:d],
                               lse[:, :, a:b], counts[:, a:b], scale, b - a, spec)
     return out
 
@@ -359,8 +345,6 @@ def _select_fake(q, k_cmp, lse, counts, block_size, width, scale, seq_len, cu_se
 def _select_spec(q: torch.Tensor, groups: int, block_size: int, width: int):
     """The KernelSpec of select_blocks' kernel (T = the output slots, BS = the compression's block size), checked
     to have a kernel on q's target (NotImplementedError otherwise) before anything compiles."""
-    from .kernels import choose
-    from .recipes import load_recipe
     from .spec import KernelSpec, kernels_from_environment, target_cpu_from_environment
 
     target = api._target_for(q.device)
@@ -368,8 +352,18 @@ def _select_spec(q: torch.Tensor, groups: int, block_size: int, width: int):
                       block_size=block_size, num_blocks=width, dtype=api._DTYPE_NAME[q.dtype], target=target,
                       target_cpu=target_cpu_from_environment() if target == "cpu" else "host",
                       kernels=kernels_from_environment())
-    choose("select_blocks", spec, load_recipe(target))
+    _check_select_kernel(spec)
     return spec
+
+
+@functools.lru_cache(maxsize=None)
+def _check_select_kernel(spec) -> None:
+    """choose()'s verdict on select_blocks for spec, once per spec and process (a training step asks every call;
+    the recipe is read once, as the compiled module is looked up once: api._artifact_path)."""
+    from .kernels import choose
+    from .recipes import load_recipe
+
+    choose("select_blocks", spec, load_recipe(spec.target))
 
 
 def _select(out, q, k_cmp, lse, counts, scale, n, spec):

@@ -98,10 +98,15 @@ def selection_attention_reference(q, k, v, block_indices, block_size, block_coun
     vh = vc.repeat_interleave(hpg, dim=2)
     s = torch.einsum("bmhd,bnhd->bmhn", qc, kh) * scale
     visible = w > 0
+    # A weight of w adds log(w) to the score.
+    return _masked_attention(s + torch.log(torch.where(visible, w, torch.ones_like(w))), visible, vh)
+
+
+def _masked_attention(s: torch.Tensor, visible: torch.Tensor, vh: torch.Tensor):
+    """o [B, M, H, Dv] and lse [B, H, M] of scores s [B, M, H, N] where `visible`, values vh [B, N, H, Dv]; a row
+    that sees nothing gets o = 0 and lse = -inf (its logits finite dummies, so no NaN reaches autograd)."""
     empty = ~visible.any(dim=-1, keepdim=True)
-    # A weight of w adds log(w) to the score. Empty rows get finite dummy logits so no NaN reaches autograd.
-    logits = torch.where(visible, s + torch.log(torch.where(visible, w, torch.ones_like(w))),
-                         torch.full_like(s, float("-inf")))
+    logits = torch.where(visible, s, torch.full_like(s, float("-inf")))
     logits = torch.where(empty, torch.zeros_like(logits), logits)
     lse_safe = torch.logsumexp(logits, dim=-1, keepdim=True)
     p = torch.where(visible, torch.exp(logits - lse_safe), torch.zeros_like(logits))
@@ -500,11 +505,4 @@ def sliding_window_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torc
     pos = (torch.arange(m_rows, device=q.device) + (n - m_rows)).view(1, m_rows, 1, 1)
     j = torch.arange(n, device=q.device).view(1, 1, 1, n)
     visible = ((j <= pos) & (j > pos - window_size)).expand_as(s)
-    empty = ~visible.any(dim=-1, keepdim=True)
-    logits = torch.where(visible, s, torch.full_like(s, float("-inf")))
-    logits = torch.where(empty, torch.zeros_like(logits), logits)
-    lse_safe = torch.logsumexp(logits, dim=-1, keepdim=True)
-    p = torch.where(visible, torch.exp(logits - lse_safe), torch.zeros_like(logits))
-    o = torch.einsum("bmhn,bnhe->bmhe", p, vh)
-    lse = torch.where(empty, torch.full_like(lse_safe, float("-inf")), lse_safe).squeeze(-1)
-    return o, lse.permute(0, 2, 1).contiguous()
+    return _masked_attention(s, visible, vh)

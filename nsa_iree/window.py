@@ -57,8 +57,8 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: int,
     """o [B, M, H, Dv] (q's dtype) and lse [B, H, M] (float32)."""
     if cu_seqlens is None:
         return _forward(q, k, v, window_size, scale)
-    check_cu_seqlens_values(cu_seqlens, q.shape[1])
-    outs = [_forward(q[:, a:b], k[:, a:b], v[:, a:b], window_size, scale) for a, b in _sequences(cu_seqlens)]
+    outs = [_forward(q[:, a:b], k[:, a:b], v[:, a:b], window_size, scale)
+            for a, b in _sequences(cu_seqlens, q.shape[1])]
     if not outs:
         return _forward(q, k, v, window_size, scale)
     return torch.cat([o for o, _ in outs], dim=1), torch.cat([lse for _, lse in outs], dim=2)
@@ -78,7 +78,7 @@ def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if cu_seqlens is None:
         return _backward(do, q, k, v, o, lse, window_size, scale)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for a, b in _sequences(cu_seqlens):
+    for a, b in _sequences(cu_seqlens, q.shape[1]):
         dq[:, a:b], dk[:, a:b], dv[:, a:b] = _backward(do[:, a:b], q[:, a:b], k[:, a:b], v[:, a:b], o[:, a:b],
                                                        lse[:, :, a:b], window_size, scale)
     return dq, dk, dv
@@ -102,22 +102,13 @@ def _fwd_backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None
 
 
-def _not_twice_differentiable(ctx, *grads):
-    raise RuntimeError("sliding_window_attention is not twice differentiable: its backward "
-                       "(nsa_iree::sliding_window_bwd) has no derivative of its own")
+api.register_operator_pair("sliding_window", _fwd_op, _bwd_op, _fwd_backward, _setup_context, (0, 1, 2),
+                           (0, 1, 2, 3, 4))
 
 
-_fwd_op.register_autograd(_fwd_backward, setup_context=_setup_context)
-_bwd_op.register_autograd(_not_twice_differentiable)
-api._CAST_POSITIONS.update({"sliding_window_fwd": (0, 1, 2), "sliding_window_bwd": (0, 1, 2, 3, 4)})
-for _device_type in ("cpu", "cuda"):
-    api._register_autocast("sliding_window_fwd", _device_type)
-    api._register_autocast("sliding_window_bwd", _device_type)
-
-
-def _sequences(cu_seqlens: torch.Tensor):
-    """(a, b): the tokens of every non-empty packed sequence (the values checked: packing)."""
-    bounds = [int(x) for x in cu_seqlens.tolist()]
+def _sequences(cu_seqlens: torch.Tensor, total: int) -> list[tuple[int, int]]:
+    """(a, b): the tokens of every non-empty packed sequence, its values checked against `total` tokens."""
+    bounds = check_cu_seqlens_values(cu_seqlens, total)
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
@@ -142,15 +133,10 @@ def _band_indices(batch: int, m_rows: int, n: int, groups: int, window: int, dev
     return idx.view(1, m_rows, 1, slots).expand(batch, m_rows, groups, slots).contiguous()
 
 
-def _output(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A buffer the kernels write whole (the tests poison it first)."""
-    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
-
-
 def _forward(q, k, v, window, scale):
     batch, m_rows, heads, _ = q.shape
-    o = _output((batch, m_rows, heads, v.shape[3]), q)
-    lse = _output((batch, heads, m_rows), q, torch.float32)
+    o = api.output_buffer((batch, m_rows, heads, v.shape[3]), q)
+    lse = api.output_buffer((batch, heads, m_rows), q, torch.float32)
     if 0 in (batch, m_rows):
         return o, lse
     idx = _band_indices(batch, m_rows, k.shape[1], k.shape[2], window, q.device)
@@ -163,7 +149,7 @@ def _backward(do, q, k, v, o, lse, window, scale):
     batch, m_rows = q.shape[:2]
     if 0 in (batch, m_rows):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    dq, dk, dv = _output(q.shape, q), _output(k.shape, k), _output(v.shape, v)
+    dq, dk, dv = api.output_buffer(q.shape, q), api.output_buffer(k.shape, k), api.output_buffer(v.shape, v)
     idx = _band_indices(batch, m_rows, k.shape[1], k.shape[2], window, q.device)
     api.backward_into(dq, dk, dv, q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), lse.contiguous(),
                       do.contiguous(), idx, WINDOW_BLOCK, scale, "two-pass", window=window)

@@ -100,16 +100,15 @@ def poisoned(shape, dtype):
 
 @pytest.fixture
 def poisoned_compression_outputs(monkeypatch):
-    """Every buffer nsa_iree.compression's and nsa_iree.window's kernels write (their _output) starts poisoned:
-    NaN floats, INT32_MAX ids; a value the kernels leave unwritten fails the comparison that follows."""
-    from nsa_iree import compression, window
+    """Every buffer nsa_iree.compression's and nsa_iree.window's kernels write (api.output_buffer) starts
+    poisoned: NaN floats, INT32_MAX ids; a value the kernels leave unwritten fails the comparison that follows."""
+    from nsa_iree import api
 
     def output(shape, like, dtype=None):
         dtype = dtype or like.dtype
         fill = 2 ** 31 - 1 if dtype == torch.int32 else float("nan")
         return torch.full(shape, fill, dtype=dtype, device=like.device)
-    monkeypatch.setattr(compression, "_output", output)
-    monkeypatch.setattr(window, "_output", output)
+    monkeypatch.setattr(api, "output_buffer", output)
 
 
 def run_poisoned(p: Problem, q, k, v, do, block_indices, block_counts, variant="two-pass"):
