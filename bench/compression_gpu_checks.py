@@ -3,6 +3,7 @@ backward, against the f64 oracle and the linalg stages (KernelSpec.kernels), out
 twice bit for bit; small sizes, so that `compute-sanitizer --tool memcheck` runs it too.
 
     python3 -m bench.compression_gpu_checks               (on the GPU: bench/run_compression_h200.sh's setup)
+    python3 -m bench.compression_gpu_checks --only gates  (one group of GROUPS, or several: layouts,select)
     python3 -m bench.compression_gpu_checks --compile     (here: compile the cuda modules it and
                                                            bench/compression_h200.py load into $NSA_IREE_CACHE_DIR)
 """
@@ -48,6 +49,11 @@ SELECT_CASES = {
 # the sliding window (nsa_iree.window, the linalg stages on the GPU): name: (layout, W)
 WINDOW_CASES = {"anchors_n2048_w512": ("anchors_n2048", 512), "anchors_m1000_n3000_w100": ("anchors_m1000_n3000", 100),
                 "hpg1_n1000_w1000": ("hpg1_n1000", 1000)}
+# the layer's gating (nsa_iree.layer.gated_sum, kernels/common/gates.mlir): name: (layout, branches, the first
+# branch ungated)
+GATE_CASES = {"anchors_n2048_two": ("anchors_n2048", 2, False), "anchors_n2048_three": ("anchors_n2048", 3, False),
+              "anchors_f16_n700_ungated_first": ("anchors_f16_n700", 2, True),
+              "hpg4_d64dv128_n1500_one": ("hpg4_d64dv128_n1500", 1, False)}
 _DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -83,6 +89,10 @@ def specs():
                           num_blocks=slots, dtype=_DTYPE_NAME[dtype], target="cuda", window=w)
         for variant in ("forward", "two-pass"):
             yield spec, variant
+    for layout in dict.fromkeys(layout for layout, _, _ in GATE_CASES.values()):
+        h, _, _, dv, dtype, _, _ = LAYOUTS[layout]
+        yield KernelSpec(heads=h, kv_heads=1, head_dim=dv, value_dim=dv, dtype=_DTYPE_NAME[dtype],
+                         target="cuda"), "gates"
 
 
 def _slots(counts) -> int:
@@ -218,6 +228,34 @@ def check_window(case):
     return row
 
 
+def check_gates(case):
+    """gated_sum on the GPU: o and the branches' gradients bitwise equal to the same float32 products and sums in
+    torch (16-bit products are exact in float32), the gates' gradients against the f64 oracle, outputs poisoned."""
+    from nsa_iree.layer import gated_sum
+
+    layout, branches, ungated_first = GATE_CASES[case]
+    h, _, _, dv, dtype, m, _ = LAYOUTS[layout]
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    outs = [torch.randn(1, m, h, dv, device="cuda", generator=gen).to(dtype) for _ in range(branches)]
+    gates = [torch.rand(1, m, h, device="cuda", generator=gen).to(dtype) for _ in range(branches)]
+    if ungated_first:
+        gates[0] = None
+    do = torch.randn(1, m, h, dv, device="cuda", generator=gen).to(dtype)
+    leaves = [None if t is None else t.clone().requires_grad_() for pair in zip(outs, gates) for t in pair]
+    with mock.patch.object(api, "output_buffer", _poisoned):
+        o = gated_sum(*leaves)
+        o.backward(do)
+    weights = [torch.ones_like(gates[-1]) if g is None else g for g in gates]
+    total = sum(x.float() * w.float().unsqueeze(-1) for x, w in zip(outs, weights))
+    row = {"check": f"gates_{case}", "o_bitwise": torch.equal(o, total.to(dtype)), "o_nan": int(torch.isnan(o).sum())}
+    row["do_bitwise"] = all(torch.equal(leaves[2 * i].grad, (do.float() * w.float().unsqueeze(-1)).to(dtype))
+                            for i, w in enumerate(weights))
+    row["dg"] = max(relative_rms_error(leaves[2 * i + 1].grad.double(), (do.double() * x.double()).sum(-1))
+                    for i, x in enumerate(outs) if gates[i] is not None)
+    row["grad_nan"] = sum(int(torch.isnan(t.grad).sum()) for t in leaves if t is not None)
+    return row
+
+
 def main(argv) -> int:
     if "--compile" in argv:
         from nsa_iree.compiler import compile_artifact
@@ -225,31 +263,44 @@ def main(argv) -> int:
         for spec, variant in specs():
             print(compile_artifact(spec, variant).path.name, flush=True)
         return 0
-    failed = 0
-    for layout in LAYOUTS:
-        row = check(layout)
-        ok = (all(row[x] < TOLERANCE[LAYOUTS[layout][4]] for x in ("o", "lse", "dq", "dk", "dv"))
-              and all(row[f"{x}_nan"] == 0 for x in ("o", "lse", "dq", "dk", "dv"))
-              and row["lse_inf_where_oracle"] and row["backward_bitwise_equal"] and row["blind_rows_zero"])
-        row["ok"] = ok
-        failed += not ok
-        print(json.dumps(row), flush=True)
-    for case in SELECT_CASES:
-        row = check_select(case)
-        row["ok"] = (row["poison_left"] == 0 and row["deterministic"]
-                     and row.get("largest_relative_gap", 0.0) < 1e-3)
-        failed += not row["ok"]
-        print(json.dumps(row), flush=True)
-    for case in WINDOW_CASES:
-        row = check_window(case)
-        tol = TOLERANCE[LAYOUTS[WINDOW_CASES[case][0]][4]]
-        row["ok"] = (all(row[x] < tol and row[f"{x}_nan"] == 0 for x in ("o", "lse", "dq", "dk", "dv"))
-                     and row["backward_bitwise_equal"])
-        failed += not row["ok"]
-        print(json.dumps(row), flush=True)
-    print(json.dumps({"layouts": len(LAYOUTS), "select_cases": len(SELECT_CASES), "window_cases": len(WINDOW_CASES),
-                      "failed": failed}), flush=True)
+    groups = argv[argv.index("--only") + 1].split(",") if "--only" in argv else list(GROUPS)
+    failed = counted = 0
+    for group in groups:
+        cases, run, passes = GROUPS[group]
+        for case in cases:
+            row = run(case)
+            row["ok"] = passes(case, row)
+            failed += not row["ok"]
+            counted += 1
+            print(json.dumps(row), flush=True)
+    print(json.dumps({"groups": groups, "checks": counted, "failed": failed}), flush=True)
     return 1 if failed else 0
+
+
+def _layout_passes(layout, row):
+    names = ("o", "lse", "dq", "dk", "dv")
+    return (all(row[x] < TOLERANCE[LAYOUTS[layout][4]] for x in names) and all(row[f"{x}_nan"] == 0 for x in names)
+            and row["lse_inf_where_oracle"] and row["backward_bitwise_equal"] and row["blind_rows_zero"])
+
+
+def _select_passes(case, row):
+    return row["poison_left"] == 0 and row["deterministic"] and row.get("largest_relative_gap", 0.0) < 1e-3
+
+
+def _window_passes(case, row):
+    tol = TOLERANCE[LAYOUTS[WINDOW_CASES[case][0]][4]]
+    return all(row[x] < tol and row[f"{x}_nan"] == 0 for x in ("o", "lse", "dq", "dk", "dv")) \
+        and row["backward_bitwise_equal"]
+
+
+def _gates_pass(case, row):
+    return (row["o_bitwise"] and row["do_bitwise"] and row["o_nan"] == 0 and row["grad_nan"] == 0
+            and row["dg"] < TOLERANCE[LAYOUTS[GATE_CASES[case][0]][4]])
+
+
+# The checks by group (--only GROUP,...): the cases, the check, whether its row passes.
+GROUPS = {"layouts": (LAYOUTS, check, _layout_passes), "select": (SELECT_CASES, check_select, _select_passes),
+          "window": (WINDOW_CASES, check_window, _window_passes), "gates": (GATE_CASES, check_gates, _gates_pass)}
 
 
 if __name__ == "__main__":

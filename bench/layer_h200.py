@@ -3,6 +3,8 @@ window) against fla-core's parallel_nsa with g_cmp and g_slc, forward and a trai
 in one process; anchors layout, bf16.
 
     python3 -m bench.layer_h200 OUT [N ...]      (artifacts prebuilt: python -m bench.layer_h200 --compile N ...)
+    python3 -m bench.layer_h200 --profile OUT N  (one nsa_iree training step under torch.profiler: its kernels and
+                                                  ops by device time, the step's wall time beside them)
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ def specs(n):
     selection = KernelSpec(**layout, block_size=bs, num_blocks=t)
     compressed = KernelSpec(**layout, block_size=compression.DEFAULT_TILE, key_stride=bs,
                             num_blocks=compression.tile_slots(-(-n // bs), compression.DEFAULT_TILE))
+    gates = KernelSpec(heads=h, kv_heads=1, head_dim=d, value_dim=d, dtype="bf16", target="cuda")
     return [(selection, "forward"), (selection, "two-pass"), (compressed, "forward"), (compressed, "two-pass"),
-            (selection, "select")]
+            (selection, "select"), (gates, "gates")]
 
 
 def timing(n):
@@ -56,8 +59,41 @@ def timing(n):
     return row
 
 
+def profile(out: Path, n: int) -> None:
+    """One nsa_iree training step under torch.profiler after warm-ups: the table of its ops and kernels by device
+    time (CUPTI sees IREE's launches as well as torch's) and the trace, written to OUT."""
+    import nsa_iree
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    h, g, d, bs, t = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "block_size", "block_counts"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, n, heads, d, device="cuda", generator=gen).to(torch.bfloat16) for heads in (h, g, g))
+    g_cmp, g_slc = (torch.rand(1, n, h, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+    do = torch.randn(1, n, h, d, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def step():
+        leaves = [x.detach().requires_grad_() for x in (q, k, v, g_cmp, g_slc)]
+        nsa_iree.nsa(*leaves, block_counts=t, block_size=bs).backward(do)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    out.mkdir(parents=True, exist_ok=True)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=90)
+    (out / "profile.txt").write_text(table)
+    prof.export_chrome_trace(str(out / "trace.json"))
+    print(table, flush=True)
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args and args[0] == "--profile":
+        profile(Path(args[1]), int(args[2]))
+        sys.exit(0)
     if args and args[0] == "--compile":
         from nsa_iree.compiler import compile_artifact
 

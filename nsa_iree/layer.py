@@ -67,13 +67,101 @@ def nsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cmp: torch.Tensor |
             block_counts = None                 # select_blocks kept each row's count, -1 in the rest
     o_slc = api.selection_attention(q, k, v, block_indices, block_size, block_counts, scale, variant,
                                     cu_seqlens=cu_seqlens)
-    o = o_slc.float() if g_slc is None else o_slc.float() * g_slc.float().unsqueeze(-1)
+    # the gates under autocast take the branches' dtype, as the operators' inputs do (api._autocast)
+    g_cmp, g_slc, g_swa = (None if g is None else api._autocast(g)[0] for g in (g_cmp, g_slc, g_swa))
+    branches = [o_slc, g_slc]
     if g_cmp is not None:
-        o = o + o_cmp.float() * g_cmp.float().unsqueeze(-1)
+        branches += [o_cmp, g_cmp]
     if window_size > 0:
-        o_swa = window.sliding_window_attention(q, k, v, window_size, scale, cu_seqlens=cu_seqlens)
-        o = o + o_swa.float() * g_swa.float().unsqueeze(-1)
-    return o.to(o_slc.dtype)
+        branches += [window.sliding_window_attention(q, k, v, window_size, scale, cu_seqlens=cu_seqlens), g_swa]
+    return gated_sum(*branches)
+
+
+def gated_sum(*branches: torch.Tensor | None) -> torch.Tensor:
+    """o = sum over the branches of o_i g_i, in float32 and rounded once: the layer's gating, one kernel each way
+    (kernels/common/gates.mlir).
+
+    Args:
+        branches: o_1, g_1, o_2, g_2, ... for 1 to 3 branches: each o_i [B, M, H, Dv] and g_i [B, M, H] or None
+            (o_i ungated), all in one dtype and on one device.
+    Returns:
+        o [B, M, H, Dv] in the branches' dtype. Differentiable in every o_i and g_i: do_i = do g_i and
+        dg_i = sum over Dv of do o_i, each in float32 and rounded once to the input's dtype.
+    """
+    outs, gates = list(branches[0::2]), list(branches[1::2])
+    if len(outs) == 1 and gates[0] is None:
+        return outs[0]
+    ones = None
+    for i, g in enumerate(gates):
+        if g is None:              # an ungated branch: weight 1 (its gradient never asked for)
+            ones = torch.ones(outs[i].shape[:3], dtype=outs[i].dtype, device=outs[i].device) if ones is None else ones
+            gates[i] = ones
+    return torch.ops.nsa_iree.gated_sum(outs, gates)
+
+
+def _gates_module(o: torch.Tensor):
+    """The gating's compiled module for o's heads, Dv, dtype and device (the spec's other fields are unused)."""
+    from .spec import KernelSpec, target_cpu_from_environment
+
+    target = api._target_for(o.device)
+    spec = KernelSpec(heads=o.shape[2], kv_heads=1, head_dim=o.shape[3], value_dim=o.shape[3],
+                      dtype=api._DTYPE_NAME[o.dtype], target=target,
+                      target_cpu=target_cpu_from_environment() if target == "cpu" else "host")
+    return api.kernels(spec, "gates", o.device)
+
+
+@torch.library.custom_op("nsa_iree::gated_sum", mutates_args=())
+def _gated_sum_op(outs: list[torch.Tensor], gates: list[torch.Tensor]) -> torch.Tensor:
+    """o [B, M, H, Dv] = sum_i outs[i] gates[i] (float32, rounded once)."""
+    o = api.output_buffer(outs[0].shape, outs[0])
+    if o.numel():
+        pairs = [t.contiguous() for pair in zip(outs, gates) for t in pair]
+        _gates_module(o).call(f"gated_sum_{len(outs)}", *pairs, o)
+    return o
+
+
+@_gated_sum_op.register_fake
+def _gated_sum_fake(outs, gates):
+    return torch.empty_like(outs[0])
+
+
+@torch.library.custom_op("nsa_iree::gated_sum_bwd", mutates_args=())
+def _gated_sum_bwd_op(do: torch.Tensor, outs: list[torch.Tensor], gates: list[torch.Tensor],
+                      gate_grads: list[bool]) -> list[torch.Tensor]:
+    """[do g_i for every branch] + [sum over Dv of do o_i for the branches whose gate_grads is set]."""
+    d_outs = [api.output_buffer(do.shape, do) for _ in outs]
+    wanted = [o for o, want in zip(outs, gate_grads) if want]
+    if not do.numel():
+        return d_outs + [torch.zeros(o.shape[:3], dtype=o.dtype, device=o.device) for o in wanted]
+    do = do.contiguous()
+    module = _gates_module(do)
+    module.call(f"gate_products_{len(outs)}", do, *[g.contiguous() for g in gates], *d_outs)
+    d_gates = [api.output_buffer(o.shape[:3], o) for o in wanted]
+    for o, dg in zip(wanted, d_gates):
+        module.call("gate_dot", o.contiguous(), do, dg, wait_for_torch=False)
+    return d_outs + d_gates
+
+
+@_gated_sum_bwd_op.register_fake
+def _gated_sum_bwd_fake(do, outs, gates, gate_grads):
+    return [torch.empty_like(do) for _ in outs] + [o.new_empty(o.shape[:3]) for o, w in zip(outs, gate_grads) if w]
+
+
+def _gated_sum_setup(ctx, inputs, output):
+    outs, gates = inputs
+    ctx.gate_grads = [g.requires_grad for g in gates]
+    ctx.save_for_backward(*outs, *gates)
+
+
+def _gated_sum_backward(ctx, do):
+    saved = ctx.saved_tensors
+    outs, gates = list(saved[:len(saved) // 2]), list(saved[len(saved) // 2:])
+    grads = torch.ops.nsa_iree.gated_sum_bwd(do, outs, gates, ctx.gate_grads)
+    d_outs, rest = grads[:len(outs)], iter(grads[len(outs):])
+    return d_outs, [next(rest) if want else None for want in ctx.gate_grads]
+
+
+_gated_sum_op.register_autograd(_gated_sum_backward, setup_context=_gated_sum_setup)
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:

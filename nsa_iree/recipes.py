@@ -40,7 +40,7 @@ ATTRIBUTE_SLOTS = (
     "DQ_SCORES_CONFIG", "DQ_DP_CONFIG", "DQ_ROOT_CONFIG",
     "DV_SCORES_CONFIG", "DV_ROOT_CONFIG",
     "DK_SCORES_CONFIG", "DK_DP_CONFIG", "DK_ROOT_CONFIG",
-    "PIECE_SUM_CONFIG", "DELTA_CONFIG", "CHUNK_COUNT_CONFIG",
+    "PIECE_SUM_CONFIG", "DELTA_CONFIG", "CHUNK_COUNT_CONFIG", "GATES_CONFIG",
 )
 
 # Keys of the [onepass] table, each rendered as the placeholder ONEPASS_<KEY> of kernels/linalg/onepass.mlir.
@@ -114,6 +114,14 @@ class Recipe:
                       KEYS_PER_LANE=str(-(-spec.block_size // lanes_keys)),
                       HEADS_PER_LANE=str(max(1, 16 * lanes_keys // 32)),
                       SLOTS_PER_WORKGROUP=str(slots), SLOT_LANES=str(32 * slots))
+        # The gating's elementwise ops (common/gates.mlir): GATE_VECTOR elements of 16 bytes or fewer per lane
+        # (a power of two dividing Dv), GATE_HEADS heads of a row per workgroup (a divisor of H), at most 256
+        # lanes in all.
+        vector = next(n for n in (128 // _BITS[spec.dtype], 4, 2, 1) if spec.value_dim % n == 0)
+        lanes_per_head = spec.value_dim // vector
+        heads = max([n for n in range(1, spec.heads + 1) if spec.heads % n == 0 and n * lanes_per_head <= 256]
+                    or [1])
+        values.update(GATE_VECTOR=str(vector), GATE_HEADS=str(heads), GATE_LANES=str(heads * lanes_per_head))
         # promote_operands lists for contractions whose operands have D or Dv innermost (see _promotable):
         # *_BOTH for q k^T / do v^T (both operands), *_RHS for products whose second operand has it.
         bits = _BITS[spec.dtype]

@@ -35,6 +35,8 @@ STAGES = {
     "one-pass": ("delta", "onepass"),
     # NSA's top-n block selection (nsa_iree.select_blocks): T is its output slots S, BS the compression's block size
     "select": ("select_blocks",),
+    # the NSA layer's gating (nsa_iree.layer.gated_sum): the gated sum, do's products, the gates' dots
+    "gates": ("gates",),
 }
 
 _MLIR_TYPE = {"f32": "f32", "f16": "f16", "bf16": "bf16"}

@@ -133,7 +133,8 @@ class Device:
         return torch.from_numpy(rt.DeviceArray(self.hal_device, buffer_view).to_host().copy())
 
     def export_tensor(self, buffer_view) -> torch.Tensor:
-        """A torch tensor over the memory of an IREE result (no copy)."""
+        """A torch tensor over the memory of an IREE result (no copy). On the CPU only: IREE 3.13's CUDA
+        allocator does not export the buffers it allocates (the stages write into torch's tensors instead)."""
         index = self.torch_device.index or 0 if self.torch_device.type != "cpu" else 0
         capsule = self.hal_device.create_dlpack_capsule(buffer_view, self._dlpack_type, index)
         return torch.from_dlpack(capsule)
