@@ -1,6 +1,6 @@
 """The whole NSA layer's attention on a GPU: nsa_iree.nsa (compression, select_blocks, selection, gates; no
 window) against fla-core's parallel_nsa with g_cmp and g_slc, forward and a training step (forward + backward),
-in one process; anchors layout, bf16.
+in one process, and nsa_iree.nsa with the window branch (W 512) beside them; anchors layout, bf16.
 
     python3 -m bench.layer_h200 OUT [N ...]      (artifacts prebuilt: python -m bench.layer_h200 --compile N ...)
     python3 -m bench.layer_h200 --profile OUT N  (one nsa_iree training step under torch.profiler: its kernels and
@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 ANCHORS = dict(heads=64, kv_heads=4, head_dim=128, block_size=64, block_counts=16)
+WINDOW = 512        # the window of the run with the sliding-window branch (fla-default NativeSparseAttention's)
 
 
 def specs(n):
@@ -28,8 +29,10 @@ def specs(n):
     compressed = KernelSpec(**layout, block_size=compression.DEFAULT_TILE, key_stride=bs,
                             num_blocks=compression.tile_slots(-(-n // bs), compression.DEFAULT_TILE))
     gates = KernelSpec(heads=h, kv_heads=1, head_dim=d, value_dim=d, dtype="bf16", target="cuda")
+    from bench.window_h200 import specs as window_specs
+
     return [(selection, "forward"), (selection, "two-pass"), (compressed, "forward"), (compressed, "two-pass"),
-            (selection, "select"), (gates, "gates")]
+            (selection, "select"), (gates, "gates"), *window_specs(n)]
 
 
 def timing(n):
@@ -50,6 +53,12 @@ def timing(n):
     ours = lambda q, k, v, gc, gs: nsa_iree.nsa(q, k, v, gc, gs, block_counts=t, block_size=bs)  # noqa: E731
     row = {"n": n, "nsa_iree_forward_ms": ms(lambda: ours(q, k, v, g_cmp, g_slc)),
            "nsa_iree_step_ms": ms(lambda: step(ours))}
+    # ours with the window branch beside it (W 512, its own gate): fla's parallel_nsa has none without flash-attn
+    g_swa = torch.rand(1, n, h, device="cuda", generator=gen).to(torch.bfloat16)
+    windowed = lambda q, k, v, gc, gs: nsa_iree.nsa(q, k, v, gc, gs, g_swa, block_counts=t, block_size=bs,  # noqa: E731
+                                                    window_size=WINDOW)
+    row["nsa_iree_window_forward_ms"] = ms(lambda: windowed(q, k, v, g_cmp, g_slc))
+    row["nsa_iree_window_step_ms"] = ms(lambda: step(windowed))
     from fla.ops.nsa.parallel import parallel_nsa
 
     theirs = lambda q, k, v, gc, gs: parallel_nsa(q, k, v, gc, gs, block_counts=t, block_size=bs)  # noqa: E731

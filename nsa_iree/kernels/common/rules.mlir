@@ -5,8 +5,9 @@
 // Compressed attention (KEY_STRIDE S, the compression's block size): the M rows are all the positions and key c
 // stands for positions c S .. c S + S - 1, complete from position c S + S - 1 on: pos(m) = floor((m + 1) / S) - 1,
 // the last key row m sees. Signed index arithmetic: pos(m) < 0 for a row that sees nothing.
-// Sliding window (WINDOW W > 0, key stride 1): row m sees key j iff pos(m) - W < j <= pos(m). Only the linalg stages
-// take a window: the slot's keys as one i32 code (key_code), compared in the regions (key_visible).
+// Sliding window (WINDOW W > 0, key stride 1): row m sees key j iff pos(m) - W < j <= pos(m). The linalg stages take
+// the slot's keys as one i32 code (key_code), compared in the regions (key_visible); the NVIDIA selection kernels
+// compare a key's offset in its block with the block's first visible offset (first_key) and its last.
 
 <# %offset = N - M, from %n and %m_rows. #>
 <% macro offset() %>%offset = arith.subi %n, %m_rows : index<% endmacro %>
@@ -24,6 +25,15 @@
 
 <# %`name` = the last block row position %`pos` may read, pos / BS (of %block_size). #>
 <% macro last_block(name, pos="pos") %>%${name} = arith.floordivsi %${pos}, %block_size : index<% endmacro %>
+
+<# %`name` = the first key offset of the block at %`key0` that row position %`pos` sees in its window,
+   pos - WINDOW + 1 - key0 (index; <= 0: from the block's first key). Rendered only with a window. #>
+<% macro first_key(name, pos="pos", key0="key0") %>
+<% if WINDOW != "0" %>
+%${name}_span = arith.constant ${ (WINDOW | int) - 1 } : index
+    %${name}_from = arith.subi %${pos}, %${name}_span : index
+    %${name} = arith.subi %${name}_from, %${key0} : index<% endif %>
+<% endmacro %>
 
 <# %`name` (i32): which keys of a slot's block at %`key0` row position %`pos` sees, as the linalg regions compare
    them (key_visible), from %`last` (i32: the last visible offset; nothing visible where not %`used`). With no

@@ -5,6 +5,7 @@
 // %kv_heads, %heads_per_group, %block_indices, %tid, %lanes, %rows and the constants; fills %row_info
 // (!dkv_row_info: per row [m, last, bits of the weight, 0], one 16-byte word).
 <# part: takes nothing #>
+<# With a window (WINDOW > 0) the row's fourth word is the block's first key it sees (rules.first_key). #>
 <% import "common/rules.mlir" as rules %>
         // The piece's flat block fb = (b * G + g) * NB + i.
         %num_blocks = arith.ceildivui %n, %block_size : index
@@ -44,6 +45,13 @@
           %info0 = vector.broadcast %c0_i32 : i32 to vector<4xi32>
           %info1 = vector.insert %m_or_none, %info0[0] : i32 into vector<4xi32>
           %info2 = vector.insert %last_i32, %info1[1] : i32 into vector<4xi32>
+<% if WINDOW != "0" %>
+          %info3 = vector.insert %weight_bits, %info2[2] : i32 into vector<4xi32>
+          ${ rules.first_key("first") }
+          %first_i32 = arith.index_cast %first : index to i32
+          %info = vector.insert %first_i32, %info3[3] : i32 into vector<4xi32>
+<% else %>
           %info = vector.insert %weight_bits, %info2[2] : i32 into vector<4xi32>
+<% endif %>
           vector.store %info, %row_info[%row, %c0] : !dkv_row_info, vector<4xi32>
         }

@@ -214,6 +214,11 @@ ${ nv.previous("%row") }
           %dk_next, %dv_next = scf.if %compute -> (!dkv_dk_acc, !dkv_dv_acc) {
             %last_i32 = memref.load %row_info[%row, %c1] : !dkv_row_info
             %last = arith.index_cast %last_i32 : i32 to index
+<% if WINDOW != "0" %>
+            %first_word = arith.constant 3 : index
+            %first_i32 = memref.load %row_info[%row, %first_word] : !dkv_row_info
+            %first = arith.index_cast %first_i32 : i32 to index
+<% endif %>
             %weight_bits = memref.load %row_info[%row, %c2] : !dkv_row_info
             %weight = arith.bitcast %weight_bits : i32 to f32
 
@@ -234,7 +239,13 @@ ${ nv.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frags
                 %o8 = arith.muli %o, %c8 : index
                 %j0 = arith.addi %key_base, %o8 : index
                 %j = arith.addi %j0, %r : index
+<% if WINDOW != "0" %>
+                %key_below = arith.cmpi sle, %j, %last : index
+                %key_above = arith.cmpi sge, %j, %first : index
+                %key_visible = arith.andi %key_below, %key_above : i1
+<% else %>
                 %key_visible = arith.cmpi sle, %j, %last : index
+<% endif %>
                 %p_f32, %ds_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pp = %zero_f32_pair, %dd = %zero_f32_pair)
                     -> (vector<2xf32>, vector<2xf32>) {
                   %tile8 = arith.muli %tile, %c8 : index

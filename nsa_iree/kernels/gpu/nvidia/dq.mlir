@@ -31,6 +31,7 @@
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/nvidia/kernel.mlir" as nv %>
+<% import "common/rules.mlir" as rules %>
 <% import "gpu/nvidia/dq_step.mlir" as dq_step %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
@@ -183,6 +184,7 @@ ${ nv.selected_block("%slot", "%selected_now") }
           %key0 = arith.muli %block, %block_size : index
           %to_pos = arith.subi %pos, %key0 : index
           %visible = arith.addi %to_pos, %c1 : index
+          ${ rules.first_key("first_visible") }
 
 ${ dq_step.step(dqk, EX2, PACK_PAIR) }
           scf.yield %dq_new : !dqk_dq_acc

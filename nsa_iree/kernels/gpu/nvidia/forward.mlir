@@ -19,6 +19,7 @@
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/nvidia/kernel.mlir" as nv %>
+<% import "common/rules.mlir" as rules %>
 <% import "gpu/nvidia/softmax.mlir" as softmax %>
 
 // Push constants: B, M, N (i32), then the bits of scale (f32).
@@ -132,6 +133,7 @@ ${ nv.selected_block("%slot", "%selected_now") }
           %key0 = arith.muli %block, %block_size : index
           %to_pos = arith.subi %pos, %key0 : index
           %visible = arith.addi %to_pos, %c1 : index
+          ${ rules.first_key("first_visible") }
 
 ${ softmax.step(dqk, EX2, PACK_PAIR, VOTE_ANY) }
           scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32

@@ -239,6 +239,10 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
 <% if per_row %>
                 %visible_row = arith.select %is_row_1, %visible_1, %visible_0 : index
                 %key_visible = arith.cmpi slt, %j, %visible_row : index
+<% elif WINDOW != "0" %>
+                %key_below = arith.cmpi slt, %j, %visible : index
+                %key_above = arith.cmpi sge, %j, %first_visible : index
+                %key_visible = arith.andi %key_below, %key_above : i1
 <% else %>
                 %key_visible = arith.cmpi slt, %j, %visible : index
 <% endif %>

@@ -1,0 +1,77 @@
+"""The sliding-window branch on a GPU: nsa_iree.sliding_window_attention against torch's FlexAttention with a
+sliding-window block mask (GQA, compiled), forward and forward + backward, in one process; anchors layout, bf16.
+
+    python3 -m bench.window_h200 OUT [N ...]     (artifacts prebuilt: python3 -m bench.window_h200 --compile N ...)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ANCHORS = dict(heads=64, kv_heads=4, head_dim=128, window=512)
+
+
+def specs(n):
+    from nsa_iree import window
+    from nsa_iree.spec import KernelSpec
+
+    h, g, d, w = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "window"))
+    spec = KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=window.WINDOW_BLOCK,
+                      num_blocks=window.window_slots(w), dtype="bf16", target="cuda", window=w)
+    return [(spec, "forward"), (spec, "two-pass")]
+
+
+def timing(n):
+    import nsa_iree
+    from nsa_iree.benchmark import timed
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    h, g, d, w = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "window"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, n, heads, d, device="cuda", generator=gen).to(torch.bfloat16) for heads in (h, g, g))
+    do = torch.randn(1, n, h, d, device="cuda", generator=gen).to(torch.bfloat16)
+    ms = lambda fn: timed(fn, torch.device("cuda"), 10, warmup=3) * 1e3  # noqa: E731
+
+    def step(attention, *inputs):
+        leaves = [x.detach().requires_grad_() for x in inputs]
+        attention(*leaves).backward(do)
+
+    ours = lambda q, k, v: nsa_iree.sliding_window_attention(q, k, v, w)  # noqa: E731
+    row = {"n": n, "window": w, "nsa_iree_forward_ms": ms(lambda: ours(q, k, v)),
+           "nsa_iree_fwd_bwd_ms": ms(lambda: step(ours, q, k, v))}
+
+    def in_window(b, head, query, key):
+        return (key <= query) & (query - key < w)
+
+    mask = create_block_mask(in_window, None, None, n, n, device="cuda")
+    flex = torch.compile(flex_attention)
+    theirs = lambda q, k, v: flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=mask,  # noqa: E731
+                                  enable_gqa=True).transpose(1, 2)
+    row["flex_forward_ms"] = ms(lambda: theirs(q, k, v))
+    row["flex_fwd_bwd_ms"] = ms(lambda: step(theirs, q, k, v))
+    row["o_vs_flex"] = float((ours(q, k, v).float() - theirs(q, k, v).float()).norm() / theirs(q, k, v).float().norm())
+    row["fwd_bwd_ours_over_flex"] = row["nsa_iree_fwd_bwd_ms"] / row["flex_fwd_bwd_ms"]
+    return row
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args and args[0] == "--compile":
+        from nsa_iree.compiler import compile_artifact
+
+        for n in map(int, args[1:]):
+            for spec, variant in specs(n):
+                print(compile_artifact(spec, variant).path.name, flush=True)
+        sys.exit(0)
+    out, lengths = Path(args[0]), [int(x) for x in args[1:]] or [65536]
+    rows = []
+    for n in lengths:
+        rows.append(timing(n))
+        print(json.dumps(rows[-1]), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "window.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "layout": ANCHORS,
+                                                 "timings": rows}, indent=1))
