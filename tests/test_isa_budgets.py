@@ -54,7 +54,7 @@ def test_gfx950_fused_regions_within_budget(monkeypatch, config, variant):
 # pass kernel does not serve D = 192 on gfx950 (its tiles need 83 KB); on cuda it is the portable text with mma.sync's
 # 4-byte fragment reads (2.3 per mma.sync), outside these budgets (its native atomics:
 # tests/lit/atomics_one_pass.test).
-DENSE_FORWARD, DENSE_DQ, SELECT = ("compressed_attention_fwd_tile", "compressed_attention_dq_tile",
+DENSE_FORWARD, DENSE_DQ, SELECT = ("dense_attention_fwd_tile", "dense_attention_dq_tile",
                                   "select_blocks_nvidia_rows")
 FORWARD, DQ, DKDV, ONEPASS = ("selection_attention_fwd_row", "selection_attention_dq_row",
                               "selection_attention_dkdv_piece", "selection_attention_onepass_row")
@@ -74,6 +74,12 @@ HAND_WRITTEN = [
       for variant, kernels in (("forward", (FORWARD,)), ("two-pass", (DQ, DKDV)))],
     # select_blocks (T its slots)
     ("cuda_select_anchors", ANCHORS.replace(target="cuda"), "select", (SELECT,)),
+    # the sliding window (nsa_iree.window, W 512 in the band's 9 slots of 64 keys): on cuda the dense forward and
+    # dq over the band and the selection kernel's dk/dv
+    ("cuda_window512_anchors_forward", ANCHORS.replace(target="cuda", num_blocks=9, window=512), "forward",
+     (DENSE_FORWARD,)),
+    ("cuda_window512_anchors_two-pass", ANCHORS.replace(target="cuda", num_blocks=9, window=512), "two-pass",
+     (DENSE_DQ, DKDV)),
 ]
 # What the two inspectors call a matrix instruction and a compare-and-swap.
 MATRIX_OP = {"cuda": "mma", "gfx950": "mfma"}

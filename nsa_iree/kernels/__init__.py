@@ -46,18 +46,19 @@ class Choice:
 
 
 # Stages with a dense form: the compressed attention (KernelSpec.key_stride > 1), whose rows see every key up to
-# their position, runs the forward and dq as dense attention (query tiles against key tiles, no block lists) where
-# the recipe names a family for the dense stage and it serves spec; the stage's own kernel otherwise.
+# their position, and the sliding window (KernelSpec.window), whose rows see a band of keys, run the forward and dq
+# as dense attention (query tiles against key tiles, no block lists) where the recipe names a family for the dense
+# stage and it serves spec; the stage's own kernel otherwise.
 DENSE = {"forward": "dense_forward", "dq": "dense_dq"}
 
 
 def choose(stage: str, spec, recipe) -> Choice:
     """The one place that picks the kernel of a stage: the recipe's dense kernel for a stage with a dense form
-    (DENSE) where it serves spec, else the recipe's hand-written family where it serves spec, the linalg stage
+    (DENSE: compressed attention, the sliding window) where it serves spec, else the recipe's hand-written family where it serves spec, the linalg stage
     otherwise, and everywhere when spec.kernels is "linalg". A stage with no linalg template
     (select_blocks) gets the recipe's family or raises NotImplementedError naming the target. Reads nothing but
     its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made, nsa_iree.api.describe)."""
-    dense = DENSE.get(stage) if spec.key_stride > 1 and spec.kernels != "linalg" else None
+    dense = DENSE.get(stage) if (spec.key_stride > 1 or spec.window) and spec.kernels != "linalg" else None
     if dense and recipe.kernel_settings.get(dense) in FAMILIES:
         family = recipe.kernel_settings[dense]
         if not FAMILIES[family].limits(dense, spec, recipe):

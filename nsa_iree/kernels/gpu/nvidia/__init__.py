@@ -40,10 +40,10 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     if stage not in STAGES:
         return [f"no NVIDIA kernel for stage {stage!r}"]
     why = []
-    if spec.window and stage not in ("forward", "dq", "dkdv"):
-        why.append(f"{stage}.mlir has no sliding-window mask (the selection kernels and the linalg stages take it)")
-    if stage in ("dense_forward", "dense_dq") and spec.key_stride == 1:
-        why.append(f"{stage}.mlir serves the compressed attention (key_stride > 1) only")
+    if spec.window and stage == "select_blocks":
+        why.append("select_blocks.mlir has no sliding-window mask")
+    if stage in ("dense_forward", "dense_dq") and spec.key_stride == 1 and not spec.window:
+        why.append(f"{stage}.mlir serves the compressed attention (key_stride > 1) and the sliding window only")
     if stage == "select_blocks":
         if spec.heads_per_group != HEAD_ROWS:
             why.append(f"select_blocks.mlir takes {HEAD_ROWS} heads per group (one row's heads per subgroup)")

@@ -1,14 +1,14 @@
-// Dense dq: the compressed attention's dq pass (KernelSpec.key_stride > 1, kernels.DENSE) on the matrix units, with
-// no block lists: the dense forward's rows and tiles (dense_forward.mlir, gpu/nvidia/dense_rows.mlir) with dq's
+// Dense dq: the compressed attention's and the sliding window's dq pass (KernelSpec.key_stride > 1, .window;
+// kernels.DENSE) on the matrix units, with no block lists: the dense forward's rows and tiles (dense_forward.mlir, gpu/nvidia/dense_rows.mlir) with dq's
 // arithmetic (gpu/nvidia/dq.mlir's step).
 //
 // One workgroup per (tile of DENSE_ROWS rows, g, b); subgroup w owns rows [16 w, 16 w + 16) of the tile: their q
 // (registers), do (its own [16, Dv] tile in workgroup memory, read with ldmatrix), lse and delta, and a dq
 // accumulator [16, D] in registers. The keys stream through workgroup memory in tiles of BS (the K/V pipeline,
-// tile t staged in iteration t), each staged once for all the workgroup's rows; a subgroup takes a tile 16 keys at
+// tile t, or the band's t-th, staged in iteration t), each staged once for all the workgroup's rows; a subgroup takes a tile 16 keys at
 // a time up to its last row's position:
-//   s = q k^T, dp = do v^T, p = exp(scale s - lse), ds = scale p (dp - delta) (0 where the key is past the row's
-//   position or the row is padding), dq += ds k
+//   s = q k^T, dp = do v^T, p = exp(scale s - lse), ds = scale p (dp - delta) (0 where the row does not see the
+//   key or is padding), dq += ds k
 // and at the end writes its rows' dq (each row's keys summed in one fixed order: bitwise reproducible).
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
@@ -32,8 +32,8 @@ ${ nv.fragment_types(D_STEPS) }
 !dqk_ds_frags = vector<1x1x4x2x${E}>
 !dqk_dq_acc = vector<1x${D_TILES}x2x2xf32>
 
-<% call dispatch.executable("compressed_attention_dq_exe", "compressed_attention_dq_tile", "dense_dq_layout", ['row_tiles', 'kv_heads', 'batch'], lanes=DENSE_LANES) %>
-${ nv.func_open("compressed_attention_dq_tile", DENSE_LANES, SUBGROUP_SIZE, DENSE_DQ_MIN_WORKGROUPS_PER_SM) }
+<% call dispatch.executable("dense_attention_dq_exe", "dense_attention_dq_tile", "dense_dq_layout", ['row_tiles', 'kv_heads', 'batch'], lanes=DENSE_LANES) %>
+${ nv.func_open("dense_attention_dq_tile", DENSE_LANES, SUBGROUP_SIZE, DENSE_DQ_MIN_WORKGROUPS_PER_SM) }
 ${ nv.constants(["c0", "c1", "c2", "c4", "c8", "c15", "c16", "zero", "log2e"]) }
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
       %zero_f32_pair = arith.constant dense<0.0> : vector<2xf32>
@@ -106,15 +106,10 @@ ${ nv.ldmatrix_lanes() }
         <% set staged_block, staged_values = nv.next_tile, true %>
         <% include "gpu/nvidia/kv_staging.mlir" %>
 ${ nv.previous("%slot") }
-        %key0 = arith.muli %slot, %block_size : index
-        %sees = arith.cmpi sle, %key0, %subgroup_pos : index
-        %compute = arith.andi %sees, %has_previous : i1
+${ nv.dense_tile() }
         %dq_next = scf.if %compute -> (!dqk_dq_acc) {
           // Keys of the tile below visible_i are row i's; the subgroup's 16-key steps up to its last key.
-          %to_pos_0 = arith.subi %pos_0, %key0 : index
-          %visible_0 = arith.addi %to_pos_0, %c1 : index
-          %to_pos_1 = arith.subi %pos_1, %key0 : index
-          %visible_1 = arith.addi %to_pos_1, %c1 : index
+${ nv.dense_row_bounds() }
           %subgroup_to_pos = arith.subi %subgroup_pos, %key0 : index
           %subgroup_keys = arith.addi %subgroup_to_pos, %c1 : index
           %key_steps0 = arith.ceildivui %subgroup_keys, %c16 : index
@@ -149,4 +144,4 @@ ${ nv.store_rows("%dq_acc", "!dqk_dq_acc", "%d_tiles", "%dq", "!dqk_q") }
 <% endcall %>
 
 // Host side: one dispatch over the row tiles, dq written into the caller's tensor.
-${ host.dq("compressed_attention_dq_exe", "compressed_attention_dq_tile", DENSE_ROWS) }
+${ host.dq("dense_attention_dq_exe", "dense_attention_dq_tile", DENSE_ROWS) }

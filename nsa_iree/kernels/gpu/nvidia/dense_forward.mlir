@@ -1,13 +1,14 @@
-// Dense forward: the compressed attention's forward (KernelSpec.key_stride > 1, kernels.DENSE) as flash attention
-// on the matrix units, with no block lists.
+// Dense forward: the compressed attention's forward (KernelSpec.key_stride > 1) and the sliding window's
+// (KernelSpec.window; kernels.DENSE) as flash attention on the matrix units, with no block lists.
 //
 // The rows of kv group g are its M x HPG (position, head) pairs, row R = m HPG + h (any HPG: a tile of 16 rows
 // holds one position's heads, or several positions'); row R sees the keys up to pos(m) (common/rules.mlir), a
-// staircase over the keys. One workgroup per (tile of DENSE_ROWS rows, g, b): subgroup w owns rows
+// staircase over the keys, and with a window only the last WINDOW of them, a band (from the band's first tile
+// on, gpu/nvidia/dense_rows.mlir's %first_tile). One workgroup per (tile of DENSE_ROWS rows, g, b): subgroup w owns rows
 // [16 w, 16 w + 16) of the tile and keeps their running max, sum and o [16, Dv] in registers, as the forward's
 // subgroups do for their keys (gpu/nvidia/forward.mlir). The keys stream through workgroup memory in tiles of BS
-// with the forward's K/V pipeline (gpu/nvidia/kv_staging.mlir; tile t staged in iteration t, up to the last tile
-// the workgroup's last row sees), each tile staged once for all the workgroup's rows. A subgroup takes a staged
+// with the forward's K/V pipeline (gpu/nvidia/kv_staging.mlir; tile t staged in iteration t, or the band's
+// t-th, up to the last tile the workgroup's last row sees), each tile staged once for all the workgroup's rows. A subgroup takes a staged
 // tile 16 keys at a time with the forward's online-softmax step (gpu/nvidia/softmax.mlir), up to its last row's
 // position, and at the end writes its rows' o = o / sum and lse = max + log(sum) (natural log) itself: no combine
 // across subgroups, each row's keys in one fixed order. A row that sees no key gets o = 0 and lse = -inf. Rows
@@ -32,8 +33,8 @@ ${ nv.fragment_types(D_STEPS) }
 !fwk_p_frags = vector<1x1x4x2x${E}>
 !fwk_o_acc = vector<1x${DV_TILES}x2x2xf32>
 
-<% call dispatch.executable("compressed_attention_fwd_exe", "compressed_attention_fwd_tile", "dense_fwd_layout", ['row_tiles', 'kv_heads', 'batch'], lanes=DENSE_LANES) %>
-${ nv.func_open("compressed_attention_fwd_tile", DENSE_LANES, SUBGROUP_SIZE, DENSE_FORWARD_MIN_WORKGROUPS_PER_SM) }
+<% call dispatch.executable("dense_attention_fwd_exe", "dense_attention_fwd_tile", "dense_fwd_layout", ['row_tiles', 'kv_heads', 'batch'], lanes=DENSE_LANES) %>
+${ nv.func_open("dense_attention_fwd_tile", DENSE_LANES, SUBGROUP_SIZE, DENSE_FORWARD_MIN_WORKGROUPS_PER_SM) }
 ${ nv.constants(["c0", "c1", "c2", "c4", "c8", "c15", "c16", "c1_i32", "c2_i32", "c32_i32", "zero", "one", "minus_inf", "c0_i32", "log2e", "ln2"]) }
       %rescale_slack = arith.constant ${RESCALE_SLACK} : f32
       %zero_pair = arith.constant dense<0.0> : vector<2x${E}>
@@ -77,15 +78,10 @@ ${ nv.ldmatrix_lanes() }
         <% set staged_block, staged_values = nv.next_tile, true %>
         <% include "gpu/nvidia/kv_staging.mlir" %>
 ${ nv.previous("%slot") }
-        %key0 = arith.muli %slot, %block_size : index
-        %sees = arith.cmpi sle, %key0, %subgroup_pos : index
-        %compute = arith.andi %sees, %has_previous : i1
+${ nv.dense_tile() }
         %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next = scf.if %compute -> (!fwk_o_acc, f32, f32, f32, f32) {
           // Keys of the tile below visible_i are row i's; the subgroup's 16-key steps up to its last key.
-          %to_pos_0 = arith.subi %pos_0, %key0 : index
-          %visible_0 = arith.addi %to_pos_0, %c1 : index
-          %to_pos_1 = arith.subi %pos_1, %key0 : index
-          %visible_1 = arith.addi %to_pos_1, %c1 : index
+${ nv.dense_row_bounds() }
           %subgroup_to_pos = arith.subi %subgroup_pos, %key0 : index
           %subgroup_keys = arith.addi %subgroup_to_pos, %c1 : index
           %key_steps0 = arith.ceildivui %subgroup_keys, %c16 : index
@@ -141,4 +137,4 @@ ${ nv.store_rows("%o_acc", "!fwk_o_acc", "%dv_tiles", "%o", "!fwk_o", scaled=tru
 <% endcall %>
 
 // Host side: one dispatch over the row tiles, o and lse written into the caller's tensors.
-${ host.forward("compressed_attention_fwd_exe", "compressed_attention_fwd_tile", DENSE_ROWS) }
+${ host.forward("dense_attention_fwd_exe", "dense_attention_fwd_tile", DENSE_ROWS) }

@@ -6,7 +6,12 @@
 // stages %slots and the pipeline's %steps. Uses %g, %row_tile, %subgroup, %r, %m_rows, %heads_per_group,
 // %rows_per_workgroup, %block_size, %lag and the constants.
 <# part: takes nothing #>
+<# With a window (selection keys, KEY_STRIDE 1) it also defines %offset and the band's %first_tile; the staged
+   tiles %slots are then the band's, from %first_tile on. #>
 <% import "common/rules.mlir" as rules %>
+<% if KEY_STRIDE == "1" %>
+      ${ rules.offset() }
+<% endif %>
       %r8 = arith.addi %r, %c8 : index
       %h0 = arith.muli %g, %heads_per_group : index
       %group_rows = arith.muli %m_rows, %heads_per_group : index
@@ -39,6 +44,17 @@
       ${ rules.position("pos", "tile_m") }
       ${ rules.last_block("last_visible_block") }
       %tiles_seen = arith.addi %last_visible_block, %c1 : index
+<% if WINDOW != "0" %>
+      // The band: the first tile the workgroup's first row sees in its window (%first_tile), to the last.
+      %tile_m_first = arith.divui %tile_row0, %heads_per_group : index
+      ${ rules.position("pos_first", "tile_m_first") }
+      ${ rules.first_key("band_start", "pos_first", "c0") }
+      %band_start_key = arith.maxsi %band_start, %c0 : index
+      %first_tile = arith.divui %band_start_key, %block_size : index
+      %band_tiles = arith.subi %tiles_seen, %first_tile : index
+      %slots = arith.maxsi %band_tiles, %c0 : index
+<% else %>
       %slots = arith.maxsi %tiles_seen, %c0 : index
+<% endif %>
       %steps = arith.addi %slots, %lag : index
 

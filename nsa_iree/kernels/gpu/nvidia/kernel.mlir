@@ -87,8 +87,41 @@
 <# The tile staged in iteration `slot` (kv_staging's staged_block, in the dense kernels): tile `slot` itself, read iff it is at or before
    the last tile the workgroup sees (%last_visible_block); defines %block and `selected`. #>
 <% macro next_tile(slot, selected) %>
+<% if WINDOW != "0" %>
+          %staged_tile = arith.addi %first_tile, ${slot} : index
+          %block = arith.minsi %staged_tile, %last_visible_block : index
+          ${selected} = arith.cmpi sle, %staged_tile, %last_visible_block : index
+<% else %>
           %block = arith.minsi ${slot}, %last_visible_block : index
           ${selected} = arith.cmpi sle, ${slot}, %last_visible_block : index
+<% endif %>
+<% endmacro %>
+
+<# The dense kernels' tile computed in iteration %slot (kv_staging's order: with a window, the band's tiles from
+   %first_tile on): its first key %key0 and whether the subgroup's rows see any of it (%sees, with
+   %has_previous: %compute). #>
+<% macro dense_tile() %>
+<% if WINDOW != "0" %>
+        %tile_of_slot = arith.addi %first_tile, %slot : index
+        %key0 = arith.muli %tile_of_slot, %block_size : index
+<% else %>
+        %key0 = arith.muli %slot, %block_size : index
+<% endif %>
+        %sees = arith.cmpi sle, %key0, %subgroup_pos : index
+        %compute = arith.andi %sees, %has_previous : i1
+<% endmacro %>
+
+<# The lane's two rows' visible keys of the tile at %key0 (the dense kernels; rows %pos_0, %pos_1): below
+   %visible_0/_1 and, with a window, from %first_visible_0/_1 on (score_element's per_row bounds). #>
+<% macro dense_row_bounds() %>
+          %to_pos_0 = arith.subi %pos_0, %key0 : index
+          %visible_0 = arith.addi %to_pos_0, %c1 : index
+          %to_pos_1 = arith.subi %pos_1, %key0 : index
+          %visible_1 = arith.addi %to_pos_1, %c1 : index
+<% if WINDOW != "0" %>
+          ${ rules.first_key("first_visible_0", "pos_0") }
+          ${ rules.first_key("first_visible_1", "pos_1") }
+<% endif %>
 <% endmacro %>
 
 <# The row computed in iteration %t of a pipeline %lag iterations deep: %has_previous (t >= lag), `row` =
@@ -236,7 +269,13 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
                 %j0 = arith.addi %key_base, %tile8 : index
                 %j1 = arith.addi %j0, %c2x : index
                 %j = arith.addi %j1, %e : index
-<% if per_row %>
+<% if per_row and WINDOW != "0" %>
+                %visible_row = arith.select %is_row_1, %visible_1, %visible_0 : index
+                %first_row = arith.select %is_row_1, %first_visible_1, %first_visible_0 : index
+                %key_below = arith.cmpi slt, %j, %visible_row : index
+                %key_above = arith.cmpi sge, %j, %first_row : index
+                %key_visible = arith.andi %key_below, %key_above : i1
+<% elif per_row %>
                 %visible_row = arith.select %is_row_1, %visible_1, %visible_0 : index
                 %key_visible = arith.cmpi slt, %j, %visible_row : index
 <% elif WINDOW != "0" %>
