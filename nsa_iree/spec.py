@@ -72,7 +72,8 @@ class KernelSpec:
             c S .. c S + S - 1 and is seen from position c S + S - 1 on; the M query rows are then all the
             positions, row m seeing keys up to floor((m + 1) / S) - 1 (kernels/common/rules.mlir).
         window: 0 (no window), or W > 0 (the sliding-window attention, key_stride 1): row m sees key j iff
-            pos(m) - W < j <= pos(m). Only the linalg stages take a window (the families' limits say so).
+            pos(m) - W < j <= pos(m). The NVIDIA kernels and the linalg stages take a window (the CPU and
+            portable families' limits refuse it).
     """
 
     heads: int = 16

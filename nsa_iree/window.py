@@ -1,8 +1,9 @@
 """NSA's sliding-window branch: every query row attends to the window_size keys that end at its position.
 
 It runs on the selection stages with KernelSpec.window: each row lists the blocks its window touches and the
-kernels mask the keys outside the window (kernels/common/rules.mlir). Only the linalg stages take the window's
-mask so far, on every target (the hand-written families' limits say so): correct everywhere, not yet fast.
+kernels mask the keys outside the window (kernels/common/rules.mlir). On NVIDIA the forward and dq run on the
+dense kernels over the band of keys and dk/dv on the selection kernel (kernels.choose); the CPU and AMD families'
+limits refuse the window's mask so far, so there the linalg stages run it (correct, not yet fast).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from . import api, validate
 from .packing import check_cu_seqlens_values
 
-# Keys per block of the window's block lists (the linalg stages' block size; every target's recipe compiles it).
+# Keys per block of the window's block lists (a block size every target's kernels and linalg stages take).
 WINDOW_BLOCK = 64
 
 
