@@ -2,8 +2,9 @@
 
 It runs on the selection stages with KernelSpec.window: each row lists the blocks its window touches and the
 kernels mask the keys outside the window (kernels/common/rules.mlir). On NVIDIA the forward and dq run on the
-dense kernels over the band of keys and dk/dv on the selection kernel (kernels.choose); the CPU and AMD families'
-limits refuse the window's mask so far, so there the linalg stages run it (correct, not yet fast).
+dense kernels over the band of keys and dk/dv on the selection kernel, on the CPU on its selection kernels
+(kernels.choose); the portable (AMD) family's limits refuse the window's mask so far, so there the linalg stages
+run it (correct, not yet fast).
 """
 
 from __future__ import annotations

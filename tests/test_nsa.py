@@ -270,3 +270,53 @@ def test_a_target_without_select_blocks_raises_before_anything_compiles(monkeypa
     monkeypatch.setattr("nsa_iree.api.kernels", lambda *a: pytest.fail("compiled before the selection's check"))
     with pytest.raises(NotImplementedError, match="select_blocks"):
         nsa_iree.nsa(**t, **kwargs)
+
+
+# The gating's kernels (layer.gated_sum, kernels/common/gates.mlir): name: (branches, the first one ungated, dtype,
+# shape [B, M, H, Dv])
+GATINGS = {
+    "one_gated_f32": (1, False, torch.float32, (2, 33, 4, 16)),
+    "two_bf16": (2, False, torch.bfloat16, (1, 70, 8, 32)),
+    "two_first_ungated_f16": (2, True, torch.float16, (2, 41, 4, 24)),
+    "three_bf16": (3, False, torch.bfloat16, (1, 50, 16, 8)),
+    "empty_rows_bf16": (2, False, torch.bfloat16, (1, 0, 4, 16)),
+}
+
+
+@pytest.mark.parametrize("case", list(GATINGS))
+def test_gated_sum_is_the_float32_sum_rounded_once(case):
+    """o is sum_i o_i g_i in float32 rounded once, do_i = do g_i rounded once (16-bit products are exact in
+    float32, so both are bitwise torch's float32 arithmetic), dg_i the float32 dot of do and o_i over Dv."""
+    branches, ungated_first, dtype, shape = GATINGS[case]
+    gen = torch.Generator().manual_seed(7)
+    outs = [torch.randn(shape, generator=gen).to(dtype) for _ in range(branches)]
+    gates = [torch.rand(shape[:3], generator=gen).to(dtype) for _ in range(branches)]
+    if ungated_first:
+        gates[0] = None
+    do = torch.randn(shape, generator=gen).to(dtype)
+    leaves = [None if t is None else t.clone().requires_grad_() for pair in zip(outs, gates) for t in pair]
+    o = layer.gated_sum(*leaves)
+    o.backward(do)
+    weights = [torch.ones(shape[:3], dtype=dtype) if g is None else g for g in gates]
+    total = sum(x.double() * w.double().unsqueeze(-1) for x, w in zip(outs, weights))
+    if dtype == torch.float32:
+        assert relative_rms_error(o.double(), total) < 1e-6
+    else:
+        assert torch.equal(o, sum(x.float() * w.float().unsqueeze(-1) for x, w in zip(outs, weights)).to(dtype))
+    for i, (x, g) in enumerate(zip(outs, gates)):
+        w = weights[i]
+        assert torch.equal(leaves[2 * i].grad, (do.float() * w.float().unsqueeze(-1)).to(dtype))
+        if g is None:
+            assert leaves[2 * i + 1] is None
+        else:
+            dot = (do.double() * x.double()).sum(-1)
+            assert leaves[2 * i + 1].grad.dtype == dtype
+            assert relative_rms_error(leaves[2 * i + 1].grad.double(), dot) < TOLERANCE[dtype], case
+
+
+def test_gated_sum_under_torch_compile_fullgraph_equals_eager():
+    gen = torch.Generator().manual_seed(8)
+    o1, o2 = (torch.randn(1, 20, 4, 16, generator=gen, dtype=torch.bfloat16) for _ in range(2))
+    g1, g2 = (torch.rand(1, 20, 4, generator=gen).to(torch.bfloat16) for _ in range(2))
+    compiled = torch.compile(layer.gated_sum, fullgraph=True)
+    assert torch.equal(compiled(o1, g1, o2, g2), layer.gated_sum(o1, g1, o2, g2))

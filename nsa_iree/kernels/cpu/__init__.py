@@ -34,7 +34,8 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the CPU kernel of `stage` cannot serve spec (empty: it can)."""
     if stage not in FAMILY.stages:
         return [f"no CPU kernel for stage {stage!r}"]
-    why = ["no sliding-window mask (the linalg stages take it)"] if spec.window else []
+    window = spec.window and stage in ("onepass", "select_blocks")
+    why = [f"{stage}.mlir has no sliding-window mask (the linalg stages take it)"] if window else []
     need = cpu_stack_bytes(stage, spec)
     return why + ([f"needs {need} bytes of stack tiles, more than {CPU_STACK_BYTES}"] if need > CPU_STACK_BYTES
                   else [])

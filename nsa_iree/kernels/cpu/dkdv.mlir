@@ -93,7 +93,15 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
             %to_pos_inclusive = arith.addi %to_pos, %c1 : index
             %visible = arith.minsi %to_pos_inclusive, %block_size : index
             %visible_v = vector.broadcast %visible : index to vector<${BS}xindex>
+<% if WINDOW != "0" %>
+            ${ rules.first_key("window_first") }
+            %first_v = vector.broadcast %window_first : index to vector<${BS}xindex>
+            %key_below = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
+            %key_above = arith.cmpi sge, %key_iota, %first_v : vector<${BS}xindex>
+            %key_mask = arith.andi %key_below, %key_above : vector<${BS}xi1>
+<% else %>
             %key_mask = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
+<% endif %>
 
             // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
 ${ products.scores("c", CPU_SROWS) | indent(2, true) }

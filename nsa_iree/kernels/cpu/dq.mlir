@@ -54,6 +54,8 @@ ${ rows.transposed("doT", "do", DV, CPU_COLS, "e", "value_dim", "cols_step", "h0
           : memref<?x${H}x?xf32>, vector<${HPG}xf32>
       %delta_h = vector.load %delta[%b, %m, %h0] : memref<?x?x${H}xf32>, vector<${HPG}xf32>
 
+<# the keys of a block a row sees start at ${first} (rows.block_extent) #>
+<% set first = "%first_visible" if WINDOW != "0" else "%c0" %>
 ${ rows.position() }
       scf.for %t = %c0 to %slots step %c1 {
 ${ rows.slot_block() }
@@ -86,7 +88,7 @@ ${ rows.block_extent() }
             vector.store %acc, %dpT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
           }
           // ds = exp(s - lse) * (dp - delta), into dpT.
-          scf.for %j = %c0 to %visible step %c1 {
+          scf.for %j = ${first} to %visible step %c1 {
             %s = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
             %shifted = arith.subf %s, %lse_h : vector<${HPG}xf32>
             %p = math.exp %shifted : vector<${HPG}xf32>
@@ -99,7 +101,7 @@ ${ rows.block_extent() }
           scf.for %d0 = %c0 to %head_dim step %dcols_step {
             %dq_old = vector.transfer_read %dqT[%d0, %c0], %zero {in_bounds = [true, true]}
                 : memref<${D}x${HPG}xf32>, vector<${CPU_DCOLS}x${HPG}xf32>
-            %dq_new = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %dq_old) -> (vector<${CPU_DCOLS}x${HPG}xf32>) {
+            %dq_new = scf.for %j = ${first} to %visible step %c1 iter_args(%acc = %dq_old) -> (vector<${CPU_DCOLS}x${HPG}xf32>) {
               %key = arith.addi %key0, %j : index
               %keys = vector.load %k[%b, %key, %g, %d0] : memref<?x?x${G}x${D}x${E}>, vector<${CPU_DCOLS}x${E}>
               %keys32 = ${EXTF} %keys : vector<${CPU_DCOLS}x${E}> to vector<${CPU_DCOLS}xf32>

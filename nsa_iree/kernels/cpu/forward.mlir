@@ -57,6 +57,8 @@ ${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0",
         vector.store %zero_h, %oT[%e, %c0] : memref<${DV}x${HPG}xf32>, vector<${HPG}xf32>
       }
 
+<# the keys of a block a row sees start at ${first} (rows.block_extent) #>
+<% set first = "%first_visible" if WINDOW != "0" else "%c0" %>
 ${ rows.position() }
       %m_final, %l_final = scf.for %t = %c0 to %slots step %c1
           iter_args(%m_run = %neg_inf_h, %l_run = %zero_h) -> (vector<${HPG}xf32>, vector<${HPG}xf32>) {
@@ -66,7 +68,7 @@ ${ rows.block_extent() }
           %ragged = arith.remui %visible, %rows_step : index
           %full = arith.subi %visible, %ragged : index
 <% include "cpu/scores.mlir" %>
-          %mx = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %neg_inf_h) -> (vector<${HPG}xf32>) {
+          %mx = scf.for %j = ${first} to %visible step %c1 iter_args(%acc = %neg_inf_h) -> (vector<${HPG}xf32>) {
             %s = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
             %bigger = arith.maximumf %acc, %s : vector<${HPG}xf32>
             scf.yield %bigger : vector<${HPG}xf32>
@@ -75,7 +77,7 @@ ${ rows.block_extent() }
           // exp(-inf - m_new) = 0 for the first block; m_new is finite (the block has a visible key).
           %shift = arith.subf %m_run, %m_new : vector<${HPG}xf32>
           %alpha = math.exp %shift : vector<${HPG}xf32>
-          %l_block = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %zero_h) -> (vector<${HPG}xf32>) {
+          %l_block = scf.for %j = ${first} to %visible step %c1 iter_args(%acc = %zero_h) -> (vector<${HPG}xf32>) {
             %s = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
             %shifted = arith.subf %s, %m_new : vector<${HPG}xf32>
             %p = math.exp %shifted : vector<${HPG}xf32>
@@ -90,7 +92,7 @@ ${ rows.block_extent() }
             %o_old = vector.transfer_read %oT[%e0, %c0], %zero {in_bounds = [true, true]}
                 : memref<${DV}x${HPG}xf32>, vector<${CPU_COLS}x${HPG}xf32>
             %o_rescaled = arith.mulf %o_old, %alpha_cols : vector<${CPU_COLS}x${HPG}xf32>
-            %o_new = scf.for %j = %c0 to %visible step %c1 iter_args(%acc = %o_rescaled) -> (vector<${CPU_COLS}x${HPG}xf32>) {
+            %o_new = scf.for %j = ${first} to %visible step %c1 iter_args(%acc = %o_rescaled) -> (vector<${CPU_COLS}x${HPG}xf32>) {
               %key = arith.addi %key0, %j : index
               %vals = vector.load %v[%b, %key, %g, %e0] : memref<?x?x${G}x${DV}x${E}>, vector<${CPU_COLS}x${E}>
               %vals32 = ${EXTF} %vals : vector<${CPU_COLS}x${E}> to vector<${CPU_COLS}xf32>

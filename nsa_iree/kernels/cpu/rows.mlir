@@ -58,7 +58,8 @@ ${ constants() }
         %selected = arith.andi %not_negative, %not_future : i1
 <% endmacro %>
 
-<# Of selected %block: %key0 (its first key), %f (its flat block) and %visible (how many of its keys row m sees). #>
+<# Of selected %block: %key0 (its first key), %f (its flat block) and %visible (how many of its keys row m sees:
+   those below it; with a window, from %first_visible on). #>
 <% macro block_extent() %>
           %key0 = arith.muli %block, %block_size : index
           %bg = arith.muli %b, %kv_heads : index
@@ -69,6 +70,10 @@ ${ constants() }
           %to_pos = arith.subi %pos, %key0 : index
           %to_pos_inclusive = arith.addi %to_pos, %c1 : index
           %visible = arith.minsi %to_pos_inclusive, %block_size : index
+<% if WINDOW != "0" %>
+          ${ rules.first_key("window_first") }
+          %first_visible = arith.maxsi %window_first, %c0 : index
+<% endif %>
 <% endmacro %>
 
 <# %acc (vector<`rows` x HPG>) = the scores of `rows` consecutive keys from key %`key` of the transposed keys %kT
