@@ -54,10 +54,11 @@ DENSE = {"forward": "dense_forward", "dq": "dense_dq"}
 
 def choose(stage: str, spec, recipe) -> Choice:
     """The one place that picks the kernel of a stage: the recipe's dense kernel for a stage with a dense form
-    (DENSE: compressed attention, the sliding window) where it serves spec, else the recipe's hand-written family where it serves spec, the linalg stage
-    otherwise, and everywhere when spec.kernels is "linalg". A stage with no linalg template
-    (select_blocks) gets the recipe's family or raises NotImplementedError naming the target. Reads nothing but
-    its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made, nsa_iree.api.describe)."""
+    (DENSE: compressed attention, the sliding window) where it serves spec, else the recipe's hand-written family
+    where it serves spec, the linalg stage otherwise, and everywhere when spec.kernels is "linalg". A stage with no
+    linalg template (select_blocks) gets the recipe's family or raises NotImplementedError naming the target.
+    Reads nothing but its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made,
+    nsa_iree.api.describe)."""
     dense = DENSE.get(stage) if (spec.key_stride > 1 or spec.window) and spec.kernels != "linalg" else None
     if dense and recipe.kernel_settings.get(dense) in FAMILIES:
         family = recipe.kernel_settings[dense]

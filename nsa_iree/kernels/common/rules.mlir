@@ -35,6 +35,17 @@
     %${name} = arith.subi %${name}_from, %${key0} : index<% endif %>
 <% endmacro %>
 
+<# %`name` (i1, or `mask_type`): key offset %`j` of a block is visible, `predicate` (slt: %`upper` counts the visible
+   keys; sle: it is the last visible offset) and, with a window, at or after the first_key %`first`. `type`: the
+   operands' type (index, or a vector of them). #>
+<% macro key_in_range(name, j, predicate, upper, first, type="index", mask_type="i1") %>
+<% if WINDOW != "0" %>
+%${name}_below = arith.cmpi ${predicate}, %${j}, %${upper} : ${type}
+                %${name}_above = arith.cmpi sge, %${j}, %${first} : ${type}
+                %${name} = arith.andi %${name}_below, %${name}_above : ${mask_type}<% else %>
+%${name} = arith.cmpi ${predicate}, %${j}, %${upper} : ${type}<% endif %>
+<% endmacro %>
+
 <# %`name` (i32): which keys of a slot's block at %`key0` row position %`pos` sees, as the linalg regions compare
    them (key_visible), from %`last` (i32: the last visible offset; nothing visible where not %`used`). With no
    window the code is `last` itself (-1: none); with one, last + 65536 first, first = pos - WINDOW + 1 - key0

@@ -96,12 +96,8 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
 <% if WINDOW != "0" %>
             ${ rules.first_key("window_first") }
             %first_v = vector.broadcast %window_first : index to vector<${BS}xindex>
-            %key_below = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
-            %key_above = arith.cmpi sge, %key_iota, %first_v : vector<${BS}xindex>
-            %key_mask = arith.andi %key_below, %key_above : vector<${BS}xi1>
-<% else %>
-            %key_mask = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
 <% endif %>
+            ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
 
             // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
 ${ products.scores("c", CPU_SROWS) | indent(2, true) }

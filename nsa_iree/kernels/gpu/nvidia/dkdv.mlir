@@ -21,6 +21,7 @@
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/nvidia/kernel.mlir" as nv %>
+<% import "common/rules.mlir" as rules %>
 <# The mma operands' types, contraction map and kind (the macros of gpu/nvidia/kernel.mlir take them). #>
 <% set dkv = {"lhs": "!dkv_lhs", "rhs": "!dkv_rhs_step", "acc": "!dkv_scores", "contraction": "#dkv_contraction", "kind": MMA_KIND} %>
 
@@ -239,13 +240,7 @@ ${ nv.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frags
                 %o8 = arith.muli %o, %c8 : index
                 %j0 = arith.addi %key_base, %o8 : index
                 %j = arith.addi %j0, %r : index
-<% if WINDOW != "0" %>
-                %key_below = arith.cmpi sle, %j, %last : index
-                %key_above = arith.cmpi sge, %j, %first : index
-                %key_visible = arith.andi %key_below, %key_above : i1
-<% else %>
-                %key_visible = arith.cmpi sle, %j, %last : index
-<% endif %>
+                ${ rules.key_in_range("key_visible", "j", "sle", "last", "first") }
                 %p_f32, %ds_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pp = %zero_f32_pair, %dd = %zero_f32_pair)
                     -> (vector<2xf32>, vector<2xf32>) {
                   %tile8 = arith.muli %tile, %c8 : index

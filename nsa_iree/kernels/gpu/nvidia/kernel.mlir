@@ -269,21 +269,14 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
                 %j0 = arith.addi %key_base, %tile8 : index
                 %j1 = arith.addi %j0, %c2x : index
                 %j = arith.addi %j1, %e : index
-<% if per_row and WINDOW != "0" %>
+<% if per_row %>
                 %visible_row = arith.select %is_row_1, %visible_1, %visible_0 : index
+<% if WINDOW != "0" %>
                 %first_row = arith.select %is_row_1, %first_visible_1, %first_visible_0 : index
-                %key_below = arith.cmpi slt, %j, %visible_row : index
-                %key_above = arith.cmpi sge, %j, %first_row : index
-                %key_visible = arith.andi %key_below, %key_above : i1
-<% elif per_row %>
-                %visible_row = arith.select %is_row_1, %visible_1, %visible_0 : index
-                %key_visible = arith.cmpi slt, %j, %visible_row : index
-<% elif WINDOW != "0" %>
-                %key_below = arith.cmpi slt, %j, %visible : index
-                %key_above = arith.cmpi sge, %j, %first_visible : index
-                %key_visible = arith.andi %key_below, %key_above : i1
+<% endif %>
+                ${ rules.key_in_range("key_visible", "j", "slt", "visible_row", "first_row") }
 <% else %>
-                %key_visible = arith.cmpi slt, %j, %visible : index
+                ${ rules.key_in_range("key_visible", "j", "slt", "visible", "first_visible") }
 <% endif %>
                 %live = arith.andi %key_visible, %head_valid : i1
                 %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
