@@ -91,6 +91,12 @@ KERNEL_CHOICE = [
     # 64 heads per group at D 192: the forward's and dq's stack tiles exceed 48 KiB (dk/dv's do not).
     ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), {},
      ("linalg", "linalg", "cpu")),
+    # the sliding window: the CPU and NVIDIA kernels take its mask, the portable ones not yet
+    ("cpu_window", ANCHORS_CUDA.replace(target="cpu", dtype="f32", num_blocks=9, window=512), {},
+     ("cpu", "cpu", "cpu")),
+    ("cuda_window", ANCHORS_CUDA.replace(num_blocks=9, window=512), {}, ("nvidia", "nvidia", "nvidia")),
+    ("gfx950_window", ANCHORS_CUDA.replace(target="gfx950", num_blocks=9, window=512), {},
+     ("linalg", "linalg", "linalg")),
 ]
 
 
@@ -102,14 +108,19 @@ def test_kernel_choice(monkeypatch, case, spec, env, expected):
     assert tuple(choose(stage, spec, recipe).family for stage in ("forward", "dq", "dkdv")) == expected
 
 
-# The compressed attention (key_stride > 1): forward and dq on the dense kernels (kernels.DENSE) where the recipe
-# names a family for them (cuda.toml), at any heads per group; the stage's own kernel otherwise.
+# The compressed attention (key_stride > 1) and the sliding window: forward and dq on the dense kernels
+# (kernels.DENSE) where the recipe names a family for them (cuda.toml), at any heads per group; the stage's own
+# kernel otherwise.
 COMPRESSED_CUDA = ANCHORS_CUDA.replace(key_stride=64)
 DENSE_CHOICE = [
     ("cuda_hpg1", COMPRESSED_CUDA.replace(heads=4), ("nvidia", "dense_forward"), ("nvidia", "dense_dq")),
     ("cuda_hpg16", COMPRESSED_CUDA, ("nvidia", "dense_forward"), ("nvidia", "dense_dq")),
     ("cuda_hpg64", COMPRESSED_CUDA.replace(kv_heads=1), ("nvidia", "dense_forward"), ("nvidia", "dense_dq")),
     ("cuda_key_stride_1", ANCHORS_CUDA, ("nvidia", None), ("nvidia", None)),
+    ("cuda_window", ANCHORS_CUDA.replace(num_blocks=9, window=512), ("nvidia", "dense_forward"),
+     ("nvidia", "dense_dq")),
+    ("cpu_window", ANCHORS_CUDA.replace(target="cpu", dtype="f32", num_blocks=9, window=512), ("cpu", None),
+     ("cpu", None)),
     ("cuda_linalg", COMPRESSED_CUDA.replace(kernels="linalg"), ("linalg", None), ("linalg", None)),
     ("gfx950_no_dense_entry", COMPRESSED_CUDA.replace(target="gfx950"), ("portable", None), ("portable", None)),
 ]
@@ -240,6 +251,8 @@ ONEPASS_CHOICE = [
     ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "cpu"),
     # HPG 64 at D 192: the row's tiles (q, do, S, dP, DS^T, dq) exceed 48 KiB of stack.
     ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), "linalg"),
+    # the window's mask is in the CPU two-pass kernels only
+    ("cpu_window", ANCHORS_CUDA.replace(target="cpu", dtype="f32", num_blocks=9, window=512), "linalg"),
 ]
 
 
