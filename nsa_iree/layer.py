@@ -89,6 +89,7 @@ def gated_sum(*branches: torch.Tensor | None) -> torch.Tensor:
         dg_i = sum over Dv of do o_i, each in float32 and rounded once to the input's dtype.
     """
     outs, gates = list(branches[0::2]), list(branches[1::2])
+    validate.check_gated_sum(outs, gates)
     if len(outs) == 1 and gates[0] is None:
         return outs[0]
     ones = None

@@ -370,3 +370,21 @@ def check_sliding_window(q, k, v, window_size, scale=None, cu_seqlens=None) -> N
     _positive_int("window_size", window_size)
     if cu_seqlens is not None:
         check_cu_seqlens(q, k, cu_seqlens)
+
+
+def check_gated_sum(outs: list, gates: list) -> None:
+    """layer.gated_sum's branches: 1 to 3 pairs (o_i, g_i), every o_i [B, M, H, Dv] of one shape, dtype and device,
+    every g_i None or [B, M, H] in that dtype on that device."""
+    if not 1 <= len(outs) <= 3 or len(outs) != len(gates):
+        raise ValueError(f"gated_sum takes 1 to 3 (o, g) pairs, got {len(outs) + len(gates)} arguments")
+    first = outs[0]
+    for i, (o, g) in enumerate(zip(outs, gates), start=1):
+        if not isinstance(o, torch.Tensor) or o.dim() != 4:
+            raise ValueError(f"gated_sum: o_{i} must be a [B, M, H, Dv] tensor")
+        if o.shape != first.shape or o.dtype != first.dtype or o.device != first.device:
+            raise ValueError(f"gated_sum: o_{i} must match o_1 ({list(first.shape)} {first.dtype} on {first.device}), "
+                             f"got {list(o.shape)} {o.dtype} on {o.device}")
+        if g is not None and (not isinstance(g, torch.Tensor) or g.shape != first.shape[:3] or g.dtype != first.dtype
+                              or g.device != first.device):
+            raise ValueError(f"gated_sum: g_{i} must be None or a {list(first.shape[:3])} {first.dtype} tensor on "
+                             f"{first.device}")

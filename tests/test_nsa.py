@@ -320,3 +320,19 @@ def test_gated_sum_under_torch_compile_fullgraph_equals_eager():
     g1, g2 = (torch.rand(1, 20, 4, generator=gen).to(torch.bfloat16) for _ in range(2))
     compiled = torch.compile(layer.gated_sum, fullgraph=True)
     assert torch.equal(compiled(o1, g1, o2, g2), layer.gated_sum(o1, g1, o2, g2))
+
+
+# name: (the branches from o [1, 5, 4, 8] and g [1, 5, 4], what the error names)
+GATED_SUM_BAD = {
+    "four_branches": (lambda o, g: [o, g] * 4, "1 to 3"),
+    "o_2_dtype": (lambda o, g: [o, g, o.double(), g], "o_2"),
+    "g_1_shape": (lambda o, g: [o, g[:, :1]], "g_1"),
+    "g_2_dtype": (lambda o, g: [o, g, o, g.half()], "g_2"),
+}
+
+
+@pytest.mark.parametrize("case", list(GATED_SUM_BAD))
+def test_gated_sum_names_the_bad_branch(case):
+    branches, named = GATED_SUM_BAD[case]
+    with pytest.raises(ValueError, match=named):
+        layer.gated_sum(*branches(torch.randn(1, 5, 4, 8), torch.rand(1, 5, 4)))
