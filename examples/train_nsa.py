@@ -1,9 +1,16 @@
-"""Train a small decoder language model of NSA layers (nsa_iree.NativeSparseAttention) on synthetic key-value
-recall: a sequence of (key, value) token pairs, then some of the keys again, each to be answered with its value.
-Answering needs the pair, anywhere in the context: long-range retrieval, what NSA's compression and selection
-branches are for. The data is generated here; the loss is the cross entropy of the answers alone.
+"""Train a small decoder language model of NSA layers (nsa_iree.NativeSparseAttention) on a synthetic retrieval
+task, generated here:
 
-    python examples/train_nsa.py                                   # CPU: a tiny model, 256 tokens, a minute
+- "needle": random filler tokens with one (marker, value) pair at a random depth; the sequence ends with the marker
+  again, to be answered with the value. The model must find the needle's block: with the CPU preset's 4 selected
+  blocks of 16, three of them forced (the first, the row's own, the one before), only the compression's ranking
+  brings the needle's block in.
+- "recall": a sequence of (key, value) token pairs, then some of the keys again, each to be answered with its value.
+
+Answering needs a token anywhere in the context: long-range retrieval, what NSA's compression and selection
+branches are for. The loss is the cross entropy of the answers alone.
+
+    python examples/train_nsa.py                                   # CPU: a tiny model, the needle in 128 tokens
     python examples/train_nsa.py --device cuda --preset h200       # H200: 97M parameters, 32k tokens
     python examples/train_nsa.py --device cuda --preset h200 --attention fla   # fla's parallel_nsa instead
 
@@ -29,9 +36,12 @@ import nsa_iree
 
 @dataclasses.dataclass
 class Config:
-    seq_len: int = 256            # tokens per sequence (pairs, then the queries and their answers)
-    queries: int = 8              # keys asked again at the end
-    keys: int = 128               # distinct key tokens (>= the pairs a sequence holds); as many value tokens
+    task: str = "needle"          # "needle" or "recall" (the module docstring)
+    seq_len: int = 128            # tokens per sequence
+    queries: int = 8              # recall: the keys asked again at the end
+    keys: int = 64                # recall: distinct key tokens (>= the pairs a sequence holds), as many value
+                                  # tokens; needle: the values the needle can carry
+    filler: int = 64              # needle: the tokens the haystack is drawn from
     layers: int = 2
     hidden: int = 64
     heads: int = 16
@@ -39,8 +49,8 @@ class Config:
     head_dim: int = 16
     block_size: int = 16
     block_counts: int = 4
-    batch: int = 8
-    steps: int = 60
+    batch: int = 32
+    steps: int = 500
     lr: float = 3e-3
     seed: int = 0
     device: str = "cpu"
@@ -49,14 +59,33 @@ class Config:
 
     @property
     def vocab(self) -> int:
+        if self.task == "needle":
+            return self.filler + 1 + self.keys     # filler, the marker, the values
         return 2 * self.keys + 1   # keys, values, and the separator before the queries
 
 
 PRESETS = {
     "cpu": Config(),
-    "h200": Config(seq_len=32768, queries=256, keys=16384, layers=4, hidden=768, heads=64, kv_heads=4, head_dim=64,
-                   block_size=64, block_counts=16, batch=1, steps=2000, lr=1e-3, device="cuda", dtype="bfloat16"),
+    "h200": Config(task="recall", seq_len=32768, queries=256, keys=16384, layers=4, hidden=768, heads=64, kv_heads=4,
+                   head_dim=64, block_size=64, block_counts=16, batch=1, steps=2000, lr=1e-3, device="cuda",
+                   dtype="bfloat16"),
 }
+
+
+def needle_batch(cfg: Config, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [B, seq_len - 1] and targets (-100 except at the answer, the last): filler tokens, the marker and a
+    value at a random depth, the marker again at the end, to be answered with that value."""
+    b, marker = cfg.batch, cfg.filler
+    tokens = torch.randint(0, cfg.filler, (b, cfg.seq_len), generator=generator)
+    depth = torch.randint(0, cfg.seq_len - 4, (b,), generator=generator)
+    value = cfg.filler + 1 + torch.randint(0, cfg.keys, (b,), generator=generator)
+    rows = torch.arange(b)
+    tokens[rows, depth], tokens[rows, depth + 1] = marker, value
+    tokens[:, -2], tokens[:, -1] = marker, value
+    targets = torch.full_like(tokens, -100)
+    targets[:, -1] = value
+    # the model predicts token t + 1 from tokens .. t
+    return tokens[:, :-1], targets[:, 1:]
 
 
 def recall_batch(cfg: Config, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,6 +110,9 @@ def recall_batch(cfg: Config, generator: torch.Generator) -> tuple[torch.Tensor,
     targets[:, answer_at] = tokens[:, answer_at]
     # the model predicts token t + 1 from tokens .. t
     return tokens[:, :-1], targets[:, 1:]
+
+
+BATCHES = {"needle": needle_batch, "recall": recall_batch}
 
 
 class FlaAttention(nn.Module):
@@ -152,10 +184,10 @@ def train(cfg: Config, log_path: Path | None = None, quiet: bool = False) -> lis
     rows = []
     if not quiet:
         params = sum(p.numel() for p in model.parameters())
-        print(f"{cfg.attention}: {params / 1e6:.2f}M parameters, {cfg.layers} layers, {cfg.seq_len} tokens x "
-              f"{cfg.batch}, {cfg.steps} steps on {device}", flush=True)
+        print(f"{cfg.attention}, {cfg.task}: {params / 1e6:.2f}M parameters, {cfg.layers} layers, "
+              f"{cfg.seq_len} tokens x {cfg.batch}, {cfg.steps} steps on {device}", flush=True)
     for step in range(cfg.steps):
-        tokens, targets = (t.to(device) for t in recall_batch(cfg, data))
+        tokens, targets = (t.to(device) for t in BATCHES[cfg.task](cfg, data))
         start = time.perf_counter()
         answered = targets != -100
         with autocast:
@@ -199,7 +231,7 @@ def plot(logs: dict[str, list[dict]], path: Path) -> bool:
         ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("answer cross entropy")
-    ax.set_title("key-value recall")
+    ax.set_title("synthetic retrieval")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -214,11 +246,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-len", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--attention", choices=("nsa_iree", "fla"))
+    parser.add_argument("--task", choices=tuple(BATCHES))
     parser.add_argument("--out", default="train_nsa", help="file prefix of the log (.csv) and the plot (.png)")
     args = parser.parse_args(argv)
     cfg = dataclasses.replace(PRESETS[args.preset], **{k: v for k, v in (
         ("device", args.device), ("steps", args.steps), ("seq_len", args.seq_len), ("seed", args.seed),
-        ("attention", args.attention)) if v is not None})
+        ("attention", args.attention), ("task", args.task)) if v is not None})
     rows = train(cfg, Path(f"{args.out}.csv"))
     print(f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}; log {args.out}.csv")
     if plot({cfg.attention: rows}, Path(f"{args.out}.png")):
