@@ -15,7 +15,7 @@ from nsa_iree.spec import KernelSpec
 
 
 def specs(cfg):
-    """(KernelSpec, variant) of the layer's three kernels: selection, compressed attention, select_blocks."""
+    """(KernelSpec, variant) of the layer's kernels: selection, compressed attention, select_blocks, the gating."""
     n = cfg.seq_len - 1                                                  # the tokens the model reads
     layout = dict(heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, value_dim=cfg.head_dim,
                   dtype="bf16", target="cuda")
@@ -23,8 +23,10 @@ def specs(cfg):
     tiles = compression.tile_slots(-(-n // cfg.block_size), compression.DEFAULT_TILE)
     compressed = KernelSpec(**layout, block_size=compression.DEFAULT_TILE, num_blocks=tiles,
                             key_stride=cfg.block_size)
+    gates = KernelSpec(heads=cfg.heads, kv_heads=1, head_dim=cfg.head_dim, value_dim=cfg.head_dim, dtype="bf16",
+                       target="cuda")
     return [(selection, "forward"), (selection, "two-pass"), (compressed, "forward"), (compressed, "two-pass"),
-            (selection, "select")]
+            (selection, "select"), (gates, "gates")]
 
 
 if __name__ == "__main__":
