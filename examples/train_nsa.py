@@ -15,7 +15,7 @@ branches are for. The loss is the cross entropy of the answers alone.
     python examples/train_nsa.py --device cuda --preset h200 --attention fla   # fla's parallel_nsa instead
 
 Prints a progress line, writes the loss log (a CSV: step, loss, answer accuracy, tokens/s) and, with matplotlib
-installed (the "bench" extra), the loss curve.
+installed (the "bench" extra), the loss and accuracy curves.
 """
 
 from __future__ import annotations
@@ -218,23 +218,29 @@ def train(cfg: Config, log_path: Path | None = None, quiet: bool = False) -> lis
     return rows
 
 
-def plot(logs: dict[str, list[dict]], path: Path) -> bool:
-    """The loss curves of `logs` (label -> rows) on one plot; False when matplotlib is not installed."""
+def plot(logs: dict[str, list[dict]], path: Path, window: int = 25) -> bool:
+    """The loss curves of `logs` (label -> rows) and their answer accuracy (the mean over `window` steps), side by
+    side; False when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (loss_ax, accuracy_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for label, rows in logs.items():
-        ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("answer cross entropy")
-    ax.set_title("synthetic retrieval")
-    ax.legend()
+        steps = [r["step"] for r in rows]
+        loss_ax.plot(steps, [r["loss"] for r in rows], label=label)
+        accuracy = [r["accuracy"] for r in rows]
+        smoothed = [sum(accuracy[max(0, i - window + 1):i + 1]) / len(accuracy[max(0, i - window + 1):i + 1])
+                    for i in range(len(accuracy))]
+        accuracy_ax.plot(steps, smoothed, label=label)
+    loss_ax.set(xlabel="step", ylabel="answer cross entropy", title="loss")
+    accuracy_ax.set(xlabel="step", ylabel=f"answers right (mean of {window} steps)", title="accuracy", ylim=(0, 1))
+    loss_ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     return True
 
 
