@@ -15,61 +15,10 @@ import argparse
 import torch
 
 import nsa_iree
-from nsa_iree.benchmark import CONFIGS, timed
+from nsa_iree.benchmark import (CONFIGS, timed, torch_eager_compressed_attention, torch_eager_mean_pooling,
+                                torch_eager_select_blocks)
 from nsa_iree.reference import select_blocks_reference
 from nsa_iree.testing import relative_rms_error
-
-
-def torch_eager_compressed_attention(q, k_cmp, v_cmp, block_size, scale=None):
-    """The same math in eager torch: scores [B, H, M, C] masked to the complete blocks, softmax, p v."""
-    heads, groups = q.shape[2], k_cmp.shape[2]
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    k = k_cmp.repeat_interleave(heads // groups, dim=2)
-    v = v_cmp.repeat_interleave(heads // groups, dim=2)
-    s = torch.einsum("bmhd,bchd->bhmc", q, k) * scale
-    pos = torch.arange(q.shape[1])
-    visible = (torch.arange(k.shape[1]) + 1) * block_size - 1 <= pos.view(-1, 1)
-    s = s.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
-    return torch.einsum("bhmc,bchd->bmhd", p, v), lse
-
-
-def mean_pool_eager(x, block_size):
-    n = x.shape[1]
-    c = -(-n // block_size)
-    padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, c * block_size - n))
-    sums = padded.view(x.shape[0], c, block_size, *x.shape[2:]).sum(2)
-    counts = (n - torch.arange(c) * block_size).clamp(max=block_size).to(x.dtype)
-    return sums / counts.view(1, -1, 1, 1)
-
-
-def torch_eager_select_blocks(q, k_cmp, lse, slots, block_size, scale):
-    """select_blocks in eager torch: scores by einsum, probabilities exp(s - lse), the mean over the group,
-    torch.topk after the forced blocks (ties by topk, so equal to the kernel only away from ties)."""
-    batch, m_rows, heads, _ = q.shape
-    groups, num_blocks = k_cmp.shape[2], k_cmp.shape[1]
-    s = torch.einsum("bmhd,bchd->bmhc", q, k_cmp.repeat_interleave(heads // groups, dim=2)) * scale
-    pos = torch.arange(m_rows).view(m_rows, 1)
-    c = torch.arange(num_blocks).view(1, num_blocks)
-    own = pos // block_size
-    scored = (c >= 1) & (c <= own - 2)                                   # every other selectable block
-    p = torch.exp(s - lse.permute(0, 2, 1).unsqueeze(-1))
-    score = p.view(batch, m_rows, groups, heads // groups, num_blocks).mean(dim=3)
-    score = score.masked_fill(~scored.view(1, m_rows, 1, num_blocks), float("-inf"))
-    forced = torch.stack([own, own - 1, torch.zeros_like(own)], dim=-1).view(1, m_rows, 1, 3).expand(
-        batch, m_rows, groups, 3)
-    nforced = torch.clamp(own + 1, max=3).view(1, m_rows, 1, 1)
-    top_v, top_i = score.topk(min(slots, num_blocks), dim=-1)
-    top_i = torch.where(torch.isinf(top_v), -1, top_i)
-    ranked = torch.cat([forced.masked_fill(torch.arange(3).view(1, 1, 1, 3) >= nforced, -1), top_i], dim=-1)
-    # forced first (the unused ones -1 dropped by a stable sort on "is -1"), then the scored ones
-    key = (ranked < 0).to(torch.int8)
-    ranked = ranked.gather(-1, key.sort(dim=-1, stable=True).indices)
-    out = torch.full((batch, m_rows, groups, slots), -1, dtype=torch.int32)
-    width = min(slots, ranked.shape[-1])
-    out[..., :width] = ranked[..., :width].to(torch.int32)
-    return out
 
 
 def _seconds(fn, repeats):
@@ -95,7 +44,7 @@ def main(argv=None):
         v = torch.randn(1, n, cfg["kv_heads"], cfg["value_dim"], generator=gen)
         do = torch.randn(1, n, cfg["heads"], cfg["value_dim"], generator=gen)
         impls = {"nsa_iree": (nsa_iree.mean_pooling, nsa_iree.compressed_attention),
-                 "eager": (mean_pool_eager, torch_eager_compressed_attention)}
+                 "eager": (torch_eager_mean_pooling, torch_eager_compressed_attention)}
         row = {}
         for name, (pool, attend) in impls.items():
             kc, vc = pool(k, bs), pool(v, bs)
@@ -107,7 +56,8 @@ def main(argv=None):
                 o.backward(do)
             row[f"{name}_training"] = _seconds(training, args.repeats)
         o_mine, _ = nsa_iree.compressed_attention(q, nsa_iree.mean_pooling(k, bs), nsa_iree.mean_pooling(v, bs), bs)
-        o_eager, _ = torch_eager_compressed_attention(q, mean_pool_eager(k, bs), mean_pool_eager(v, bs), bs)
+        k_eager, v_eager = torch_eager_mean_pooling(k, bs), torch_eager_mean_pooling(v, bs)
+        o_eager, _ = torch_eager_compressed_attention(q, k_eager, v_eager, bs)
         err = relative_rms_error(o_mine, o_eager)
         print(f"| {n} | {row['nsa_iree_forward'] * 1e3:.2f} / {row['eager_forward'] * 1e3:.2f} | "
               f"{row['eager_forward'] / row['nsa_iree_forward']:.2f} | {row['nsa_iree_training'] * 1e3:.1f} / "

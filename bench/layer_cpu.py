@@ -1,7 +1,8 @@
 """The whole NSA layer's attention on the CPU against the same math in eager torch, in one process: nsa_iree.nsa
 (pooling, compressed attention, select_blocks, selection, window 128, gates) and an eager version of each branch
-(bench/compression_cpu.py's compressed attention and top-n, nsa_iree.benchmark's gathered selection, a masked
-dense window), forward and forward + backward.
+(nsa_iree.benchmark.torch_eager_nsa: a dense masked softmax over the compressed keys, top-k, the gathered
+selection, a masked dense window), forward and forward + backward; `nsa-iree bench --branch layer` times the same
+in the benchmark's tables.
 
     python3 -m bench.layer_cpu [--seq 4096] [--repeats 3] [--window 128]
 
@@ -16,32 +17,8 @@ import argparse
 import torch
 
 import nsa_iree
-from nsa_iree.benchmark import CONFIGS, timed, torch_eager_selection_attention
+from nsa_iree.benchmark import CONFIGS, timed, torch_eager_nsa
 from nsa_iree.testing import relative_rms_error
-
-from .compression_cpu import mean_pool_eager, torch_eager_compressed_attention, torch_eager_select_blocks
-
-
-def eager_window(q, k, v, window, scale):
-    """Sliding-window attention in eager torch: dense scores, the band masked, softmax."""
-    m_rows, heads, groups = q.shape[1], q.shape[2], k.shape[2]
-    kh, vh = k.repeat_interleave(heads // groups, dim=2), v.repeat_interleave(heads // groups, dim=2)
-    s = torch.einsum("bmhd,bnhd->bhmn", q, kh) * scale
-    pos = torch.arange(m_rows).view(-1, 1)
-    j = torch.arange(k.shape[1]).view(1, -1)
-    s = s.masked_fill(~((j <= pos) & (j > pos - window)), float("-inf"))
-    return torch.einsum("bhmn,bnhe->bmhe", torch.softmax(s, dim=-1), vh)
-
-
-def eager_nsa(q, k, v, g_cmp, g_slc, g_swa, counts, bs, window):
-    scale = q.shape[-1] ** -0.5
-    k_cmp, v_cmp = mean_pool_eager(k, bs), mean_pool_eager(v, bs)
-    o_cmp, lse = torch_eager_compressed_attention(q, k_cmp, v_cmp, bs, scale)
-    with torch.no_grad():
-        idx = torch_eager_select_blocks(q, k_cmp, lse.detach(), counts, bs, scale)
-    o_slc = torch_eager_selection_attention(q, k, v, idx, bs, scale)
-    o_swa = eager_window(q, k, v, window, scale)
-    return o_slc * g_slc.unsqueeze(-1) + o_cmp * g_cmp.unsqueeze(-1) + o_swa * g_swa.unsqueeze(-1)
 
 
 def main(argv=None):
@@ -65,7 +42,7 @@ def main(argv=None):
         impls = {
             "nsa_iree": lambda q, k, v, gc, gs, gw: nsa_iree.nsa(q, k, v, gc, gs, gw, block_counts=counts,
                                                                  block_size=bs, window_size=args.window),
-            "eager": lambda q, k, v, gc, gs, gw: eager_nsa(q, k, v, gc, gs, gw, counts, bs, args.window),
+            "eager": lambda q, k, v, gc, gs, gw: torch_eager_nsa(q, k, v, gc, gs, gw, counts, bs, args.window),
         }
         row = {}
         for name, fn in impls.items():

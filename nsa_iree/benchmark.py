@@ -1,10 +1,14 @@
 """Benchmarks: nsa_iree's selection attention against dense SDPA, fla's parallel_nsa (when fla is importable) and a
-torch-eager version. Installed with the package: `nsa-iree bench`; the lab scripts under bench/ build on it.
+torch-eager version; with --branch, the whole layer's attention (nsa, with and without the window, against fla's
+parallel_nsa and an eager layer) or the sliding window (against FlexAttention and an eager window). Installed with
+the package: `nsa-iree bench`; the lab scripts under bench/ build on it.
 
     nsa-iree bench --device cuda --seq 8192 16384 32768 65536      # the H200 run
     nsa-iree bench --device cpu --config cpu --seq 1024 4096 --selection realistic --repeats 5  # the CPU run
     nsa-iree bench --smoke                                          # tiny CPU run (the CI smoke test)
     nsa-iree bench --device cuda --seq 65536 --selection realistic packed  # packed documents (cu_seqlens)
+    nsa-iree bench --device cuda --branch layer --seq 8192 65536    # nsa against fla's parallel_nsa
+    nsa-iree bench --device cpu --config cpu --branch layer --window 128 --seq 4096 --repeats 3   # the CPU layer
 
 Selection "packed": each problem of `seq` tokens is documents of --doc-lengths MIN MAX tokens (uniform draws,
 the last one cut to fit) packed into one sequence with cu_seqlens, a realistic selection inside every
@@ -308,6 +312,253 @@ def torch_reference_impl(cfg, q, k, v, do, idx, cu_seqlens=None):
     return fwd, bwd
 
 
+# --- the other branches (--branch layer | window): the whole layer's attention and the sliding window ----------
+#
+# The same math in eager torch, as a user would write it without nsa_iree (the baselines of the CPU bars): each
+# materialises its scores ([B, H, M, C] compressed, [B, H, M, N] for the window), so they are for short sequences.
+
+def torch_eager_mean_pooling(x, block_size):
+    """x [B, N, G, D] -> [B, C, G, D], the mean of every block (the last over the tokens it has)."""
+    n = x.shape[1]
+    c = -(-n // block_size)
+    padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, c * block_size - n))
+    sums = padded.view(x.shape[0], c, block_size, *x.shape[2:]).sum(2)
+    counts = (n - torch.arange(c, device=x.device) * block_size).clamp(max=block_size).to(x.dtype)
+    return sums / counts.view(1, -1, 1, 1)
+
+
+def torch_eager_compressed_attention(q, k_cmp, v_cmp, block_size, scale=None):
+    """Compressed attention (M = N): scores [B, H, M, C] masked to the complete blocks, softmax, p v; (o, lse)."""
+    heads, groups = q.shape[2], k_cmp.shape[2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    k = k_cmp.repeat_interleave(heads // groups, dim=2)
+    v = v_cmp.repeat_interleave(heads // groups, dim=2)
+    s = torch.einsum("bmhd,bchd->bhmc", q, k) * scale
+    pos = torch.arange(q.shape[1], device=q.device)
+    visible = (torch.arange(k.shape[1], device=q.device) + 1) * block_size - 1 <= pos.view(-1, 1)
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    return torch.einsum("bhmc,bchd->bmhd", p, v), lse
+
+
+def torch_eager_select_blocks(q, k_cmp, lse, slots, block_size, scale):
+    """select_blocks (M = N): scores by einsum, probabilities exp(s - lse), the mean over the group, torch.topk
+    after the forced blocks (ties by topk, so equal to the kernel only away from ties); [B, M, G, slots] int32."""
+    batch, m_rows, heads, _ = q.shape
+    groups, num_blocks = k_cmp.shape[2], k_cmp.shape[1]
+    dev = q.device
+    s = torch.einsum("bmhd,bchd->bmhc", q, k_cmp.repeat_interleave(heads // groups, dim=2)) * scale
+    pos = torch.arange(m_rows, device=dev).view(m_rows, 1)
+    c = torch.arange(num_blocks, device=dev).view(1, num_blocks)
+    own = pos // block_size
+    scored = (c >= 1) & (c <= own - 2)                                   # every other selectable block
+    p = torch.exp(s - lse.permute(0, 2, 1).unsqueeze(-1))
+    score = p.view(batch, m_rows, groups, heads // groups, num_blocks).mean(dim=3)
+    score = score.masked_fill(~scored.view(1, m_rows, 1, num_blocks), float("-inf"))
+    forced = torch.stack([own, own - 1, torch.zeros_like(own)], dim=-1).view(1, m_rows, 1, 3).expand(
+        batch, m_rows, groups, 3)
+    nforced = torch.clamp(own + 1, max=3).view(1, m_rows, 1, 1)
+    top_v, top_i = score.topk(min(slots, num_blocks), dim=-1)
+    top_i = torch.where(torch.isinf(top_v), -1, top_i)
+    unused = torch.arange(3, device=dev).view(1, 1, 1, 3) >= nforced
+    ranked = torch.cat([forced.masked_fill(unused, -1), top_i], dim=-1)
+    # forced first (the unused ones -1 dropped by a stable sort on "is -1"), then the scored ones
+    key = (ranked < 0).to(torch.int8)
+    ranked = ranked.gather(-1, key.sort(dim=-1, stable=True).indices)
+    out = torch.full((batch, m_rows, groups, slots), -1, dtype=torch.int32, device=dev)
+    width = min(slots, ranked.shape[-1])
+    out[..., :width] = ranked[..., :width].to(torch.int32)
+    return out
+
+
+def torch_eager_window(q, k, v, window, scale=None):
+    """Sliding-window attention (M = N): dense scores [B, H, M, N], the band masked, softmax."""
+    m_rows, heads, groups = q.shape[1], q.shape[2], k.shape[2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    kh, vh = k.repeat_interleave(heads // groups, dim=2), v.repeat_interleave(heads // groups, dim=2)
+    s = torch.einsum("bmhd,bnhd->bhmn", q, kh) * scale
+    pos = torch.arange(m_rows, device=q.device).view(-1, 1)
+    j = torch.arange(k.shape[1], device=q.device).view(1, -1)
+    s = s.masked_fill(~((j <= pos) & (j > pos - window)), float("-inf"))
+    return torch.einsum("bhmn,bnhe->bmhe", torch.softmax(s, dim=-1), vh)
+
+
+def torch_eager_nsa(q, k, v, g_cmp, g_slc, g_swa, counts, block_size, window):
+    """nsa's gated sum of the branches (M = N), each in eager torch; the blocks selected without gradient."""
+    scale = q.shape[-1] ** -0.5
+    k_cmp, v_cmp = torch_eager_mean_pooling(k, block_size), torch_eager_mean_pooling(v, block_size)
+    o_cmp, lse = torch_eager_compressed_attention(q, k_cmp, v_cmp, block_size, scale)
+    with torch.no_grad():
+        idx = torch_eager_select_blocks(q, k_cmp, lse.detach(), counts, block_size, scale)
+    o_slc = torch_eager_selection_attention(q, k, v, idx, block_size, scale)
+    o = o_slc * g_slc.unsqueeze(-1) + o_cmp * g_cmp.unsqueeze(-1)
+    return o + torch_eager_window(q, k, v, window, scale) * g_swa.unsqueeze(-1) if window else o
+
+
+BRANCHES = ("selection", "layer", "window")
+
+
+def make_branch_problem(cfg, seq, device, seed=0):
+    """q [1, seq, H, D], k [1, seq, G, D], v [1, seq, G, Dv], do [1, seq, H, Dv] in cfg's dtype and the three
+    gates [1, seq, H] (g_cmp, g_slc, g_swa, after a sigmoid)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = DTYPES[cfg["dtype"]]
+    h, g, d, dv = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["value_dim"]
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+    q, k, v, do = draw(1, seq, h, d), draw(1, seq, g, d), draw(1, seq, g, dv), draw(1, seq, h, dv)
+    gates = [torch.rand(1, seq, h, generator=gen, device=device).to(dtype) for _ in range(3)]
+    return q, k, v, do, gates
+
+
+def _autograd_pair(fn, inputs, do):
+    """(fwd, bwd) of fn(*inputs): the forward without autograd, and the backward of one recorded forward."""
+    leaves = [t.detach().requires_grad_(True) for t in inputs]
+    state = {}
+
+    def fwd():
+        with torch.no_grad():
+            fn(*leaves)
+
+    def bwd():
+        if "o" not in state:
+            state["o"] = fn(*leaves)
+        state["o"].backward(do, retain_graph=True)
+    bwd()
+    return fwd, bwd
+
+
+# Each builds (fwd, bwd) from (cfg, q, k, v, do, gates, window).
+def _nsa_layer_impl(with_window):
+    def build(cfg, q, k, v, do, gates, window):
+        w = window if with_window else 0
+
+        def layer(q, k, v, g_cmp, g_slc, g_swa):
+            return nsa_iree.nsa(q, k, v, g_cmp, g_slc, g_swa if w else None, block_counts=cfg["num_blocks"],
+                                block_size=cfg["block_size"], window_size=w)
+        return _autograd_pair(layer, (q, k, v, *gates), do)
+    return build
+
+
+def _fla_layer_impl(cfg, q, k, v, do, gates, window):
+    from fla.ops.nsa.parallel import parallel_nsa
+
+    def layer(q, k, v, g_cmp, g_slc):
+        return parallel_nsa(q, k, v, g_cmp, g_slc, block_counts=cfg["num_blocks"], block_size=cfg["block_size"])
+    return _autograd_pair(layer, (q, k, v, *gates[:2]), do)
+
+
+def _eager_layer_impl(cfg, q, k, v, do, gates, window):
+    def layer(q, k, v, g_cmp, g_slc, g_swa):
+        return torch_eager_nsa(q, k, v, g_cmp, g_slc, g_swa, cfg["num_blocks"], cfg["block_size"], window)
+    return _autograd_pair(layer, (q, k, v, *gates), do)
+
+
+def _nsa_window_impl(cfg, q, k, v, do, gates, window):
+    return _autograd_pair(lambda q, k, v: nsa_iree.sliding_window_attention(q, k, v, window), (q, k, v), do)
+
+
+def _flex_window_impl(cfg, q, k, v, do, gates, window):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def in_window(b, head, query, key):
+        return (key <= query) & (query - key < window)
+    mask = create_block_mask(in_window, None, None, q.shape[1], k.shape[1], device=q.device)
+    flex = torch.compile(flex_attention)
+
+    def attention(q, k, v):
+        return flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=mask,
+                    enable_gqa=True).transpose(1, 2)
+    return _autograd_pair(attention, (q, k, v), do)
+
+
+def _eager_window_impl(cfg, q, k, v, do, gates, window):
+    return _autograd_pair(lambda q, k, v: torch_eager_window(q, k, v, window), (q, k, v), do)
+
+
+BRANCH_IMPLS = {
+    "layer": {"nsa_iree nsa": _nsa_layer_impl(False), "nsa_iree nsa + window": _nsa_layer_impl(True),
+              "fla parallel_nsa": _fla_layer_impl, "torch eager nsa + window": _eager_layer_impl},
+    "window": {"nsa_iree window": _nsa_window_impl, "flex window": _flex_window_impl,
+               "torch eager window": _eager_window_impl},
+}
+# Implementations that need a CUDA device (fla's Triton kernels; FlexAttention compiled).
+CUDA_ONLY = ("fla parallel_nsa", "flex window")
+
+
+def check_branch(cfg, device, branch, window):
+    """nsa_iree's o and gradients for the branch at a small size against the f64 oracle (window capped there)."""
+    from nsa_iree.reference import nsa_reference, sliding_window_attention_reference
+
+    seq = 512 if device.type == "cuda" else 256
+    w = min(window, seq // 2)
+    q, k, v, do, gates = make_branch_problem(cfg, seq, device, seed=1)
+    inputs = (q, k, v, *gates) if branch == "layer" else (q, k, v)
+    leaves = [t.detach().requires_grad_(True) for t in inputs]
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in inputs]
+    kwargs = dict(block_counts=cfg["num_blocks"], block_size=cfg["block_size"], window_size=w)
+    if branch == "layer":
+        o, o_ref = nsa_iree.nsa(*leaves, **kwargs), nsa_reference(*ref_leaves, **kwargs)
+    else:
+        o = nsa_iree.sliding_window_attention(*leaves, w)
+        o_ref = sliding_window_attention_reference(*ref_leaves, w)[0]
+    o.backward(do)
+    o_ref.backward(do.double())
+    names = ("dq", "dk", "dv", "dg_cmp", "dg_slc", "dg_swa")
+    errors = {"o": relative_rms_error(o.detach(), o_ref.detach())}
+    errors.update({n: relative_rms_error(a.grad, b.grad) for n, a, b in zip(names, leaves, ref_leaves)})
+    return {"against": f"f64 reference, {seq} tokens, window {w}", "errors": errors}
+
+
+def run_branch(args, on_row=None):
+    """Check, then time every (seq, impl) of the layer or window branch (--branch), as run() the selection's."""
+    device = torch.device(args.device)
+    cfg = CONFIGS[args.config]
+    impls = [i for i in (args.impl or BRANCH_IMPLS[args.branch]) if i in BRANCH_IMPLS[args.branch]]
+    if device.type != "cuda":
+        impls = [i for i in impls if i not in CUDA_ONLY]
+    if "fla parallel_nsa" in impls and (fla_function() is None or cfg["heads"] // cfg["kv_heads"] < 16):
+        impls.remove("fla parallel_nsa")
+    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(device),
+              "versions": _versions(), "config": {"name": args.config, **cfg, "branch": args.branch,
+                                                  "window": args.window},
+              "rows": [], "checks": {}, "load_average": list(os.getloadavg())}
+    try:
+        record["checks"][args.branch] = check_branch(cfg, device, args.branch, args.window)
+    except Exception as err:  # noqa: BLE001 - a failed check is reported, nothing of nsa_iree is timed
+        record["checks"][args.branch] = {"against": "f64 reference", "errors": {}, "error": repr(err)[:500]}
+    check = record["checks"][args.branch]
+    print(f"check ({args.branch}):", json.dumps(check), flush=True)
+    wrong = "error" in check or not all(e < CHECK_TOLERANCE for e in check["errors"].values())
+    for seq in args.seq:
+        for impl in impls:
+            if impl.startswith("nsa_iree") and wrong:
+                row = dict(selection=args.branch, seq=seq, impl=impl, error="not timed: failed the correctness check")
+            else:
+                fwd = bwd = None
+                try:
+                    q, k, v, do, gates = make_branch_problem(cfg, seq, device)
+                    with PeakMemory(device) as mem:
+                        fwd, bwd = BRANCH_IMPLS[args.branch][impl](cfg, q, k, v, do, gates, args.window)
+                        t_fwd, t_bwd = timed(fwd, device, args.repeats), timed(bwd, device, args.repeats)
+                    row = dict(selection=args.branch, seq=seq, impl=impl, fwd_ms=t_fwd * 1e3, bwd_ms=t_bwd * 1e3,
+                               peak_mem_gb=mem.peak / 1e9,
+                               input_gb=sum(t.numel() * t.element_size() for t in (q, k, v, do, *gates)) / 1e9)
+                except Exception as err:  # noqa: BLE001 - record and go on (e.g. out of memory)
+                    row = dict(selection=args.branch, seq=seq, impl=impl, error=f"{type(err).__name__}: {err}"[:300])
+                finally:
+                    q = k = v = do = gates = fwd = bwd = None
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+            record["rows"].append(row)
+            print(json.dumps(row), flush=True)
+            if on_row:
+                on_row(record)
+    return record
+
+
 IMPLS = {
     "nsa_iree two-pass": nsa_iree_impl("two-pass"),
     "nsa_iree one-pass": nsa_iree_impl("one-pass"),
@@ -383,7 +634,7 @@ def run(args, on_row=None):
     run that is cut short)."""
     device = torch.device(args.device)
     cfg = CONFIGS[args.config]
-    impls = [i for i in args.impl if i in IMPLS]
+    impls = [i for i in (args.impl or IMPLS) if i in IMPLS]
     if device.type == "cuda":
         impls = [i for i in impls if i != "torch reference f32"]
     if fla_function() is None or device.type != "cuda" or cfg["heads"] // cfg["kv_heads"] < 16:
@@ -497,12 +748,18 @@ def _versions():
 
 def markdown(record) -> str:
     cfg = record["config"]
-    lines = [f"# Selection attention benchmark: {cfg['name']} ({record['machine']}, {record['date']})", "",
+    branch = cfg.get("branch", "selection")
+    what = {"selection": "Selection attention", "layer": "The whole layer's attention (nsa)",
+            "window": "Sliding-window attention"}[branch]
+    window = f", window {cfg['window']}" if branch != "selection" else ""
+    lines = [f"# {what} benchmark: {cfg['name']}{window} ({record['machine']}, {record['date']})", "",
              f"H={cfg['heads']} G={cfg['kv_heads']} D={cfg['head_dim']} Dv={cfg['value_dim']} BS={cfg['block_size']} "
              f"T={cfg['num_blocks']} {cfg['dtype']}, B=1. Versions: "
              + ", ".join(f"{k} {v}" for k, v in record["versions"].items()), "",
-             "Times in ms (median). 'x dense' = dense SDPA time / this time, same run, same selection. "
-             "TFLOP/s use the selection FLOP count of anchors.md (backward = 2.5 x forward)."
+             ("Times in ms (median). 'x dense' = dense SDPA time / this time, same run, same selection. "
+              "TFLOP/s use the selection FLOP count of anchors.md (backward = 2.5 x forward)." if branch == "selection"
+              else "Times in ms (median): the forward without autograd, the backward of one recorded forward "
+                   "(through every branch and the gates).")
              + (" Load average at the start (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in record["load_average"])
                 + "." if "load_average" in record else ""), ""]
     for selection, check in record["checks"].items():
@@ -510,7 +767,8 @@ def markdown(record) -> str:
                      + f" vs {check['against']}"
                      + ("; fla: " + ", ".join(f"{k} {v:.1e}" for k, v in check["fla_errors"].items())
                         if "fla_errors" in check else ""))
-    lines += ["", "| selection | seq | implementation | fwd ms | bwd ms | bwd x dense | bwd TFLOP/s | "
+    lines += ["", f"| {'selection' if branch == 'selection' else 'branch'} | seq | implementation | fwd ms | bwd ms | "
+              "bwd x dense | bwd TFLOP/s | "
               "peak GB (inputs GB) |",
               "|---|---|---|---|---|---|---|---|"]
     dense = {(r["selection"], r["seq"]): r for r in record["rows"] if r["impl"] == "dense sdpa" and "bwd_ms" in r}
@@ -520,10 +778,14 @@ def markdown(record) -> str:
             continue
         d = dense.get((r["selection"], r["seq"]))
         speed = f"{d['bwd_ms'] / r['bwd_ms']:.2f}x" if d else ""
-        flops = 2.5 * (dense_flops if r["impl"] == "dense sdpa" else selection_flops)(cfg, r["seq"])
         seq = f"{r['seq']} ({r['documents']} documents)" if "documents" in r else r["seq"]
+        if branch == "selection":
+            flops = 2.5 * (dense_flops if r["impl"] == "dense sdpa" else selection_flops)(cfg, r["seq"])
+            tflops = f"{flops / (r['bwd_ms'] * 1e-3) / 1e12:.1f}"
+        else:
+            tflops = "-"                                       # (no one FLOP count for the layer's branches)
         lines.append(f"| {r['selection']} | {seq} | {r['impl']} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | {speed} "
-                     f"| {flops / (r['bwd_ms'] * 1e-3) / 1e12:.1f} | {r['peak_mem_gb']:.2f} ({r['input_gb']:.2f}) |")
+                     f"| {tflops} | {r['peak_mem_gb']:.2f} ({r['input_gb']:.2f}) |")
     return "\n".join(lines) + "\n"
 
 
@@ -558,7 +820,9 @@ def plot(record, path):
             ax.set_yscale("log")
             ax.set_xlabel("sequence length")
             ax.set_ylabel(f"{what} ms")
-            ax.set_title(f"{record['config']['name']}, {selection} selection, {what} ({record['machine']})", fontsize=9)
+            branch = record["config"].get("branch", "selection")
+            label = f"{selection} selection" if branch == "selection" else selection
+            ax.set_title(f"{record['config']['name']}, {label}, {what} ({record['machine']})", fontsize=9)
             ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -578,7 +842,13 @@ def main(argv=None):
     parser.add_argument("--selection", nargs="+", choices=[*SELECTIONS, PACKED], default=["realistic", "uniform"])
     parser.add_argument("--doc-lengths", type=int, nargs=2, default=list(DOC_LENGTHS), metavar=("MIN", "MAX"),
                         help="document lengths of the packed selection (default %(default)s)")
-    parser.add_argument("--impl", nargs="+", default=list(IMPLS))
+    parser.add_argument("--branch", choices=BRANCHES, default="selection",
+                        help="what to time: the selection branch (default), the whole layer's attention (nsa) or "
+                             "the sliding window")
+    parser.add_argument("--window", type=int, default=512,
+                        help="the window of --branch layer's and window's runs (default %(default)s)")
+    parser.add_argument("--impl", nargs="+", default=None,
+                        help="the implementations to time (default: all of the branch's)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", default=DEFAULT_OUT,
                         help="directory for the table, record and plot (default ./%(default)s)")
@@ -594,13 +864,15 @@ def main(argv=None):
 
     def save(record):
         machine = record["machine"].split("(")[0].strip().split()[-1] if device_is_cuda(args) else "cpu"
-        stem = f"{record['config']['name']}_{re.sub(r'[^A-Za-z0-9]+', '_', machine)}"
+        branch = record["config"].get("branch", "selection")
+        tag = "" if branch == "selection" else f"_{branch}"
+        stem = f"{record['config']['name']}{tag}_{re.sub(r'[^A-Za-z0-9]+', '_', machine)}"
         (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
         (out / f"{stem}.md").write_text(markdown(record))
         return stem
 
-    record = run(args, on_row=save)
-    if args.profile:
+    record = (run if args.branch == "selection" else run_branch)(args, on_row=save)
+    if args.profile and args.branch == "selection":
         record["profile"] = profile(args, out)
     stem = save(record)
     png = plot(record, out / f"{stem}.png")

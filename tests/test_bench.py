@@ -35,6 +35,26 @@ def test_bench_smoke_run_writes_table_and_record(tmp_path, monkeypatch):
     assert sorted((REPO / "bench" / "results").rglob("*")) == checked_in
 
 
+# --branch: what each CPU run times (the CUDA-only baselines, fla and FlexAttention, are left out there)
+BRANCH_RUNS = {"layer": {"nsa_iree nsa", "nsa_iree nsa + window", "torch eager nsa + window"},
+               "window": {"nsa_iree window", "torch eager window"}}
+
+
+@pytest.mark.parametrize("branch", list(BRANCH_RUNS))
+def test_bench_branch_checks_then_times_its_implementations(tmp_path, branch):
+    """`nsa-iree bench --branch layer|window`: nsa_iree checked against the f64 oracle (o and every gradient,
+    the gates' too), then every CPU implementation timed, in a table of its own."""
+    record = main(["--device", "cpu", "--config", "tiny", "--branch", branch, "--seq", "256", "--repeats", "1",
+                   "--window", "32", "--out", str(tmp_path)])
+    check = record["checks"][branch]
+    assert check["errors"] and all(err < 1e-5 for err in check["errors"].values()), check
+    assert ("dg_swa" in check["errors"]) == (branch == "layer")
+    assert all("error" not in row for row in record["rows"]), record["rows"]
+    assert {row["impl"] for row in record["rows"]} == BRANCH_RUNS[branch]
+    md = next(tmp_path.glob(f"tiny_{branch}_*.md")).read_text()
+    assert f"| {branch} | 256 | nsa_iree" in md
+
+
 def test_bench_out_option(tmp_path):
     record = main(["--smoke", "--out", str(tmp_path / "elsewhere"), "--impl", "dense sdpa"])
     assert record["rows"] and next((tmp_path / "elsewhere").glob("*.md"))
