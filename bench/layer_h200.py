@@ -9,7 +9,6 @@ in one process, and nsa_iree.nsa with the window branch (W 512) beside them; anc
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -99,22 +98,9 @@ def profile(out: Path, n: int) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args and args[0] == "--profile":
-        profile(Path(args[1]), int(args[2]))
-        sys.exit(0)
-    if args and args[0] == "--compile":
-        from nsa_iree.compiler import compile_artifact
+    if sys.argv[1:2] == ["--profile"]:
+        profile(Path(sys.argv[2]), int(sys.argv[3]))
+    else:
+        from bench.lengths import main
 
-        for n in map(int, args[1:]):
-            for spec, variant in specs(n):
-                print(compile_artifact(spec, variant).path.name, flush=True)
-        sys.exit(0)
-    out, lengths = Path(args[0]), [int(x) for x in args[1:]] or [65536]
-    rows = []
-    for n in lengths:
-        rows.append(timing(n))
-        print(json.dumps(rows[-1]), flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "layer.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "layout": ANCHORS,
-                                                "timings": rows}, indent=1))
+        main(sys.argv[1:], specs, timing, "layer", ANCHORS)

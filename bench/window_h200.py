@@ -6,9 +6,7 @@ sliding-window block mask (GQA, compiled), forward and forward + backward, in on
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import torch
 
@@ -27,8 +25,7 @@ def specs(n):
 
 def timing(n):
     import nsa_iree
-    from nsa_iree.benchmark import timed
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from nsa_iree.benchmark import flex_window, timed
 
     h, g, d, w = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "window"))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -44,13 +41,7 @@ def timing(n):
     row = {"n": n, "window": w, "nsa_iree_forward_ms": ms(lambda: ours(q, k, v)),
            "nsa_iree_fwd_bwd_ms": ms(lambda: step(ours, q, k, v))}
 
-    def in_window(b, head, query, key):
-        return (key <= query) & (query - key < w)
-
-    mask = create_block_mask(in_window, None, None, n, n, device="cuda")
-    flex = torch.compile(flex_attention)
-    theirs = lambda q, k, v: flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=mask,  # noqa: E731
-                                  enable_gqa=True).transpose(1, 2)
+    theirs = flex_window(w, n, torch.device("cuda"))
     row["flex_forward_ms"] = ms(lambda: theirs(q, k, v))
     row["flex_fwd_bwd_ms"] = ms(lambda: step(theirs, q, k, v))
     row["o_vs_flex"] = float((ours(q, k, v).float() - theirs(q, k, v).float()).norm() / theirs(q, k, v).float().norm())
@@ -59,19 +50,6 @@ def timing(n):
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args and args[0] == "--compile":
-        from nsa_iree.compiler import compile_artifact
+    from bench.lengths import main
 
-        for n in map(int, args[1:]):
-            for spec, variant in specs(n):
-                print(compile_artifact(spec, variant).path.name, flush=True)
-        sys.exit(0)
-    out, lengths = Path(args[0]), [int(x) for x in args[1:]] or [65536]
-    rows = []
-    for n in lengths:
-        rows.append(timing(n))
-        print(json.dumps(rows[-1]), flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "window.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "layout": ANCHORS,
-                                                 "timings": rows}, indent=1))
+    main(sys.argv[1:], specs, timing, "window", ANCHORS)

@@ -460,18 +460,24 @@ def _nsa_window_impl(cfg, q, k, v, do, gates, window):
     return _autograd_pair(lambda q, k, v: nsa_iree.sliding_window_attention(q, k, v, window), (q, k, v), do)
 
 
-def _flex_window_impl(cfg, q, k, v, do, gates, window):
+def flex_window(window, seq, device):
+    """torch's FlexAttention (compiled, GQA) with a sliding-window block mask of `window` keys over `seq`
+    positions: a function of q [B, seq, H, D], k, v [B, seq, G, D | Dv] returning o [B, seq, H, Dv]."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     def in_window(b, head, query, key):
         return (key <= query) & (query - key < window)
-    mask = create_block_mask(in_window, None, None, q.shape[1], k.shape[1], device=q.device)
+    mask = create_block_mask(in_window, None, None, seq, seq, device=device)
     flex = torch.compile(flex_attention)
 
     def attention(q, k, v):
         return flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=mask,
                     enable_gqa=True).transpose(1, 2)
-    return _autograd_pair(attention, (q, k, v), do)
+    return attention
+
+
+def _flex_window_impl(cfg, q, k, v, do, gates, window):
+    return _autograd_pair(flex_window(window, q.shape[1], q.device), (q, k, v), do)
 
 
 def _eager_window_impl(cfg, q, k, v, do, gates, window):
@@ -534,24 +540,13 @@ def run_branch(args, on_row=None):
     wrong = "error" in check or not all(e < CHECK_TOLERANCE for e in check["errors"].values())
     for seq in args.seq:
         for impl in impls:
+            row = dict(selection=args.branch, seq=seq, impl=impl)
             if impl.startswith("nsa_iree") and wrong:
-                row = dict(selection=args.branch, seq=seq, impl=impl, error="not timed: failed the correctness check")
+                row["error"] = "not timed: failed the correctness check"
             else:
-                fwd = bwd = None
-                try:
-                    q, k, v, do, gates = make_branch_problem(cfg, seq, device)
-                    with PeakMemory(device) as mem:
-                        fwd, bwd = BRANCH_IMPLS[args.branch][impl](cfg, q, k, v, do, gates, args.window)
-                        t_fwd, t_bwd = timed(fwd, device, args.repeats), timed(bwd, device, args.repeats)
-                    row = dict(selection=args.branch, seq=seq, impl=impl, fwd_ms=t_fwd * 1e3, bwd_ms=t_bwd * 1e3,
-                               peak_mem_gb=mem.peak / 1e9,
-                               input_gb=sum(t.numel() * t.element_size() for t in (q, k, v, do, *gates)) / 1e9)
-                except Exception as err:  # noqa: BLE001 - record and go on (e.g. out of memory)
-                    row = dict(selection=args.branch, seq=seq, impl=impl, error=f"{type(err).__name__}: {err}"[:300])
-                finally:
-                    q = k = v = do = gates = fwd = bwd = None
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
+                build = BRANCH_IMPLS[args.branch][impl]
+                row = timed_row(row, device, args.repeats, lambda: make_branch_problem(cfg, seq, device),
+                                lambda q, k, v, do, gates: build(cfg, q, k, v, do, gates, args.window))
             record["rows"].append(row)
             print(json.dumps(row), flush=True)
             if on_row:
@@ -629,6 +624,31 @@ def wrong_variants(result) -> set[str]:
     return wrong
 
 
+def timed_row(row, device, repeats, make, build, describe=None):
+    """row (its labels) with fwd_ms, bwd_ms, peak_mem_gb and input_gb (every input tensor) of build(*make())
+    (which returns the (fwd, bwd) pair) and the labels describe(*inputs) adds, or the error that stopped it (e.g.
+    out of memory). The inputs and the closures, which hold their outputs, are dropped after, so the next row's
+    baseline is clean."""
+    inputs = fwd = bwd = None
+    try:
+        inputs = make()
+        with PeakMemory(device) as mem:
+            fwd, bwd = build(*inputs)
+            t_fwd, t_bwd = timed(fwd, device, repeats), timed(bwd, device, repeats)
+        tensors = [t for x in inputs for t in (x if isinstance(x, (list, tuple)) else [x])
+                   if isinstance(t, torch.Tensor)]
+        row = dict(row, fwd_ms=t_fwd * 1e3, bwd_ms=t_bwd * 1e3, peak_mem_gb=mem.peak / 1e9,
+                   input_gb=sum(t.numel() * t.element_size() for t in tensors) / 1e9,
+                   **(describe(*inputs) if describe else {}))
+    except Exception as err:  # noqa: BLE001 - record and go on (e.g. out of memory)
+        row = dict(row, error=f"{type(err).__name__}: {err}"[:300])
+    finally:
+        inputs = fwd = bwd = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
 def run(args, on_row=None):
     """Check, then time every (selection, seq, impl); on_row(record) after each row (partial results survive a
     run that is cut short)."""
@@ -659,25 +679,16 @@ def run(args, on_row=None):
                     record["rows"].append(row)
                     print(json.dumps(row), flush=True)
                     continue
-                fwd = bwd = None
-                try:
-                    q, k, v, do, idx, cu = problem(cfg, seq, selection, device, doc_lengths=args.doc_lengths)
-                    with PeakMemory(device) as mem:
-                        fwd, bwd = IMPLS[impl](cfg, q, k, v, do, idx, cu)
-                        t_fwd = timed(fwd, device, args.repeats)
-                        t_bwd = timed(bwd, device, args.repeats)
-                    row = dict(selection=selection, seq=seq, impl=impl, fwd_ms=t_fwd * 1e3, bwd_ms=t_bwd * 1e3,
-                               peak_mem_gb=mem.peak / 1e9,
-                               input_gb=sum(t.numel() * t.element_size() for t in (q, k, v, do, idx)) / 1e9)
-                    if cu is not None:
-                        row["documents"] = cu.numel() - 1
-                except Exception as err:  # noqa: BLE001 - record and go on (e.g. out of memory)
-                    row = dict(selection=selection, seq=seq, impl=impl, error=f"{type(err).__name__}: {err}"[:300])
-                finally:
-                    # The closures hold their outputs: drop them too, so that the next row's baseline is clean.
-                    q = k = v = do = idx = cu = fwd = bwd = None
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
+                def make(seq=seq, selection=selection):
+                    return problem(cfg, seq, selection, device, doc_lengths=args.doc_lengths)
+
+                def build(q, k, v, do, idx, cu, impl=impl):
+                    return IMPLS[impl](cfg, q, k, v, do, idx, cu)
+
+                def documents(q, k, v, do, idx, cu):
+                    return {} if cu is None else {"documents": cu.numel() - 1}
+                row = timed_row(dict(selection=selection, seq=seq, impl=impl), device, args.repeats, make, build,
+                                documents)
                 record["rows"].append(row)
                 print(json.dumps(row), flush=True)
                 if on_row:
