@@ -56,11 +56,17 @@ _MFMA_16x16x32 = dict(mnk=(16, 16, 32), subgroup_size=64,
                       lhs=OperandLayout(outer=(1, 1), thread=(16, 4), tstrides=(1, 16), element=(1, 8)),
                       rhs=OperandLayout(outer=(1, 1), thread=(4, 16), tstrides=(16, 1), element=(8, 1)),
                       acc=OperandLayout(outer=(1, 1), thread=(4, 16), tstrides=(16, 1), element=(4, 1)))
+# CDNA3 (gfx942) has no 16x16x32 for 16-bit types: its 16x16x16 takes 4 elements along K per lane.
+_MFMA_16x16x16 = dict(mnk=(16, 16, 16), subgroup_size=64,
+                      lhs=OperandLayout(outer=(1, 1), thread=(16, 4), tstrides=(1, 16), element=(1, 4)),
+                      rhs=OperandLayout(outer=(1, 1), thread=(4, 16), tstrides=(16, 1), element=(4, 1)),
+                      acc=OperandLayout(outer=(1, 1), thread=(4, 16), tstrides=(16, 1), element=(4, 1)))
 
 LAYOUTS: dict[str, MMAKind] = {
     name: MMAKind(name=name, **table)
     for name, table in (("NV_MMA_SYNC_F32_16x8x16_BF16", _NV), ("NV_MMA_SYNC_F32_16x8x16_F16", _NV),
-                        ("MFMA_F32_16x16x32_BF16", _MFMA_16x16x32), ("MFMA_F32_16x16x32_F16", _MFMA_16x16x32))
+                        ("MFMA_F32_16x16x32_BF16", _MFMA_16x16x32), ("MFMA_F32_16x16x32_F16", _MFMA_16x16x32),
+                        ("MFMA_F32_16x16x16_BF16", _MFMA_16x16x16), ("MFMA_F32_16x16x16_F16", _MFMA_16x16x16))
 }
 
 
@@ -193,6 +199,32 @@ class Unit:
         """affine maps (l, i) -> row and (l, i) -> column of element i of lane l's flat acc unit."""
         row, col = self._position_exprs("acc", "d1")
         return f"affine_map<(d0, d1) -> ({row})>", f"affine_map<(d0, d1) -> ({col})>"
+
+    def acc_column_origin(self, column: int) -> tuple[int, int]:
+        """(lane, index) holding (row 0, `column`) of the acc unit: the lowest lane of the lanes holding that
+        column (their row-thread index 0) and the element there (row 0 of its element rows)."""
+        layout, n = self.kind.acc, self.kind.mnk[1]
+        tile, col = divmod(column, n)
+        e_rows, e_cols = layout.element
+        outer_col, rest = divmod(col, layout.thread[1] * e_cols)
+        thread, element_col = divmod(rest, e_cols)
+        return thread * layout.tstrides[1], tile * layout.fragment_size + outer_col * e_rows * e_cols + element_col
+
+    def acc_column_maps(self) -> tuple[str, str]:
+        """affine maps (c) -> lane and (c) -> index of acc_column_origin(c), c < 16 (a column of the unit)."""
+        layout, n = self.kind.acc, self.kind.mnk[1]
+        e_rows, e_cols = layout.element
+        col = f"(d0 mod {n})"
+        lane = f"(({col} mod {layout.thread[1] * e_cols}) floordiv {e_cols}) * {layout.tstrides[1]}"
+        index = (f"(d0 floordiv {n}) * {layout.fragment_size} + ({col} floordiv {layout.thread[1] * e_cols}) * "
+                 f"{e_rows * e_cols} + {col} mod {e_cols}")
+        return f"affine_map<(d0) -> ({lane})>", f"affine_map<(d0) -> ({index})>"
+
+    @property
+    def column_lanes(self) -> tuple[int, int]:
+        """(count, stride): the lanes holding one column of an acc unit are lane_0 + stride * (0 .. count - 1)
+        (its rows spread over them; xor shuffles over log2(count) distances stride, 2 stride, .. reach them all)."""
+        return self.kind.acc.thread[0], self.kind.acc.tstrides[0]
 
     def _position_exprs(self, operand: str, index: str) -> tuple[str, str]:
         layout = getattr(self.kind, operand)

@@ -177,12 +177,8 @@ ${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0",
     }
 <% endcall %>
 
-// block_indices [B, M, G, S] of one sequence: q [B, M, H, D], k_cmp [B, C, G, D] (C = ceil(N / BS)), lse
-// [B, H, M] f32, counts [B, M, G] i32, n = N (the rows are the last M of N positions).
-func.func @select_blocks(%q: tensor<?x?x${H}x${D}x${E}>, %k_cmp: tensor<?x?x${G}x${D}x${E}>,
-    %lse: tensor<?x${H}x?xf32>, %counts: tensor<?x?x${G}xi32>, %scale: f32, %n: index,
-    %out: tensor<?x?x${G}x${T}xi32> {iree.abi.output = 0 : index},
-    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${G}x${T}xi32> {
+// Host side: k_cmp transposed, then one dispatch per (m, g, b).
+${ host.select_signature() }
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %kv_heads = arith.constant ${G} : index
