@@ -17,6 +17,15 @@ SELECT_TILE_KEYS = 64
 SELECT_MAX_SLOTS = 32      # the kept list: entry l in lane l (mma.sync's subgroups have 32 lanes)
 
 
+def _unit(spec: KernelSpec, recipe) -> Unit | None:
+    """The recipe's unit: its `mma_kind` (None: no fragment table for it), `unit_k` // the intrinsic's K of them
+    side by side along K (default one: gfx942 takes two 16x16x16 MFMAs, so that a fragment is one 16-byte read)."""
+    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
+    if kind is None:
+        return None
+    return Unit(kind, int(recipe.kernel_settings.get("unit_k", kind.mnk[2])) // kind.mnk[2])
+
+
 def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the portable kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
     if stage not in STAGES:
@@ -26,10 +35,10 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     why = ["no sliding-window mask (the linalg stages take it)"] if spec.window else []
     if spec.dtype not in ("bf16", "f16"):
         why.append("dtype is not bf16 or f16")
-    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
-    if kind is None:
+    unit = _unit(spec, recipe)
+    if unit is None:
         return why + ["no fragment table for the recipe's mma_kind"]
-    k = kind.mnk[2]
+    k = unit.k
     if spec.heads_per_group > HEAD_ROWS:
         why.append(f"more than {HEAD_ROWS} heads per group")
     if spec.head_dim % k or spec.value_dim % k:
@@ -60,16 +69,17 @@ def _select_limits(spec: KernelSpec, recipe) -> list[str]:
     why = ["select_blocks.mlir has no sliding-window mask"] if spec.window else []
     if spec.dtype not in ("bf16", "f16"):
         why.append("dtype is not bf16 or f16")
-    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
-    if kind is None:
+    unit = _unit(spec, recipe)
+    if unit is None:
         return why + ["no fragment table for the recipe's mma_kind"]
     if spec.heads_per_group > HEAD_ROWS:
         why.append(f"select_blocks.mlir takes up to {HEAD_ROWS} heads per group (a query row's heads are one unit's "
                    f"rows)")
-    if spec.num_blocks > min(SELECT_MAX_SLOTS, kind.subgroup_size):
-        why.append(f"more than {min(SELECT_MAX_SLOTS, kind.subgroup_size)} output slots (one per lane)")
-    if spec.head_dim % kind.mnk[2]:
-        why.append(f"D not a multiple of the intrinsic's K ({kind.mnk[2]})")
+    slots = min(SELECT_MAX_SLOTS, unit.kind.subgroup_size)
+    if spec.num_blocks > slots:
+        why.append(f"more than {slots} output slots (one per lane)")
+    if spec.head_dim % unit.k:
+        why.append(f"D not a multiple of the unit's K ({unit.k})")
     limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
     need = _select_memory(spec)
     if limit and need > limit:
@@ -133,10 +143,10 @@ def _onepass_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
 
 def values(spec: KernelSpec, recipe) -> dict[str, str]:
     """Substitutions of the portable kernels beyond the common ones."""
-    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
-    if kind is None:
+    unit = _unit(spec, recipe)
+    if unit is None:
         return {}
-    unit = Unit(kind)
+    kind = unit.kind
     major, k = unit.run_maps("lhs")
     # One pair of maps serves both operands' reads (the template uses it for both).
     assert all(unit.run_origin("lhs", lane, j) == unit.run_origin("rhs", lane, j)
