@@ -5,10 +5,11 @@ compile with the mma.sync placement (the numerics check of the portable kernels:
 
     python3 -m bench.portable_select_variant [DIR]      # writes DIR/cuda.toml (default .dev/variants/portable_select)
 
-Then, here (the compiler) and on the GPU (the runtime, the same checkout and cache directory):
+Then, with NSA_IREE_PIPELINES_DIR=DIR and NSA_IREE_CACHE_DIR=.dev/artifacts, here (the compiler) and on the GPU
+(the runtime, the same checkout and cache directory; bench/run_select_h200.sh does the GPU's part):
 
-    NSA_IREE_PIPELINES_DIR=DIR NSA_IREE_CACHE_DIR=.dev/artifacts python3 -m bench.compression_gpu_checks --only select --compile
-    NSA_IREE_PIPELINES_DIR=DIR NSA_IREE_CACHE_DIR=.dev/artifacts python3 -m bench.compression_gpu_checks --only select
+    python3 -m bench.compression_gpu_checks --only select --compile       # here
+    python3 -m bench.compression_gpu_checks --only select                 # on the GPU
 """
 
 from __future__ import annotations

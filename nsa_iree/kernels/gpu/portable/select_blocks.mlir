@@ -41,7 +41,7 @@ ${ dispatch.layout("select_portable_layout", 4, inputs, outputs) }
 
 ${ units.types(u) }
 !selp_smem = memref<${SELECT_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
-// The staged tile: SELECT_TILE_KEYS compressed keys as rows [key][d], padded by ${PAD} elements.
+// The staged tile: ${SELECT_TILE_KEYS} compressed keys as rows [key][d], padded by ${PAD} elements.
 !selp_k_rows = memref<${SELECT_TILE_KEYS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
 !selp_q_units = vector<${D_UNITS}x${RUNS}x${RUN}x${E}>
 !selp_k_staged = vector<${SELECT_K_ITEMS_PER_LANE}x8x${E}>
@@ -346,5 +346,5 @@ ${ units.unit_products("%s_acc", "%d_units", "%q_units", "!selp_q_units", "%k_ro
     }
 <% endcall %>
 
-// Host side: one dispatch per SELECT_SUBGROUPS query rows, block_indices written into the caller's tensor.
+// Host side: one dispatch per ${SELECT_SUBGROUPS} query rows, block_indices written into the caller's tensor.
 ${ host.select_blocks("select_blocks_portable_exe", "select_blocks_portable_rows", SELECT_SUBGROUPS, inputs, outputs) }
