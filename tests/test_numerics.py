@@ -190,7 +190,7 @@ def test_everything_skipped_gives_zero_gradients(variant):
 
 # --- the linalg stages on the CPU ---------------------------------------------------------------------------
 # The cpu recipe renders its hand-written kernels (mlir/*_cpu.mlir); the linalg stages, which GPUs use for the
-# shapes their kernels do not serve (and gfx942 for all), still run here with NSA_IREE_KERNELS=linalg.
+# shapes their kernels do not serve (and gfx942 for all but select_blocks), still run here with NSA_IREE_KERNELS=linalg.
 
 LINALG_CASES = [("hpg3", "f32"), ("bs64_t16", "f32"), ("d192_dv128", "bf16")]
 
