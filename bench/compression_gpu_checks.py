@@ -7,6 +7,7 @@ twice bit for bit; small sizes, so that `compute-sanitizer --tool memcheck` runs
     python3 -m bench.compression_gpu_checks --compile     (here: compile the cuda modules it and
                                                            bench/compression_h200.py load into $NSA_IREE_CACHE_DIR)
     python3 -m bench.compression_gpu_checks --only select --compile   (here: those the group(s) load)
+    python3 -m bench.compression_gpu_checks --only select --cases anchors_f16_n700_s1,hpg1_n1000_counts
 
 $NSA_IREE_PIPELINES_DIR picks the recipes, here and on the GPU alike: with bench/portable_select_variant.py's
 directory the select group checks the portable select_blocks kernel (the AMD targets' text, on mma.sync).
@@ -252,7 +253,8 @@ def check_select(case):
     ref = select_blocks_reference(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n).to(got.device)
     differ = (got != ref).any(-1)
     row = {"check": f"select_{case}", "rows": int(differ.numel()), "rows_differing": int(differ.sum()),
-           "poison_left": int((got == -7).sum()), "deterministic": bool(torch.equal(got, again))}
+           "poison_left": int((got == -7).sum()), "deterministic": bool(torch.equal(got, again)),
+           "ids_digest": hashlib.sha256(got.cpu().numpy().tobytes()).hexdigest()[:16]}
     if differ.any():
         # at the first slot where a differing row's ids part, the relative gap of the two blocks' f64 scores
         # (inf where one side has no block there: a different count is never a near-tie)
@@ -338,10 +340,16 @@ def main(argv) -> int:
             print(compile_artifact(spec, variant).path.name, flush=True)
         return 0
     groups = only or list(GROUPS)
+    picked = argv[argv.index("--cases") + 1].split(",") if "--cases" in argv else None
+    known = {case for group in groups for case in GROUPS[group][0]}
+    if picked and set(picked) - known:
+        raise SystemExit(f"no case {sorted(set(picked) - known)} in the groups {groups}")
     failed = counted = skipped = 0
     for group in groups:
         cases, run, passes = GROUPS[group]
         for case in cases:
+            if picked and case not in picked:
+                continue
             row = run(case)
             row["ok"] = passes(case, row)
             failed += not row["ok"]

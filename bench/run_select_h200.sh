@@ -16,7 +16,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NSA_IREE_CACHE_DIR=$PWD/.dev/artifacts
 portable=$PWD/.dev/variants/portable_select
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-# the portable kernel twice in two processes (its ids must be the same), then the NVIDIA kernel on the same cases
+# the portable kernel twice in two processes (the rows' ids_digest must be the same), then the NVIDIA kernel on the
+# same cases (the same digests but where near-ties order either way: rows_differing, largest_relative_gap)
 if [[ " $steps " == *" checks "* ]]; then
   for run in portable portable_again; do
     echo "== $run"
@@ -26,13 +27,14 @@ if [[ " $steps " == *" checks "* ]]; then
   echo "== nvidia"
   python3 -m bench.compression_gpu_checks --only select 2>&1 | tee "$out/select_nvidia.log" || echo "NVIDIA CHECKS FAILED"
 fi
-# memcheck of every kernel the checks run; racecheck of the select_blocks kernel (workgroup memory hazards)
+# memcheck of every kernel the checks run; racecheck (workgroup memory hazards) on two small cases: HPG 16 f16 and
+# HPG 1 with per-row counts
 if [[ " $steps " == *" sanitize "* ]]; then
   echo "== memcheck"
   NSA_IREE_PIPELINES_DIR=$portable timeout 280 compute-sanitizer --tool memcheck --print-limit 5 \
     python3 -m bench.compression_gpu_checks --only select 2>&1 | tail -6 | tee "$out/select_memcheck.log"
   echo "== racecheck"
   NSA_IREE_PIPELINES_DIR=$portable timeout 280 compute-sanitizer --tool racecheck --print-limit 5 \
-    --kernel-name kns=select_blocks python3 -m bench.compression_gpu_checks --only select 2>&1 | tail -6 \
-    | tee "$out/select_racecheck.log"
+    python3 -m bench.compression_gpu_checks --only select --cases anchors_f16_n700_s1,hpg1_n1000_counts 2>&1 \
+    | tail -6 | tee "$out/select_racecheck.log"
 fi
