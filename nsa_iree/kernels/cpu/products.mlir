@@ -90,16 +90,16 @@ ${ caller(p) }
                 }
 <% endmacro %>
 
-<# dv and dk of the visible keys of flat block %f added into %acc [.., BS, `dkv` (CPU_DKV)] with plain loads and
-   stores, `krows` keys times `vcols` (`kcols`) columns per register block. #>
-<% macro add_to_acc(krows, vcols, kcols, dkv) %>
+<# dv and dk of the visible keys of flat block %f added into %acc [%`at`, BS, `dkv` (CPU_DKV)] with plain loads
+   and stores, `krows` keys times `vcols` (`kcols`) columns per register block. #>
+<% macro add_to_acc(krows, vcols, kcols, dkv, at="f") %>
             scf.for %j0 = %c0 to %visible step %keys_step {
 <% call(p) parts(vcols, kcols) %>
 ${ part_loop(p) }
-                %old = vector.transfer_read %acc[%f, %j0, %${p.at}], %zero {in_bounds = [true, true]}
+                %old = vector.transfer_read %acc[%${at}, %j0, %${p.at}], %zero {in_bounds = [true, true]}
                     : memref<?x${BS}x${dkv}xf32>, vector<${krows}x${p.cols}xf32>
 ${ head_sum("old", p, krows) }
-                vector.transfer_write %new, %acc[%f, %j0, %${p.at}] {in_bounds = [true, true]}
+                vector.transfer_write %new, %acc[%${at}, %j0, %${p.at}] {in_bounds = [true, true]}
                     : vector<${krows}x${p.cols}xf32>, memref<?x${BS}x${dkv}xf32>
               }
 <% endcall %>

@@ -41,6 +41,23 @@ ${ constants() }
       }
 <% endmacro %>
 
+<# The inverse of transposed(): %`x` [b, m, %`h0` + heads, :] (type E) = %`name` [`dim`, HPG] f32 times
+   %`weight` (vector<HPG>, one factor per head), `cols` elements of `index` at a time (%`step`, up to %`bound`):
+   each tile transposed in registers and written as HPG contiguous runs of `cols` elements. #>
+<% macro transposed_store(name, x, dim, cols, index, bound, step, h0, weight) %>
+      %${weight}_tile = vector.broadcast %${weight} : vector<${HPG}xf32> to vector<${cols}x${HPG}xf32>
+      scf.for %${index}0 = %c0 to %${bound} step %${step} {
+        %cols = vector.transfer_read %${name}[%${index}0, %c0], %zero {in_bounds = [true, true]}
+            : memref<${dim}x${HPG}xf32>, vector<${cols}x${HPG}xf32>
+        %weighted = arith.mulf %cols, %${weight}_tile : vector<${cols}x${HPG}xf32>
+        %rows = vector.transpose %weighted, [1, 0] : vector<${cols}x${HPG}xf32> to vector<${HPG}x${cols}xf32>
+        %rows_e = ${TRUNCF} %rows : vector<${HPG}x${cols}xf32> to vector<${HPG}x${cols}x${E}>
+        vector.transfer_write %rows_e, %${x}[%b, %m, %${h0}, %${index}0]
+            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, ${index}) -> (h, ${index})>}
+            : vector<${HPG}x${cols}x${E}>, memref<?x?x${H}x${dim}x${E}>
+      }
+<% endmacro %>
+
 <# %offset, %pos (row m's position) and %last_visible (the last block it may see), from %n and %m_rows. #>
 <% macro position() %>
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
