@@ -3,9 +3,9 @@
 // increasing m), so that a block many rows select (block 0, or a tile of compressed keys every later row sees)
 // spreads over the cores. Vectors run along the block's BS keys for the scores and along the head dims for the
 // products into dk and dv:
-//   S[h, :]  = sum_d qT[row, d, h] * kT[d, :]          (qT = scale * q, transposed by the host function)
+//   S[h, :]  = scale * sum_d q[row, h, d] * kT[d, :]    (each q element a scalar broadcast over the keys)
 //   P[h, :]  = w * exp(S[h, :] - lse[h])                (visible keys; w: how often the row lists the block)
-//   dP[h, :] = sum_e doT[row, e, h] * vT[e, :];  DS = P * (dP - delta[h])
+//   dP[h, :] = sum_e do[row, h, e] * vT[e, :];  DS = P * (dP - delta[h])
 //   dv[j, :] += sum_h P[h, j] * do[row, h, :];  dk[j, :] += sum_h DS[h, j] * q[row, h, :]
 // (CPU_KROWS keys times CPU_VCOLS / CPU_KCOLS head elements per register block.) Each piece's dk (times scale)
 // and dv stay in its f32 partial row [BS, D + Dv]; @dkdv_piece_sums adds a block's partials in piece order
@@ -18,7 +18,7 @@
 <% import "common/rules.mlir" as rules %>
 
 // Push constants: B, M, N, the number of pieces (i32), then the bits of scale (f32).
-<% set inputs = ['q', 'do', ("qT", "memref<?x" ~ D ~ "x" ~ HPG ~ "xf32>{%row_groups}", "qT [B * M * G, D, HPG] f32, scaled"), ("doT", "memref<?x" ~ DV ~ "x" ~ HPG ~ "xf32>{%row_groups}", "doT [B * M * G, Dv, HPG] f32"), ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'block_indices', 'lse', 'delta', 'entries'] %>
+<% set inputs = ['q', 'do', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'block_indices', 'lse', 'delta', 'entries'] %>
 <% set outputs = [("acc", "memref<?x" ~ BS ~ "x" ~ CPU_DKV ~ "xf32>{%pieces}", "f32 partials [pieces, BS, D + Dv]: each piece's dk (times scale), then dv")] %>
 ${ dispatch.layout("dkdv_cpu_layout", 5, inputs, outputs) }
 
@@ -41,11 +41,12 @@ ${ dispatch.ids(['piece']) }
       %m_rows = arith.index_castui %m_rows_i32 : i32 to index
       %n = arith.index_castui %n_i32 : i32 to index
       %pieces = arith.index_castui %pieces_i32 : i32 to index
+      %scale_bits = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(4) : i32
+      %scale = arith.bitcast %scale_bits : i32 to f32
+      %scale_keys = vector.broadcast %scale : f32 to vector<${BS}xf32>
       %num_blocks = arith.ceildivui %n, %block_size : index
       %bg_count = arith.muli %batch, %kv_heads : index
       %flat_blocks = arith.muli %bg_count, %num_blocks : index
-      %rows_total = arith.muli %batch, %m_rows : index
-      %row_groups = arith.muli %rows_total, %kv_heads : index
 
 ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
 
@@ -100,7 +101,7 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
             ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
 
             // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
-${ products.scores("c", CPU_SROWS) | indent(2, true) }
+${ products.scores_from_inputs(CPU_SROWS) | indent(2, true) }
             // P = w * exp(S - lse) on visible keys (0 elsewhere, never NaN), DS = P * (dP - delta): in place.
             %w_v = vector.broadcast %w : f32 to vector<${BS}xf32>
 ${ products.p_ds(true) | indent(2, true) }
@@ -111,8 +112,6 @@ ${ products.add_to_acc(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_DKV, at="piece") }
         }
 
         // dk's partial times scale (q is unscaled in its products).
-        %scale_bits = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(4) : i32
-        %scale = arith.bitcast %scale_bits : i32 to f32
         %scale_k = vector.broadcast %scale : f32 to vector<${D}xf32>
         scf.for %j = %c0 to %block_size step %c1 {
           %x = vector.load %acc[%piece, %j, %c0] : memref<?x${BS}x${CPU_DKV}xf32>, vector<${D}xf32>
@@ -131,40 +130,12 @@ ${ host.dkdv_signature() }
 <% endcall %>
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
 ${ cpu.flat_blocks() }
-  %rows_total = arith.muli %batch, %m_rows : index
-  %row_groups = arith.muli %rows_total, %kv_heads : index
 
 ${ cpu.blocks_t() }
-  // q (scaled) and do per row group with the heads innermost, in f32: qT[c, d, h] = scale * q[b, m, g*HPG + h, d].
-<# %`name`T [B * M * G, `dim`, HPG] f32: %`name` [B, M, H, `dim`] per row group, heads innermost (index `index`),
-   times scale when `scaled`. #>
-<% macro grouped_t(name, dim, index, scaled) %>
-  %${name}_grouped = tensor.expand_shape %${name} [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${dim}]
-      : tensor<?x?x${H}x${dim}x${E}> into tensor<?x?x${G}x${HPG}x${dim}x${E}>
-  %${name}T_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${dim}x${HPG}xf32>
-  %${name}T_grouped = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, ${index}, h) -> (b, m, g, h, ${index})>, affine_map<(b, m, g, ${index}, h) -> (b, m, g, ${index}, h)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
-      ins(%${name}_grouped : tensor<?x?x${G}x${HPG}x${dim}x${E}>) outs(%${name}T_init : tensor<?x?x${G}x${dim}x${HPG}xf32>) {
-  ^bb0(%x: ${E}, %out: f32):
-    %x32 = ${EXTF} %x : ${E} to f32
-<% if scaled %>
-    %scaled = arith.mulf %x32, %scale : f32
-    linalg.yield %scaled : f32
-<% else %>
-    linalg.yield %x32 : f32
-<% endif %>
-  } -> tensor<?x?x${G}x${dim}x${HPG}xf32>
-  %${name}T = tensor.collapse_shape %${name}T_grouped [[0, 1, 2], [3], [4]]
-      : tensor<?x?x${G}x${dim}x${HPG}xf32> into tensor<?x${dim}x${HPG}xf32>
-<% endmacro %>
-${ grouped_t("q", D, "d", true) }
-${ grouped_t("do", DV, "e", false) }
-
 
 ${ host.push_constants(pieces=true) }
   %partials = flow.dispatch @selection_attention_dkdv_cpu_exe::@selection_attention_dkdv_cpu_piece[%pieces](
-      %batch_i32, %m_rows_i32, %n_i32, %pieces_i32, %scale_bits, %q, %do, %qT, %doT, %key_blocks_t, %value_blocks_t,
+      %batch_i32, %m_rows_i32, %n_i32, %pieces_i32, %scale_bits, %q, %do, %key_blocks_t, %value_blocks_t,
       %block_indices, %lse, %delta, %entries)
       : (i32, i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
       -> ${ dispatch.tensor_types(outputs) }
