@@ -61,8 +61,7 @@ ${ rows.position() }
 ${ rows.slot_block() }
         scf.if %selected {
 ${ rows.block_extent() }
-          %ragged = arith.remui %visible, %rows_step : index
-          %full = arith.subi %visible, %ragged : index
+${ rows.whole_steps(CPU_ROWS) }
 <% include "cpu/scores.mlir" %>
           // dpT[j, :] = sum_e vT[f, e, j] * doT[e, :], as the scores.
           scf.for %j0 = %c0 to %full step %rows_step {

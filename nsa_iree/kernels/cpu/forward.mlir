@@ -65,8 +65,7 @@ ${ rows.position() }
 ${ rows.slot_block() }
         %m_next, %l_next = scf.if %selected -> (vector<${HPG}xf32>, vector<${HPG}xf32>) {
 ${ rows.block_extent() }
-          %ragged = arith.remui %visible, %rows_step : index
-          %full = arith.subi %visible, %ragged : index
+${ rows.whole_steps(CPU_ROWS) }
 <% include "cpu/scores.mlir" %>
           %mx = scf.for %j = ${first} to %visible step %c1 iter_args(%acc = %neg_inf_h) -> (vector<${HPG}xf32>) {
             %s = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>

@@ -93,6 +93,20 @@ ${ constants() }
 <% endif %>
 <% endmacro %>
 
+<# %full: the keys of the block scored `rows` (CPU_ROWS, %rows_step) at a time (the rest, %full .. %visible - 1,
+   one at a time). When BS is a multiple of `rows`, %visible rounded up: the few keys past %visible that the last
+   step scores lie inside the block, and nothing reads their scores; one key at a time is a chain of dependent
+   FMAs. Else %visible rounded down. #>
+<% macro whole_steps(rows) %>
+<% if (BS | int) % (rows | int) == 0 %>
+          %steps = arith.ceildivui %visible, %rows_step : index
+          %full = arith.muli %steps, %rows_step : index
+<% else %>
+          %ragged = arith.remui %visible, %rows_step : index
+          %full = arith.subi %visible, %ragged : index
+<% endif %>
+<% endmacro %>
+
 <# %acc (vector<`rows` x HPG>) = the scores of `rows` consecutive keys from key %`key` of the transposed keys %kT
    (type `kt`, indexed [`at`, d, key]): sum_d kT[.., d, key + i] * qT[d, :], one vector load of the keys per d. #>
 <% macro key_rows_scores(at, key, kt, rows) %>
