@@ -69,8 +69,9 @@ def _pooled(x: torch.Tensor, block_size: int, lengths: list[int], padded: list[i
 # The compressed attention runs on the selection kernels (every family) with KernelSpec.key_stride = its block
 # size: the compressed keys in tiles (the kernels' blocks), every row listing all the tiles (the kernels skip those
 # past the row's position) and the rows standing for every position (kernels/common/rules.mlir). Tiles of 64 keys
-# on GPUs (the matrix-unit kernels' block sizes); of 16 on CPUs, whose dk/dv kernel works one kv block per core.
-TILE = {"cpu": 16}
+# on GPUs (the matrix-unit kernels' block sizes); of 32 on CPUs, whose dk/dv kernel scores a whole tile per row
+# (the invisible keys of a row's last tile included) and whose every kernel pays a fixed cost per (row, tile).
+TILE = {"cpu": 32}
 DEFAULT_TILE = 64
 
 
