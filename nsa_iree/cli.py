@@ -35,6 +35,9 @@ def _add_spec_options(parser: argparse.ArgumentParser, target_default: str = "cp
     parser.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
                         help="auto: the hand-written kernels where they serve the layout; linalg: the compiler-"
                              "generated stages everywhere (default $NSA_IREE_KERNELS, else auto)")
+    parser.add_argument("--window", type=int, default=0,
+                        help="W > 0: the sliding window's modules (nsa_iree.window: keys pos - W + 1 .. pos of a row; "
+                             "they run with --block-size 64 and --num-blocks (W + 62) // 64 + 1); default 0, none")
 
 
 class UsageError(ValueError):
@@ -66,9 +69,10 @@ def _spec_from(args) -> KernelSpec:
         kernels = args.kernels or kernels_from_environment()
         spec = KernelSpec(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, value_dim=args.value_dim,
                           block_size=args.block_size, num_blocks=args.num_blocks, dtype=args.dtype, target=args.target,
-                          target_cpu=target_cpu, kernels=kernels, dkdv_dtype=args.dkdv_dtype)
+                          target_cpu=target_cpu, kernels=kernels, dkdv_dtype=args.dkdv_dtype, window=args.window)
     except ValueError as err:
-        raise UsageError(str(err).replace("target_cpu", "--target-cpu")) from None
+        raise UsageError(str(err).replace("target_cpu", "--target-cpu").replace("KernelSpec.window", "--window")) \
+            from None
     try:
         check_supported(spec)
     except ValueError as err:

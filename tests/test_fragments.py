@@ -91,11 +91,19 @@ KERNEL_CHOICE = [
     # 64 heads per group at D 192: the forward's and dq's stack tiles exceed 48 KiB (dk/dv's do not).
     ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), {},
      ("linalg", "linalg", "cpu")),
-    # the sliding window: the CPU and NVIDIA kernels take its mask, the portable ones not yet
+    # the sliding window: the CPU, NVIDIA and portable (gfx950) kernels take its mask; gfx942's recipe names no
+    # portable forward, dq or dk/dv
     ("cpu_window", ANCHORS_CUDA.replace(target="cpu", dtype="f32", num_blocks=9, window=512), {},
      ("cpu", "cpu", "cpu")),
     ("cuda_window", ANCHORS_CUDA.replace(num_blocks=9, window=512), {}, ("nvidia", "nvidia", "nvidia")),
     ("gfx950_window", ANCHORS_CUDA.replace(target="gfx950", num_blocks=9, window=512), {},
+     ("portable", "portable", "portable")),
+    ("gfx950_window_hpg4_d64_dv128_f16", ANCHORS_CUDA.replace(target="gfx950", heads=16, head_dim=64, dtype="f16",
+                                                               num_blocks=3, window=100), {},
+     ("portable", "portable", "portable")),
+    ("gfx950_window_linalg", ANCHORS_CUDA.replace(target="gfx950", num_blocks=9, window=512, kernels="linalg"), {},
+     ("linalg", "linalg", "linalg")),
+    ("gfx942_window", ANCHORS_CUDA.replace(target="gfx942", num_blocks=9, window=512), {},
      ("linalg", "linalg", "linalg")),
 ]
 
@@ -121,6 +129,8 @@ DENSE_CHOICE = [
      ("nvidia", "dense_dq")),
     ("cpu_window", ANCHORS_CUDA.replace(target="cpu", dtype="f32", num_blocks=9, window=512), ("cpu", None),
      ("cpu", None)),
+    ("gfx950_window", ANCHORS_CUDA.replace(target="gfx950", num_blocks=9, window=512), ("portable", None),
+     ("portable", None)),
     ("cuda_linalg", COMPRESSED_CUDA.replace(kernels="linalg"), ("linalg", None), ("linalg", None)),
     ("gfx950_no_dense_entry", COMPRESSED_CUDA.replace(target="gfx950"), ("portable", None), ("portable", None)),
 ]
@@ -304,8 +314,9 @@ ONEPASS_CHOICE = [
     ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "cpu"),
     # HPG 64 at D 192: the row's tiles (q, do, S, dP, DS^T, dq) exceed 48 KiB of stack.
     ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), "linalg"),
-    # the window's mask is in the CPU two-pass kernels only
+    # the window's mask is in the CPU and portable two-pass kernels only (the window's backward is the two-pass)
     ("cpu_window", ANCHORS_CUDA.replace(target="cpu", dtype="f32", num_blocks=9, window=512), "linalg"),
+    ("gfx950_window", ANCHORS_CUDA.replace(target="gfx950", num_blocks=9, window=512), "linalg"),
 ]
 
 

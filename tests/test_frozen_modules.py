@@ -44,8 +44,10 @@ def cases():
     for target, variant in itertools.product(TARGET_DTYPES, VARIANTS[:2]):
         fields = dict(LAYOUTS["anchors"], dtype="bf16", target=target, key_stride=64)
         yield f"anchors-{target}-bf16-stride64-{variant}", fields, variant
-    # the sliding window's (nsa_iree.window: the linalg stages with a window of 512, T 9 blocks of 64)
-    for (target, dtype), variant in itertools.product((("cpu", "f32"), ("cuda", "bf16")), VARIANTS[:2]):
+    # the sliding window's (nsa_iree.window: a window of 512, T 9 blocks of 64; the CPU, NVIDIA and portable (gfx950)
+    # kernels with the band's mask)
+    for (target, dtype), variant in itertools.product((("cpu", "f32"), ("cuda", "bf16"), ("gfx950", "bf16")),
+                                                      VARIANTS[:2]):
         fields = dict(LAYOUTS["anchors"], dtype=dtype, target=target, num_blocks=9, window=512)
         yield f"anchors-{target}-{dtype}-window512-{variant}", fields, variant
     # select_blocks (T its 16 output slots, BS the compression's block size): the CPU, NVIDIA and portable (gfx950,

@@ -14,6 +14,7 @@ import pytest
 
 from nsa_iree.inspect import LDS_BYTES, inspect_spec
 from nsa_iree.spec import DEMO_SPEC, KernelSpec
+from nsa_iree.window import WINDOW_BLOCK, window_slots
 
 ANCHORS = KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16,
                      dtype="bf16", target="gfx950")
@@ -62,6 +63,8 @@ SELECT_AMD = {
     "anchors": ANCHORS,
     "hpg4_d64_f16_s32": ANCHORS.replace(heads=16, head_dim=64, value_dim=64, dtype="f16", num_blocks=32),
 }
+# the sliding window's modules (nsa_iree.window) for W 512, anchors layout
+WINDOW512 = ANCHORS.replace(block_size=WINDOW_BLOCK, num_blocks=window_slots(512), window=512)
 FORWARD, DQ, DKDV, ONEPASS = ("selection_attention_fwd_row", "selection_attention_dq_row",
                               "selection_attention_dkdv_piece", "selection_attention_onepass_row")
 HAND_WRITTEN = [
@@ -83,12 +86,14 @@ HAND_WRITTEN = [
     *[(f"{target}_select_{name}", spec.replace(target=target), "select", (SELECT_PORTABLE,))
       for target in ("gfx950", "gfx942") for name, spec in SELECT_AMD.items()],
     ("gfx942_select_paper_d192", ANCHORS.replace(target="gfx942", head_dim=192), "select", (SELECT_PORTABLE,)),
-    # the sliding window (nsa_iree.window, W 512 in the band's 9 slots of 64 keys): on cuda the dense forward and
-    # dq over the band and the selection kernel's dk/dv
-    ("cuda_window512_anchors_forward", ANCHORS.replace(target="cuda", num_blocks=9, window=512), "forward",
-     (DENSE_FORWARD,)),
-    ("cuda_window512_anchors_two-pass", ANCHORS.replace(target="cuda", num_blocks=9, window=512), "two-pass",
-     (DENSE_DQ, DKDV)),
+    # the sliding window (nsa_iree.window, W 512 in the band's window_slots(512) = 9 slots of WINDOW_BLOCK keys): on
+    # cuda the dense forward and dq over the band and the selection kernel's dk/dv, on gfx950 the portable selection
+    # kernels with the band's mask
+    ("cuda_window512_anchors_forward", WINDOW512.replace(target="cuda"), "forward", (DENSE_FORWARD,)),
+    ("cuda_window512_anchors_two-pass", WINDOW512.replace(target="cuda"), "two-pass", (DENSE_DQ, DKDV)),
+    *[(f"gfx950_window512_{name}_{variant}", spec, variant, kernels)
+      for name, spec in (("anchors", WINDOW512), ("paper_d192", WINDOW512.replace(head_dim=192)))
+      for variant, kernels in (("forward", (FORWARD,)), ("two-pass", (DQ, DKDV)))],
 ]
 # What the two inspectors call a matrix instruction and a compare-and-swap.
 MATRIX_OP = {"cuda": "mma", "gfx950": "mfma", "gfx942": "mfma"}

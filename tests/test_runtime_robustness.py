@@ -527,6 +527,8 @@ BAD_CLI_VALUES = {
     "gpu target cpu": (["compile", "--target", "cuda", "--target-cpu", "x86-64-v3"],
                        "--target-cpu applies to the cpu target only"),
     "bad cpu name": (["render", "--target-cpu", "x86 64"], "--target-cpu must be 'host' or an LLVM CPU name"),
+    "negative window": (["inspect", "--target", "gfx950", "--dtype", "bf16", "--window", "-1"],
+                        "--window must be an int >= 0, got -1"),
 }
 
 

@@ -6,8 +6,9 @@
 // stands for positions c S .. c S + S - 1, complete from position c S + S - 1 on: pos(m) = floor((m + 1) / S) - 1,
 // the last key row m sees. Signed index arithmetic: pos(m) < 0 for a row that sees nothing.
 // Sliding window (WINDOW W > 0, key stride 1): row m sees key j iff pos(m) - W < j <= pos(m). The linalg stages take
-// the slot's keys as one i32 code (key_code), compared in the regions (key_visible); the NVIDIA selection kernels
-// compare a key's offset in its block with the block's first visible offset (first_key) and its last.
+// the slot's keys as one i32 code (key_code), compared in the regions (key_visible); the hand-written kernels (NVIDIA,
+// portable, CPU) compare a key's offset in its block with the block's first visible offset (first_key) and its last
+// (key_in_range).
 
 <# %offset = N - M, from %n and %m_rows. #>
 <% macro offset() %>%offset = arith.subi %n, %m_rows : index<% endmacro %>
@@ -37,11 +38,13 @@
 
 <# %`name` (i1, or `mask_type`): key offset %`j` of a block is visible, `predicate` (slt: %`upper` counts the visible
    keys; sle: it is the last visible offset) and, with a window, at or after the first_key %`first`. `type`: the
-   operands' type (index, or a vector of them). #>
-<% macro key_in_range(name, j, predicate, upper, first, type="index", mask_type="i1") %>
+   operands' type (index, or a vector of them). With %`j_last` (>= j), whether some key of the run j .. j_last is
+   visible: the visible keys are one range, so the run's first is below the upper bound and its last at or after
+   `first` (a kernel's test for skipping the products of a run of keys). #>
+<% macro key_in_range(name, j, predicate, upper, first, type="index", mask_type="i1", j_last=none) %>
 <% if WINDOW != "0" %>
 %${name}_below = arith.cmpi ${predicate}, %${j}, %${upper} : ${type}
-                %${name}_above = arith.cmpi sge, %${j}, %${first} : ${type}
+                %${name}_above = arith.cmpi sge, %${j_last or j}, %${first} : ${type}
                 %${name} = arith.andi %${name}_below, %${name}_above : ${mask_type}<% else %>
 %${name} = arith.cmpi ${predicate}, %${j}, %${upper} : ${type}<% endif %>
 <% endmacro %>

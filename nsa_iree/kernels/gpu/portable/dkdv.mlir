@@ -15,7 +15,12 @@
 //   dk  += ds^T q
 // Each subgroup writes its [16 keys, D] and [16 keys, Dv] f32 partials of the piece once; @dkdv_piece_sums adds
 // the pieces of a block in piece order, so dk and dv stay bitwise reproducible.
+<# With a window (WINDOW > 0) a row sees the block's keys from its first_key on too (the fourth word of its row
+   record, gpu/piece_rows.mlir; common/rules.mlir: key_in_range), so a key gets contributions only from the rows whose
+   band holds it; a subgroup skips s^T and dp^T of a row that sees none of its 16 keys, and dv += p^T do, dk += ds^T q
+   of a step none of whose rows does (its p^T and ds^T are then all 0). #>
 <% import "common/host.mlir" as host %>
+<% import "common/rules.mlir" as rules %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/portable/units.mlir" as units %>
 <% set u = {'p': 'dkv', 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N, 'lhs': LHS_UNIT, 'rhs': RHS_UNIT, 'acc': ACC_UNIT, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]} %>
@@ -31,6 +36,7 @@ ${ dispatch.layout("dkdv_portable_layout", 5, inputs, outputs) }
 !dkv_smem = memref<${DKP_SMEM_BYTES}xi8, #gpu.address_space<workgroup>>
 // Workgroup tiles (rows padded by ${PAD} elements): one step's q and do both ways, p^T and ds^T of every key,
 // the step's (lse, delta) pairs, and per piece row: [query row, last visible key, bits of the weight, 0].
+<# (With a window the fourth word is the row's first visible key of the block: gpu/piece_rows.mlir.) #>
 !dkv_q_step = memref<${ROW_HEADS}x${D_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_qt_step = memref<${D}x${ROW_HEADS_PADDED}x${E}, #gpu.address_space<workgroup>>
 !dkv_do_step = memref<${ROW_HEADS}x${DV_PADDED}x${E}, #gpu.address_space<workgroup>>
@@ -202,7 +208,15 @@ ${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
           %compute = arith.andi %has_previous, %pfirst_used : i1
           %dk_next, %dv_next = scf.if %compute -> (!dkv_dk_acc, !dkv_dv_acc) {
             %acc_zero = arith.constant dense<0.0> : !dkv_acc
+<% if WINDOW != "0" %>
+            // With a window: whether any row of the step sees one of this subgroup's keys key_base .. key_base + 15.
+            %c15 = arith.constant 15 : index
+            %key_last = arith.addi %key_base, %c15 : index
+            %none_seen = arith.constant false
+            %step_sees = scf.for %rho = %c0 to %rows_per_step step %c1 iter_args(%any_seen = %none_seen) -> (i1) {
+<% else %>
             scf.for %rho = %c0 to %rows_per_step step %c1 {
+<% endif %>
               %row = arith.addi %prow0, %rho : index
               %info = vector.load %row_info[%row, %c0] : !dkv_row_info, vector<4xi32>
               %m_i32 = vector.extract %info[0] : i32 from vector<4xi32>
@@ -212,10 +226,26 @@ ${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
               %last = arith.index_cast %last_i32 : i32 to index
               %weight = arith.bitcast %weight_bits : i32 to f32
               %head_row0 = arith.muli %rho, %c16 : index
+<% if WINDOW != "0" %>
+              %first_i32 = vector.extract %info[3] : i32 from vector<4xi32>
+              %first = arith.index_cast %first_i32 : i32 to index
+              ${ rules.key_in_range("keys_seen", "key_base", "sle", "last", "first", j_last="key_last") }
+              %sees = arith.andi %keys_seen, %row_used : i1
+<% endif %>
               // s^T and dp^T of this row: rhs read j is head run_major(l, j) of the row, columns
               // u K + run_k(l, j) ...
+<% if WINDOW != "0" %>
+              %st, %dpt = scf.if %sees -> (!dkv_acc, !dkv_acc) {
+              ${ units.unit_products("%st_seen", "%d_units", "%k_units", "!dkv_k_units", "%q_step", "!dkv_q_step", "%head_row0", u) }
+              ${ units.unit_products("%dpt_seen", "%dv_units", "%v_units", "!dkv_v_units", "%do_step", "!dkv_do_step", "%head_row0", u) }
+                scf.yield %st_seen, %dpt_seen : !dkv_acc, !dkv_acc
+              } else {
+                scf.yield %acc_zero, %acc_zero : !dkv_acc, !dkv_acc
+              }
+<% else %>
               ${ units.unit_products("%st", "%d_units", "%k_units", "!dkv_k_units", "%q_step", "!dkv_q_step", "%head_row0", u) }
               ${ units.unit_products("%dpt", "%dv_units", "%v_units", "!dkv_v_units", "%do_step", "!dkv_do_step", "%head_row0", u) }
+<% endif %>
 
               // p^T and ds^T element by element: element i is key key_base + acc_row(l, i), head
               // acc_col(l, i); all computed (reading lse and delta) before any is written at
@@ -229,7 +259,7 @@ ${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
                 %h = affine.apply #dkv_acc_col(%lane, %i)
                 %j = arith.addi %key_base, %kr : index
                 %rh = arith.addi %head_row0, %h : index
-                %key_visible = arith.cmpi sle, %j, %last : index
+                ${ rules.key_in_range("key_visible", "j", "sle", "last", "first") }
                 %head_real = arith.cmpi ult, %h, %heads_per_group : index
                 %live0 = arith.andi %key_visible, %head_real : i1
                 %live = arith.andi %live0, %row_used : i1
@@ -257,12 +287,19 @@ ${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
                 memref.store %p_e, %pt_tile[%j, %rh] : !dkv_key_tile
                 memref.store %ds_e, %dst_tile[%j, %rh] : !dkv_key_tile
               } {unroll_loop}
+<% if WINDOW != "0" %>
+              %seen = arith.ori %any_seen, %sees : i1
+              scf.yield %seen : i1
+<% endif %>
             } {unroll_loop}
             gpu.barrier
 
             // dv += p^T do and dk += ds^T q over the step's (row, head) pairs: lhs read j is key
             // key_base + run_major(l, j), pairs run_k(l, j) ...; rhs read j is column 16 tile + run_major(l, j)
             // of the transposed do (q).
+<% if WINDOW != "0" %>
+            %dk_new, %dv_new = scf.if %step_sees -> (!dkv_dk_acc, !dkv_dv_acc) {
+<% endif %>
             %lhs_p_runs, %lhs_ds_runs = scf.for %j = %c0 to %runs step %c1 iter_args(%rp = %zero_runs, %rd = %zero_runs)
                 -> (!dkv_runs, !dkv_runs) {
               %kj = affine.apply #dkv_run_major(%lane, %j)
@@ -276,8 +313,17 @@ ${ units.key_units("%v_units", "%dv_units", "!dkv_v_units", "%v", "!dkv_v", u) }
             } {unroll_loop}
             %lhs_p = vector.shape_cast %lhs_p_runs : !dkv_runs to !dkv_lhs
             %lhs_ds = vector.shape_cast %lhs_ds_runs : !dkv_runs to !dkv_lhs
+<% if WINDOW != "0" %>
+            ${ add_tiles("%dv_seen", "%dv_tiles", "%dv_iter", "!dkv_dv_acc", "%lhs_p", "%dot_step", "!dkv_dot_step") }
+            ${ add_tiles("%dk_seen", "%d_tiles", "%dk_iter", "!dkv_dk_acc", "%lhs_ds", "%qt_step", "!dkv_qt_step") }
+              scf.yield %dk_seen, %dv_seen : !dkv_dk_acc, !dkv_dv_acc
+            } else {
+              scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc
+            }
+<% else %>
             ${ add_tiles("%dv_new", "%dv_tiles", "%dv_iter", "!dkv_dv_acc", "%lhs_p", "%dot_step", "!dkv_dot_step") }
             ${ add_tiles("%dk_new", "%d_tiles", "%dk_iter", "!dkv_dk_acc", "%lhs_ds", "%qt_step", "!dkv_qt_step") }
+<% endif %>
             scf.yield %dk_new, %dv_new : !dkv_dk_acc, !dkv_dv_acc
           } else {
             scf.yield %dk_iter, %dv_iter : !dkv_dk_acc, !dkv_dv_acc

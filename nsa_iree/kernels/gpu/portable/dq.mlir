@@ -17,6 +17,10 @@
 // Visibility (semantics.md): slot t of row m names block i; it is skipped when i < 0 or i * BS > pos(m),
 // pos(m) = m + N - M (tested as i <= floor(pos / BS)); key i * BS + j is visible when j < pos - i * BS + 1.
 // Keys past that are staged as zeros and their ds is 0, so a NaN in an unread key reaches nothing.
+<# With a window (WINDOW > 0) also j >= pos - WINDOW + 1 - i * BS (common/rules.mlir: first_key, key_in_range): the
+   keys before it are staged as zeros as well, and a subgroup that sees none of its 16 keys skips s and dp
+   (dq_scores.mlir). dq += ds k runs over the whole block (ds 0 outside the band): skipping its units of K keys by
+   a test inside the loop over d tiles would read each ds fragment once per d tile instead of once. #>
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/portable/units.mlir" as units %>

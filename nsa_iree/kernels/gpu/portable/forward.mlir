@@ -14,6 +14,9 @@
 // in subgroup order (the forward_combine part, shared with forward_kernel.mlir): lse = M + log(L) (natural
 // log); a row that sees no key gets o = 0 and lse = -inf. p is rounded to the input type for the matrix units,
 // as in the linalg forward. Visibility as in dq_portable.mlir (semantics.md).
+<# With a window (WINDOW > 0) a block's keys before the row's first_key (common/rules.mlir) are invisible too: staged
+   as zeros, and a subgroup none of whose K keys the row sees skips its products for the block (its scores are -inf,
+   so its max, sum and o only rescale). #>
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "gpu/portable/units.mlir" as units %>
@@ -140,7 +143,7 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
                 %jj = arith.addi %j0, %kj : index
                 %u0 = arith.muli %u, %unit_k : index
                 %col = arith.addi %u0, %kk : index
-                %is_visible = arith.cmpi slt, %jj, %visible : index
+                ${ rules.key_in_range("is_visible", "jj", "slt", "visible", "first_visible") }
                 %x = scf.if %is_visible -> (vector<${RUN}x${E}>) {
                   %key = arith.addi %key0, %jj : index
                   %y = vector.load %k[%b, %key, %g, %col] : !fwp_k, vector<${RUN}x${E}>
@@ -169,11 +172,23 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
           %p_key0 = arith.muli %previous, %block_size : index
           %p_to_pos = arith.subi %pos, %p_key0 : index
           %p_visible = arith.addi %p_to_pos, %c1 : index
+<% if WINDOW != "0" %>
+          ${ rules.first_key("p_first_visible", "pos", "p_key0") }
+          // Whether the row sees any of this subgroup's keys key_base .. key_base + K - 1 (uniform per subgroup).
+          %unit_k_minus_1 = arith.constant ${ (UNIT_K | int) - 1 } : index
+          %key_last = arith.addi %key_base, %unit_k_minus_1 : index
+          ${ rules.key_in_range("sees", "key_base", "slt", "p_visible", "p_first_visible", j_last="key_last") }
+<% endif %>
           %acc_zero = arith.constant dense<0.0> : !fwp_acc
           %x_init = arith.constant dense<0.0> : !fwp_scores
           // Scaled scores, -inf where the key is invisible or the head is padding: element i of key tile kt is
           // head acc_row(l, i), key key_base + 16 kt + acc_col(l, i).
+<% if WINDOW != "0" %>
+          %x = scf.if %sees -> (!fwp_scores) {
+          %x_seen = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%xs = %x_init) -> (!fwp_scores) {
+<% else %>
           %x = scf.for %kt = %c0 to %key_tiles step %c1 iter_args(%xs = %x_init) -> (!fwp_scores) {
+<% endif %>
             %s = scf.for %u = %c0 to %d_units step %c1 iter_args(%acc = %acc_zero) -> (!fwp_acc) {
               %rhs_runs = vector.extract %k_prev[%kt, %u] : !fwp_runs from !fwp_k_units
               %rhs = vector.shape_cast %rhs_runs : !fwp_runs to !fwp_rhs
@@ -189,7 +204,7 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
               %kt16 = arith.muli %kt, %c16 : index
               %j0 = arith.addi %key_base, %kt16 : index
               %jj = arith.addi %j0, %col : index
-              %key_visible = arith.cmpi slt, %jj, %p_visible : index
+              ${ rules.key_in_range("key_visible", "jj", "slt", "p_visible", "p_first_visible") }
               %head_real = arith.cmpi ult, %h, %heads_per_group : index
               %live = arith.andi %key_visible, %head_real : i1
               %sv = vector.extract %acc[%i] : f32 from !fwp_acc_flat
@@ -201,6 +216,13 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
             %next = vector.insert %masked, %xs[%kt] : !fwp_acc_flat into !fwp_scores
             scf.yield %next : !fwp_scores
           } {unroll_loop}
+<% if WINDOW != "0" %>
+            scf.yield %x_seen : !fwp_scores
+          } else {
+            %x_unseen = arith.constant dense<0xFF800000> : !fwp_scores
+            scf.yield %x_unseen : !fwp_scores
+          }
+<% endif %>
 
           // Block max of element i's head: over this lane's elements of that head (element i' with the same
           // row offset, every key tile), then over the lanes of the row (xor shuffles).
@@ -245,9 +267,17 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
           // o = o alpha (element i of every o unit is head acc_row(l, i)), then o += p v: lhs read j is head
           // run_major(l, j), keys run_k(l, j) ... of this subgroup's tile; rhs read j is V's column (dv)
           // 16 tile + run_major(l, j), keys key_base + run_k(l, j) ...
+<% if WINDOW != "0" %>
+          // (A subgroup that sees none of the block's keys has p = 0: o is only rescaled.)
+          %o_new = scf.if %sees -> (!fwp_o_units) {
+<% endif %>
           ${ units.read_runs("%lhs_runs", "%p_tiles", "!fwp_p", none, none, u, lead="%subgroup, ") }
           %lhs = vector.shape_cast %lhs_runs : !fwp_runs to !fwp_lhs
+<% if WINDOW != "0" %>
+          %o_seen = scf.for %tile = %c0 to %dv_tiles step %c1 iter_args(%acc = %o_iter) -> (!fwp_o_units) {
+<% else %>
           %o_new = scf.for %tile = %c0 to %dv_tiles step %c1 iter_args(%acc = %o_iter) -> (!fwp_o_units) {
+<% endif %>
             %col0 = arith.muli %tile, %c16 : index
             ${ units.read_runs("%rhs_runs", "%v_cols", "!fwp_v_cols", "%col0", "%key_base", u) }
             %rhs = vector.shape_cast %rhs_runs : !fwp_runs to !fwp_rhs
@@ -259,6 +289,14 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
             %next = vector.insert %out_flat, %acc[%tile] : !fwp_acc_flat into !fwp_o_units
             scf.yield %next : !fwp_o_units
           } {unroll_loop}
+<% if WINDOW != "0" %>
+            scf.yield %o_seen : !fwp_o_units
+          } else {
+            %alpha_units = vector.broadcast %alpha : !fwp_acc_flat to !fwp_o_units
+            %o_rescaled = arith.mulf %o_iter, %alpha_units : !fwp_o_units
+            scf.yield %o_rescaled : !fwp_o_units
+          }
+<% endif %>
           scf.yield %o_new, %new_max, %l_new : !fwp_o_units, !fwp_acc_flat, !fwp_acc_flat
         } else {
           scf.yield %o_iter, %mx, %l_iter : !fwp_o_units, !fwp_acc_flat, !fwp_acc_flat

@@ -1,6 +1,8 @@
 // The matrix-unit text the portable kernels share, as macros (forward, dq, dk/dv and one-pass import this file).
 // `u` is the kernel's unit: {'p': its type prefix, 'kind': MMA_KIND, 'run': RUN, 'runs': RUNS, 'acc_n': ACC_N,
 // 'lhs'/'rhs'/'acc': the fragment shapes, 'maps': [RUN_MAJOR_MAP, RUN_K_MAP, ACC_ROW_MAP, ACC_COL_MAP]}.
+// Which keys a row sees is common/rules.mlir's (with a window: from a block's first_key on, key_in_range).
+<% import "common/rules.mlir" as rules %>
 
 <# The operands' memref types (!p_q, !p_k, !p_v, !p_do), the unit's fragment types (!p_lhs, !p_rhs, !p_acc, their
    reads !p_runs, the flat accumulator) and placement maps. #>
@@ -66,14 +68,15 @@ ${ mma("%next", "%lhs", "%rhs", "%acc", u) }
 <% endmacro %>
 
 <# out (staged_t, per_lane chunks of 8 elements): a lane's part of a block's rows of `src` (src_t) in registers;
-   chunk c = tid + i lanes is key c mod BS, elements 8 (c / BS) ..; starts from `zeros`; zeros past `chunks` and for keys >= %visible. #>
+   chunk c = tid + i lanes is key c mod BS, elements 8 (c / BS) ..; starts from `zeros`; zeros past `chunks` and for keys >= %visible
+   (with a window also below %first_visible: slot_block's). #>
 <% macro stage_rows(out, per_lane, zeros, chunks, src, src_t, staged_t) %>
 <% call lane_chunks(out, per_lane, zeros, staged_t) %>
   %j = arith.remui %c, %block_size : index
   %chunk = arith.divui %c, %block_size : index
   %d0 = arith.muli %chunk, %c8 : index
   %in_tile = arith.cmpi ult, %c, ${chunks} : index
-  %is_visible = arith.cmpi slt, %j, %visible : index
+  ${ rules.key_in_range("is_visible", "j", "slt", "visible", "first_visible") }
   %read = arith.andi %in_tile, %is_visible : i1
 <% call chunk_or_zero("%read", src, "%b, %key, %g, %d0", src_t, staged_t) %>
     %key = arith.addi %key0, %j : index
@@ -184,7 +187,8 @@ ${ caller("load") }
 <% endmacro %>
 
 <# Slot t's block %block (-1: skipped, or t = T), %stage (it is staged), its first key %key0 and %visible (how many of
-   its keys row m sees), from %block_indices, %pos and %last_visible_block. #>
+   its keys row m sees: offsets below it; with a window, those from %first_visible on), from %block_indices, %pos and
+   %last_visible_block. #>
 <% macro slot_block() %>
 %t_in_range = arith.cmpi ult, %t, %slots : index
 %block = scf.if %t_in_range -> (index) {
@@ -202,6 +206,9 @@ ${ caller("load") }
 %key0 = arith.muli %block, %block_size : index
 %to_pos = arith.subi %pos, %key0 : index
 %visible = arith.addi %to_pos, %c1 : index
+<% if WINDOW != "0" %>
+${ rules.first_key("first_visible") }
+<% endif %>
 <% endmacro %>
 
 <# The kernel function's opening: @name with its translation info, `lanes` threads in subgroups of subgroup_size. #>
@@ -255,8 +262,9 @@ func.func @${name}() attributes {translation_info = #iree_codegen.translation_in
 <% endmacro %>
 
 <# dq and one-pass, slot t - 1: ds of each element of %s_acc and %dp_acc (head acc_row(l, i), key key_base +
-   acc_col(l, i); 0 where the key is invisible or the head padding) into %ds_tile [head][key]; with key_heads, also
-   p and ds into %pt_tile and %dst_tile [key][head] (!opp_key_heads). #>
+   acc_col(l, i); 0 where the key is invisible, below %p_visible and with a window from %p_first_visible on, or the
+   head padding) into %ds_tile [head][key]; with key_heads, also p and ds into %pt_tile and %dst_tile [key][head]
+   (!opp_key_heads). #>
 <% macro ds_elements(u, key_heads) %>
 %s_flat = vector.shape_cast %s_acc : !${u.p}_acc to !${u.p}_acc_flat
 %dp_flat = vector.shape_cast %dp_acc : !${u.p}_acc to !${u.p}_acc_flat
@@ -264,7 +272,7 @@ scf.for %i = %c0 to %acc_n step %c1 {
   %h = affine.apply #${u.p}_acc_row(%lane, %i)
   %col = affine.apply #${u.p}_acc_col(%lane, %i)
   %j = arith.addi %key_base, %col : index
-  %key_visible = arith.cmpi slt, %j, %p_visible : index
+  ${ rules.key_in_range("key_visible", "j", "slt", "p_visible", "p_first_visible") }
   %head_real = arith.cmpi ult, %h, %heads_per_group : index
   %live = arith.andi %key_visible, %head_real : i1
   %sv = vector.extract %s_flat[%i] : f32 from !${u.p}_acc_flat
