@@ -10,7 +10,8 @@ twice bit for bit; small sizes, so that `compute-sanitizer --tool memcheck` runs
     python3 -m bench.compression_gpu_checks --only select --cases anchors_f16_n700_s1,hpg1_n1000_counts
 
 $NSA_IREE_PIPELINES_DIR picks the recipes, here and on the GPU alike: with bench/portable_select_variant.py's
-directory the select group checks the portable select_blocks kernel (the AMD targets' text, on mma.sync).
+directory the select group checks the portable select_blocks kernel (the AMD targets' text, on mma.sync), with
+bench/portable_window_variant.py's the window group the portable forward, dq and dk/dv with the band's mask.
 """
 
 from __future__ import annotations
@@ -63,9 +64,16 @@ SELECT_CASES = {
     "hpg4_d64_n1500_s8": ("hpg4_d64dv128_n1500", 8, "pooled"),
     "hpg1_n1000_counts": ("hpg1_n1000", (-2, 30), "pooled"),
 }
-# the sliding window (nsa_iree.window, the linalg stages on the GPU): name: (layout, W)
+# the sliding window's layouts besides LAYOUTS: M > N (the first 200 rows before position 0 see no key)
+WINDOW_LAYOUTS = {"hpg4_d64dv128_m1200_n1000": (16, 4, 64, 128, torch.bfloat16, 1200, 1000)}
+# the sliding window (nsa_iree.window: the recipe's kernels, kernels.choose; with bench/portable_window_variant.py's
+# recipe the portable forward, dq and dk/dv): name: (layout, W). W 512 at N 2048; M < N; W not a multiple of the
+# block (64), below it and 1; HPG 1, 4 (D != Dv) and 16; f16; M > N.
 WINDOW_CASES = {"anchors_n2048_w512": ("anchors_n2048", 512), "anchors_m1000_n3000_w100": ("anchors_m1000_n3000", 100),
-                "hpg1_n1000_w1000": ("hpg1_n1000", 1000)}
+                "hpg1_n1000_w1000": ("hpg1_n1000", 1000), "hpg4_d64dv128_n1500_w300": ("hpg4_d64dv128_n1500", 300),
+                "hpg4_d64dv128_m1200_n1000_w77": ("hpg4_d64dv128_m1200_n1000", 77),
+                "anchors_f16_n700_w200": ("anchors_f16_n700", 200), "anchors_f16_n700_w1": ("anchors_f16_n700", 1),
+                "hpg1_n1000_w40": ("hpg1_n1000", 40)}
 # the layer's gating (nsa_iree.layer.gated_sum, kernels/common/gates.mlir): name: (layout, branches, the first
 # branch ungated)
 GATE_CASES = {"anchors_n2048_two": ("anchors_n2048", 2, False), "anchors_n2048_three": ("anchors_n2048", 3, False),
@@ -137,15 +145,10 @@ def _specs(groups):
                 yield _compressed_spec(h, g, d, d, dtype, n), "forward"     # the lse: k_cmp as the values
                 yield spec, "select"
     if "window" in groups:
-        from nsa_iree import window
-        from nsa_iree.spec import KernelSpec
-
-        for layout, w in WINDOW_CASES.values():
-            h, g, d, dv, dtype, _, n = LAYOUTS[layout]
-            spec = KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=window.WINDOW_BLOCK,
-                              num_blocks=window.window_slots(w), dtype=_DTYPE_NAME[dtype], target="cuda", window=w)
-            for variant in ("forward", "two-pass"):
-                yield spec, variant
+        for case in WINDOW_CASES:
+            for kernels in ("auto", "linalg"):
+                for variant in ("forward", "two-pass"):
+                    yield _window_spec(case, kernels), variant
     if "gates" in groups:
         from nsa_iree.spec import KernelSpec
 
@@ -155,12 +158,24 @@ def _specs(groups):
                              target="cuda"), "gates"
 
 
+def _window_spec(case, kernels="auto"):
+    """The sliding window's module spec of WINDOW_CASES[case] (BS window.WINDOW_BLOCK, T window.window_slots(W))."""
+    from nsa_iree import window
+    from nsa_iree.spec import KernelSpec
+
+    layout, w = WINDOW_CASES[case]
+    h, g, d, dv, dtype, _, _ = _layout(layout)
+    return KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=window.WINDOW_BLOCK,
+                      num_blocks=window.window_slots(w), dtype=_DTYPE_NAME[dtype], target="cuda", kernels=kernels,
+                      window=w)
+
+
 def _slots(counts) -> int:
     return counts if isinstance(counts, int) else counts[1] - 1
 
 
 def _layout(layout):
-    return LAYOUTS[layout] if layout in LAYOUTS else SELECT_LAYOUTS[layout]
+    return {**LAYOUTS, **SELECT_LAYOUTS, **WINDOW_LAYOUTS}[layout]
 
 
 def _inputs(layout, seed=0):
@@ -275,28 +290,62 @@ def check_select(case):
     return row
 
 
-def check_window(case):
-    """sliding_window_attention on the GPU against the f64 oracle: o, lse and the gradients, outputs poisoned, the
-    backward twice bitwise equal."""
-    from nsa_iree.reference import sliding_window_attention_reference
-
-    layout, w = WINDOW_CASES[case]
-    q, k, v, do = _inputs(layout)
-    runs = []
-    for _ in range(2):
+def _window_run(q, k, v, do, w, kernels):
+    """o, lse and the gradients of q, k, v of sliding_window_attention with NSA_IREE_KERNELS = kernels, every output
+    buffer poisoned."""
+    os.environ["NSA_IREE_KERNELS"] = kernels
+    try:
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         with mock.patch.object(api, "output_buffer", _poisoned):
             o, lse = nsa_iree.sliding_window_attention_fwd(*leaves, w)
             grads = torch.autograd.grad(o, leaves, do)
-        runs.append((o, lse, *grads))
+        return (o.detach(), lse, *grads)
+    finally:
+        os.environ.pop("NSA_IREE_KERNELS")
+
+
+def _window_kernels(case) -> dict:
+    """The family that renders each selection stage of the case's modules (kernels.choose, the recipe of
+    $NSA_IREE_PIPELINES_DIR or the package's): which kernels the row checked."""
+    from nsa_iree.kernels import choose
+    from nsa_iree.recipes import load_recipe
+
+    spec = _window_spec(case)
+    recipe = load_recipe("cuda")
+    chosen = {stage: choose(stage, spec, recipe) for stage in ("forward", "dq", "dkdv")}
+    return {stage: c.family + (f" {c.template}" if c.template else "") for stage, c in chosen.items()}
+
+
+def check_window(case):
+    """sliding_window_attention on the GPU against the f64 oracle and the linalg stages: o, lse and the gradients,
+    outputs poisoned, the backward twice bitwise equal (and its digest: another process must print the same); rows
+    that see no key (M > N) get o = 0, lse = -inf and dq = 0, keys no row sees dk = dv = 0."""
+    from nsa_iree.reference import sliding_window_attention_reference
+
+    layout, w = WINDOW_CASES[case]
+    m, n = _layout(layout)[5:]
+    q, k, v, do = _inputs(layout)
+    ours, again = _window_run(q, k, v, do, w, "auto"), _window_run(q, k, v, do, w, "auto")
+    oracle = _window_run(q, k, v, do, w, "linalg")
     ref = [t.double().requires_grad_() for t in (q, k, v)]
     ro, rl = sliding_window_attention_reference(*ref, w)
     reference = (ro, rl, *torch.autograd.grad(ro, ref, do.double()))
-    row = {"check": f"window_{case}"}
-    for name, a, r in zip(("o", "lse", "dq", "dk", "dv"), runs[0], reference):
-        row[name] = relative_rms_error(a.double(), r, rms_floor=0.0 if name == "lse" else 1e-3)
+    row = {"check": f"window_{case}", "kernels": _window_kernels(case)}
+    for name, a, b, r in zip(("o", "lse", "dq", "dk", "dv"), ours, oracle, reference):
+        floor = 0.0 if name == "lse" else 1e-3
+        row[name] = relative_rms_error(a.double(), r, rms_floor=floor)
+        row[f"{name}_vs_linalg"] = relative_rms_error(a.double(), b.double(), rms_floor=floor)
         row[f"{name}_nan"] = int(torch.isnan(a).sum())
-    row["backward_bitwise_equal"] = all(torch.equal(a, b) for a, b in zip(runs[0][2:], runs[1][2:]))
+    row["backward_bitwise_equal"] = all(torch.equal(a, b) for a, b in zip(ours[2:], again[2:]))
+    blind = max(0, m - n)                       # rows before position 0
+    row["blind_rows"] = blind
+    row["blind_rows_zero"] = bool((ours[0][:, :blind] == 0).all() and torch.isneginf(ours[1][:, :, :blind]).all()
+                                  and (ours[2][:, :blind] == 0).all())
+    unseen = max(0, n - m - w + 1)              # keys before the first row's window
+    row["unseen_keys"] = unseen
+    row["unseen_keys_zero"] = bool((ours[3][:, :unseen] == 0).all() and (ours[4][:, :unseen] == 0).all())
+    row["gradient_digest"] = hashlib.sha256(b"".join(g.view(torch.int16).cpu().numpy().tobytes()
+                                                     for g in ours[2:])).hexdigest()[:16]
     return row
 
 
@@ -375,9 +424,10 @@ def _select_passes(case, row):
 
 
 def _window_passes(case, row):
-    tol = TOLERANCE[LAYOUTS[WINDOW_CASES[case][0]][4]]
-    return all(row[x] < tol and row[f"{x}_nan"] == 0 for x in ("o", "lse", "dq", "dk", "dv")) \
-        and row["backward_bitwise_equal"]
+    tol = TOLERANCE[_layout(WINDOW_CASES[case][0])[4]]
+    return (all(row[x] < tol and row[f"{x}_vs_linalg"] < tol and row[f"{x}_nan"] == 0
+                for x in ("o", "lse", "dq", "dk", "dv"))
+            and row["backward_bitwise_equal"] and row["blind_rows_zero"] and row["unseen_keys_zero"])
 
 
 def _gates_pass(case, row):
