@@ -5,7 +5,8 @@ uses (projections, rotary embedding, the gates through a sigmoid, :func:`nsa`, t
 The branches are the package's operators (nsa_iree.compression, nsa_iree.api), so a model of these layers trains
 with exact gradients through every branch and the pooling, traces with ``torch.compile(fullgraph=True)`` and runs
 under autocast. The gating is one kernel each way (kernels/common/gates.mlir). The sliding window has
-hand-written kernels on NVIDIA and the CPU; on AMD it runs on the linalg stages for now (nsa_iree.window).
+hand-written kernels on NVIDIA, the CPU and gfx950; on gfx942 it runs on the linalg stages for now
+(nsa_iree.window).
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ class KernelSpec:
             c S .. c S + S - 1 and is seen from position c S + S - 1 on; the M query rows are then all the
             positions, row m seeing keys up to floor((m + 1) / S) - 1 (kernels/common/rules.mlir).
         window: 0 (no window), or W > 0 (the sliding-window attention, key_stride 1): row m sees key j iff
-            pos(m) - W < j <= pos(m). The NVIDIA and CPU kernels (not the one-pass) and the linalg stages
-            take a window (the portable family's limits refuse it).
+            pos(m) - W < j <= pos(m). The NVIDIA, CPU and portable kernels (not the one-pass nor select_blocks)
+            and the linalg stages take a window.
     """
 
     heads: int = 16

@@ -2,9 +2,9 @@
 
 It runs on the selection stages with KernelSpec.window: each row lists the blocks its window touches and the
 kernels mask the keys outside the window (kernels/common/rules.mlir). On NVIDIA the forward and dq run on the
-dense kernels over the band of keys and dk/dv on the selection kernel, on the CPU on its selection kernels
-(kernels.choose); the portable (AMD) family's limits refuse the window's mask so far, so there the linalg stages
-run it (correct, not yet fast).
+dense kernels over the band of keys and dk/dv on the selection kernel, on the CPU and gfx950 on their selection
+kernels (kernels.choose: the CPU ones, the portable ones); gfx942's recipe names no hand-written forward, dq or
+dk/dv, so there the linalg stages run it (correct, not yet fast).
 """
 
 from __future__ import annotations
