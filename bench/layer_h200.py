@@ -19,19 +19,10 @@ WINDOW = 512        # the window of the run with the sliding-window branch (fla-
 
 
 def specs(n):
-    from nsa_iree import compression
-    from nsa_iree.spec import KernelSpec
+    """The cuda modules timing(n) loads (those of `nsa-iree bench --branch layer` in the anchors layout)."""
+    from bench.branches_h200 import branch_specs
 
-    h, g, d, bs, t = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "block_size", "block_counts"))
-    layout = dict(heads=h, kv_heads=g, head_dim=d, value_dim=d, dtype="bf16", target="cuda")
-    selection = KernelSpec(**layout, block_size=bs, num_blocks=t)
-    compressed = KernelSpec(**layout, block_size=compression.DEFAULT_TILE, key_stride=bs,
-                            num_blocks=compression.tile_slots(-(-n // bs), compression.DEFAULT_TILE))
-    gates = KernelSpec(heads=h, kv_heads=1, head_dim=d, value_dim=d, dtype="bf16", target="cuda")
-    from bench.window_h200 import specs as window_specs
-
-    return [(selection, "forward"), (selection, "two-pass"), (compressed, "forward"), (compressed, "two-pass"),
-            (selection, "select"), (gates, "gates"), *window_specs(n)]
+    return branch_specs("anchors", "layer", n, WINDOW)
 
 
 def timing(n):

@@ -14,13 +14,10 @@ ANCHORS = dict(heads=64, kv_heads=4, head_dim=128, window=512)
 
 
 def specs(n):
-    from nsa_iree import window
-    from nsa_iree.spec import KernelSpec
+    """The cuda modules timing(n) loads (those of `nsa-iree bench --branch window` in the anchors layout)."""
+    from bench.branches_h200 import branch_specs
 
-    h, g, d, w = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "window"))
-    spec = KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=window.WINDOW_BLOCK,
-                      num_blocks=window.window_slots(w), dtype="bf16", target="cuda", window=w)
-    return [(spec, "forward"), (spec, "two-pass")]
+    return branch_specs("anchors", "window", n, ANCHORS["window"])
 
 
 def timing(n):
