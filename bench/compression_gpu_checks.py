@@ -6,6 +6,11 @@ twice bit for bit; small sizes, so that `compute-sanitizer --tool memcheck` runs
     python3 -m bench.compression_gpu_checks --only gates  (one group of GROUPS, or several: layouts,select)
     python3 -m bench.compression_gpu_checks --compile     (here: compile the cuda modules it and
                                                            bench/compression_h200.py load into $NSA_IREE_CACHE_DIR)
+    python3 -m bench.compression_gpu_checks --only select --compile   (here: those the group(s) load)
+    python3 -m bench.compression_gpu_checks --only select --cases anchors_f16_n700_s1,hpg1_n1000_counts
+
+$NSA_IREE_PIPELINES_DIR picks the recipes, here and on the GPU alike: with bench/portable_select_variant.py's
+directory the select group checks the portable select_blocks kernel (the AMD targets' text, on mma.sync).
 """
 
 from __future__ import annotations
@@ -38,13 +43,25 @@ LAYOUTS = {
 }
 TIMED_LENGTHS = (8192, 16384, 32768, 65536)      # bench/compression_h200.py's, anchors layout
 TIMED_SLOTS = 16
-# select_blocks on the GPU (HPG 16): name: (layout, block_counts: an int, or (low, high) for a [B, M, G] tensor of
-# counts drawn from low .. high - 1, 0 and more than a row sees among them)
+# select_blocks' layouts besides LAYOUTS: the last 300 of 16384 positions, 256 compressed keys (the portable kernel
+# stages 64 at a time: four tiles)
+SELECT_LAYOUTS = {"anchors_m300_n16384": (64, 4, 128, 128, torch.bfloat16, 300, 16384)}
+# select_blocks on the GPU: name: (layout, block_counts: an int, or (low, high) for a [B, M, G] tensor of counts drawn
+# from low .. high - 1, 0 and more than a row sees among them, the compressed keys: "pooled" (mean pooling of the
+# random keys), "equal" (every block block 0's: all scores equal, the ranking by id alone) or "nan" (blocks 3 and 4
+# NaN after the lse is computed: their scores NaN, ranked last)). An "equal" or "nan" case must equal the reference
+# exactly (no near-tie is a reason there). A case the recipe's kernel does not take (the NVIDIA one: HPG 16 only) is
+# reported skipped.
 SELECT_CASES = {
-    "anchors_n2048_s16": ("anchors_n2048", 16),
-    "anchors_m1000_n3000_s32": ("anchors_m1000_n3000", 32),
-    "anchors_f16_n700_s1": ("anchors_f16_n700", 1),
-    "anchors_n2048_counts": ("anchors_n2048", (-2, 30)),
+    "anchors_n2048_s16": ("anchors_n2048", 16, "pooled"),
+    "anchors_m1000_n3000_s32": ("anchors_m1000_n3000", 32, "pooled"),
+    "anchors_f16_n700_s1": ("anchors_f16_n700", 1, "pooled"),
+    "anchors_n2048_counts": ("anchors_n2048", (-2, 30), "pooled"),
+    "anchors_m300_n16384_s32": ("anchors_m300_n16384", 32, "pooled"),
+    "anchors_n2048_equal_s8": ("anchors_n2048", 8, "equal"),
+    "anchors_n2048_nan_s32": ("anchors_n2048", 32, "nan"),
+    "hpg4_d64_n1500_s8": ("hpg4_d64dv128_n1500", 8, "pooled"),
+    "hpg1_n1000_counts": ("hpg1_n1000", (-2, 30), "pooled"),
 }
 # the sliding window (nsa_iree.window, the linalg stages on the GPU): name: (layout, W)
 WINDOW_CASES = {"anchors_n2048_w512": ("anchors_n2048", 512), "anchors_m1000_n3000_w100": ("anchors_m1000_n3000", 100),
@@ -57,50 +74,97 @@ GATE_CASES = {"anchors_n2048_two": ("anchors_n2048", 2, False), "anchors_n2048_t
 _DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-def specs():
-    """(KernelSpec, variant) of every cuda module the checks and bench/compression_h200.py load."""
+def specs(groups=None):
+    """(KernelSpec, variant) of every cuda module the checks of `groups` load (None: every group's and
+    bench/compression_h200.py's), each once."""
+    seen = set()
+    for item in _specs(groups):
+        if item not in seen:
+            seen.add(item)
+            yield item
+
+
+def _compressed_spec(h, g, d, dv, dtype, n, kernels="auto"):
+    """The compressed attention's module spec for N = n positions (tiles of compression.DEFAULT_TILE keys)."""
     from nsa_iree.spec import KernelSpec
 
-    def spec(h, g, d, dv, dtype, n, kernels):
-        keys = -(-n // BLOCK_SIZE)
-        return KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=compression.DEFAULT_TILE,
-                          num_blocks=compression.tile_slots(keys, compression.DEFAULT_TILE),
-                          dtype=_DTYPE_NAME[dtype], target="cuda", kernels=kernels, key_stride=BLOCK_SIZE)
+    keys = -(-n // BLOCK_SIZE)
+    return KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=compression.DEFAULT_TILE,
+                      num_blocks=compression.tile_slots(keys, compression.DEFAULT_TILE),
+                      dtype=_DTYPE_NAME[dtype], target="cuda", kernels=kernels, key_stride=BLOCK_SIZE)
 
-    wanted = [spec(h, g, d, dv, dtype, n, kernels) for h, g, d, dv, dtype, _, n in LAYOUTS.values()
-              for kernels in ("auto", "linalg")]
-    h, g, d, dv, dtype = LAYOUTS["anchors_n2048"][:5]
-    wanted += [spec(h, g, d, dv, dtype, n, "auto") for n in TIMED_LENGTHS]
-    for s in dict.fromkeys(wanted):
-        for variant in ("forward", "two-pass"):
-            yield s, variant
-    # select_blocks' modules (T = its slots; BS the compression's block size, key_stride 1)
-    selects = [(LAYOUTS[layout], _slots(counts)) for layout, counts in SELECT_CASES.values()]
-    selects.append((LAYOUTS["anchors_n2048"], TIMED_SLOTS))
-    for (h, g, d, _, dtype, _, _), slots in dict.fromkeys(selects):
-        yield KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=BLOCK_SIZE, num_blocks=slots,
-                         dtype=_DTYPE_NAME[dtype], target="cuda"), "select"
-    from nsa_iree import window
 
-    for layout, w in WINDOW_CASES.values():
-        h, g, d, dv, dtype, _, n = LAYOUTS[layout]
-        slots = window.window_slots(w)
-        spec = KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=window.WINDOW_BLOCK,
-                          num_blocks=slots, dtype=_DTYPE_NAME[dtype], target="cuda", window=w)
-        for variant in ("forward", "two-pass"):
-            yield spec, variant
-    for layout in dict.fromkeys(layout for layout, _, _ in GATE_CASES.values()):
-        h, _, _, dv, dtype, _, _ = LAYOUTS[layout]
-        yield KernelSpec(heads=h, kv_heads=1, head_dim=dv, value_dim=dv, dtype=_DTYPE_NAME[dtype],
-                         target="cuda"), "gates"
+def _select_spec(h, g, d, dtype, slots):
+    """select_blocks' module spec (T = its slots; BS the compression's block size, key_stride 1)."""
+    from nsa_iree.spec import KernelSpec
+
+    return KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=BLOCK_SIZE, num_blocks=slots,
+                      dtype=_DTYPE_NAME[dtype], target="cuda")
+
+
+def _select_kernel_missing(spec) -> str | None:
+    """Why the recipe ($NSA_IREE_PIPELINES_DIR's or the package's) has no select_blocks kernel for spec (None: it
+    has one)."""
+    from nsa_iree.kernels import choose
+    from nsa_iree.recipes import load_recipe
+
+    try:
+        choose("select_blocks", spec, load_recipe("cuda"))
+    except NotImplementedError as err:
+        return str(err)
+    return None
+
+
+def _specs(groups):
+    everything = groups is None
+    groups = list(GROUPS) if everything else groups
+    if "layouts" in groups:
+        for h, g, d, dv, dtype, _, n in LAYOUTS.values():
+            for kernels in ("auto", "linalg"):
+                for variant in ("forward", "two-pass"):
+                    yield _compressed_spec(h, g, d, dv, dtype, n, kernels), variant
+    if everything:          # bench/compression_h200.py's
+        h, g, d, dv, dtype = LAYOUTS["anchors_n2048"][:5]
+        for n in TIMED_LENGTHS:
+            for variant in ("forward", "two-pass"):
+                yield _compressed_spec(h, g, d, dv, dtype, n), variant
+        yield _select_spec(h, g, d, dtype, TIMED_SLOTS), "select"
+    if "select" in groups:
+        for layout, counts, _ in SELECT_CASES.values():
+            h, g, d, _, dtype, _, n = _layout(layout)
+            spec = _select_spec(h, g, d, dtype, _slots(counts))
+            if _select_kernel_missing(spec) is None:
+                yield _compressed_spec(h, g, d, d, dtype, n), "forward"     # the lse: k_cmp as the values
+                yield spec, "select"
+    if "window" in groups:
+        from nsa_iree import window
+        from nsa_iree.spec import KernelSpec
+
+        for layout, w in WINDOW_CASES.values():
+            h, g, d, dv, dtype, _, n = LAYOUTS[layout]
+            spec = KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=window.WINDOW_BLOCK,
+                              num_blocks=window.window_slots(w), dtype=_DTYPE_NAME[dtype], target="cuda", window=w)
+            for variant in ("forward", "two-pass"):
+                yield spec, variant
+    if "gates" in groups:
+        from nsa_iree.spec import KernelSpec
+
+        for layout in dict.fromkeys(layout for layout, _, _ in GATE_CASES.values()):
+            h, _, _, dv, dtype, _, _ = LAYOUTS[layout]
+            yield KernelSpec(heads=h, kv_heads=1, head_dim=dv, value_dim=dv, dtype=_DTYPE_NAME[dtype],
+                             target="cuda"), "gates"
 
 
 def _slots(counts) -> int:
     return counts if isinstance(counts, int) else counts[1] - 1
 
 
+def _layout(layout):
+    return LAYOUTS[layout] if layout in LAYOUTS else SELECT_LAYOUTS[layout]
+
+
 def _inputs(layout, seed=0):
-    h, g, d, dv, dtype, m, n = LAYOUTS[layout]
+    h, g, d, dv, dtype, m, n = _layout(layout)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(1, m, h, d, device="cuda", generator=gen).to(dtype)
     k = torch.randn(1, n, g, d, device="cuda", generator=gen).to(dtype)
@@ -168,21 +232,29 @@ def check_select(case):
     scores are sums of 2^x in f32 in a different order, from the hardware's 2^x)."""
     from nsa_iree.reference import block_scores_reference, select_blocks_reference
 
-    layout, counts = SELECT_CASES[case]
-    m, n = LAYOUTS[layout][5:]
+    layout, counts, keys = SELECT_CASES[case]
+    h, g, d, _, dtype, m, n = _layout(layout)
+    missing = _select_kernel_missing(_select_spec(h, g, d, dtype, _slots(counts)))
+    if missing:
+        return {"check": f"select_{case}", "skipped": missing}
     q, k, _, _ = _inputs(layout)
     k_cmp = nsa_iree.mean_pooling(k, BLOCK_SIZE)
+    if keys == "equal":
+        k_cmp = k_cmp[:, :1].expand_as(k_cmp).contiguous()
     if not isinstance(counts, int):
         gen = torch.Generator(device="cuda").manual_seed(4)
         counts = torch.randint(*counts, (1, m, k.shape[2]), device="cuda", generator=gen, dtype=torch.int32)
     lse = nsa_iree.compressed_attention(q, k_cmp, k_cmp, BLOCK_SIZE, seq_len=n)[1]
+    if keys == "nan":
+        k_cmp[:, 3:5] = float("nan")
     with mock.patch.object(api, "output_buffer", _poisoned):
         got = nsa_iree.select_blocks(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n)
     again = nsa_iree.select_blocks(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n)
     ref = select_blocks_reference(q, k_cmp, counts, BLOCK_SIZE, lse=lse, seq_len=n).to(got.device)
     differ = (got != ref).any(-1)
     row = {"check": f"select_{case}", "rows": int(differ.numel()), "rows_differing": int(differ.sum()),
-           "poison_left": int((got == -7).sum()), "deterministic": bool(torch.equal(got, again))}
+           "poison_left": int((got == -7).sum()), "deterministic": bool(torch.equal(got, again)),
+           "ids_digest": hashlib.sha256(got.cpu().numpy().tobytes()).hexdigest()[:16]}
     if differ.any():
         # at the first slot where a differing row's ids part, the relative gap of the two blocks' f64 scores
         # (inf where one side has no block there: a different count is never a near-tie)
@@ -257,23 +329,34 @@ def check_gates(case):
 
 
 def main(argv) -> int:
+    only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
+    unknown = sorted(set(only or ()) - set(GROUPS))
+    if unknown:
+        raise SystemExit(f"no check group {unknown}: the groups are {list(GROUPS)}")
     if "--compile" in argv:
         from nsa_iree.compiler import compile_artifact
 
-        for spec, variant in specs():
+        for spec, variant in specs(only):
             print(compile_artifact(spec, variant).path.name, flush=True)
         return 0
-    groups = argv[argv.index("--only") + 1].split(",") if "--only" in argv else list(GROUPS)
-    failed = counted = 0
+    groups = only or list(GROUPS)
+    picked = argv[argv.index("--cases") + 1].split(",") if "--cases" in argv else None
+    known = {case for group in groups for case in GROUPS[group][0]}
+    if picked and set(picked) - known:
+        raise SystemExit(f"no case {sorted(set(picked) - known)} in the groups {groups}")
+    failed = counted = skipped = 0
     for group in groups:
         cases, run, passes = GROUPS[group]
         for case in cases:
+            if picked and case not in picked:
+                continue
             row = run(case)
             row["ok"] = passes(case, row)
             failed += not row["ok"]
+            skipped += "skipped" in row
             counted += 1
             print(json.dumps(row), flush=True)
-    print(json.dumps({"groups": groups, "checks": counted, "failed": failed}), flush=True)
+    print(json.dumps({"groups": groups, "checks": counted, "skipped": skipped, "failed": failed}), flush=True)
     return 1 if failed else 0
 
 
@@ -284,7 +367,11 @@ def _layout_passes(layout, row):
 
 
 def _select_passes(case, row):
-    return row["poison_left"] == 0 and row["deterministic"] and row.get("largest_relative_gap", 0.0) < 1e-3
+    if "skipped" in row:
+        return True
+    exact = SELECT_CASES[case][2] != "pooled"
+    return row["poison_left"] == 0 and row["deterministic"] and (
+        row["rows_differing"] == 0 if exact else row.get("largest_relative_gap", 0.0) < 1e-3)
 
 
 def _window_passes(case, row):

@@ -152,14 +152,15 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output", default="nsa_iree_artifacts", help="output directory (default %(default)s)")
     p.set_defaults(fn=_cmd_compile)
 
+    # "select": nsa_iree.select_blocks' module (T its output slots, BS the compression's block size)
     p = sub.add_parser("render", help="print the MLIR module compiled for a configuration")
     _add_spec_options(p)
-    p.add_argument("--variant", choices=("forward",) + VARIANTS, default="forward")
+    p.add_argument("--variant", choices=("forward",) + VARIANTS + ("select",), default="forward")
     p.set_defaults(fn=_cmd_render)
 
     p = sub.add_parser("inspect", help="one row per dispatch: pipeline, registers, scratch, LDS, MMA and atomics")
     _add_spec_options(p, target_default="gfx950")
-    p.add_argument("--variant", choices=("all", "forward") + VARIANTS, default="all")
+    p.add_argument("--variant", choices=("all", "forward") + VARIANTS + ("select",), default="all")
     p.add_argument("--dump", help="keep the full IR and ISA of every dispatch under DIR/<variant>")
     p.set_defaults(fn=_cmd_inspect)
 
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
             return _cmd_bench(argv[1:])
         args = parser.parse_args(argv)
         return args.fn(args)
-    except UsageError as err:
+    except (UsageError, NotImplementedError) as err:     # NotImplementedError: no kernel for the layout (select)
         return _fail(2, str(err))
     except (ArtifactError, CompileError, OutputError) as err:
         return _fail(1, str(err))

@@ -69,8 +69,9 @@ def _pooled(x: torch.Tensor, block_size: int, lengths: list[int], padded: list[i
 # The compressed attention runs on the selection kernels (every family) with KernelSpec.key_stride = its block
 # size: the compressed keys in tiles (the kernels' blocks), every row listing all the tiles (the kernels skip those
 # past the row's position) and the rows standing for every position (kernels/common/rules.mlir). Tiles of 64 keys
-# on GPUs (the matrix-unit kernels' block sizes); of 16 on CPUs, whose dk/dv kernel works one kv block per core.
-TILE = {"cpu": 16}
+# on GPUs (the matrix-unit kernels' block sizes); of 32 on CPUs, whose dk/dv kernel scores a whole tile per row
+# (the invisible keys of a row's last tile included) and whose every kernel pays a fixed cost per (row, tile).
+TILE = {"cpu": 32}
 DEFAULT_TILE = 64
 
 
@@ -261,7 +262,7 @@ def _from_positions(x: torch.Tensor, p0: int, m_rows: int, dim: int, fill: float
     return torch.cat([x.new_full(shape, fill), x], dim=dim)
 
 
-# --- select_blocks: the top-n block selection (hand-written kernels: cpu/ and gpu/nvidia/select_blocks.mlir) ---
+# --- select_blocks: the top-n block selection (hand-written kernels: cpu/, gpu/nvidia/, gpu/portable/) ------------
 
 
 def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: torch.Tensor | int, block_size: int,
@@ -291,10 +292,11 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, block_counts: torch.Tens
         block_indices [B, M, G, S] int32, ready for selection_attention(q, k, v, block_indices, block_size).
         Not differentiable (computed without autograd whatever the inputs require).
 
-    Raises a TypeError or ValueError naming the argument for bad input, and NotImplementedError on a target or
-    layout without a select_blocks kernel (AMD GPUs; on NVIDIA GPUs, H / G other than 16 or S above 32), before
-    anything compiles. On a GPU the scores are summed in another order than the CPU kernel's and the oracle's:
-    blocks whose scores agree to rounding (a relative 1e-7) may come in either order.
+    Raises a TypeError or ValueError naming the argument for bad input, and NotImplementedError on a layout
+    without a select_blocks kernel (on NVIDIA GPUs H / G other than 16, on AMD GPUs H / G above 16 or D not a
+    multiple of 32, S above 32 on both), before anything compiles. On a GPU the scores are summed in another
+    order than the CPU kernel's and the oracle's: blocks whose scores agree to rounding (a relative 1e-7) may come
+    in either order.
     """
     validate.check_select_blocks(q, k_cmp, block_counts, block_size, scale, lse, seq_len, cu_seqlens)
     if cu_seqlens is not None:

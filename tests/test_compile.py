@@ -257,7 +257,10 @@ def test_the_amd_recipes_are_one_base_and_their_differences():
     assert gfx950.attribute_templates == gfx942.attribute_templates
     assert (gfx950.values["MFMA"], gfx942.values["MFMA"]) == ("MFMA_F32_16x16x32", "MFMA_F32_16x16x16")
     assert gfx950.block_sizes == (64, 128) and gfx942.block_sizes == (64,)
-    assert "onepass" in gfx950.kernel_settings and not gfx942.kernel_settings
+    assert "onepass" in gfx950.kernel_settings and "onepass" not in gfx942.kernel_settings
+    # hand-written: gfx950 the portable forward, dq, dk/dv, one-pass and select_blocks; gfx942 select_blocks only
+    assert {stage for stage, family in gfx942.kernel_settings.items() if family == "portable"} == {"select_blocks"}
+    assert gfx950.kernel_settings["select_blocks"] == "portable"
     spec = DEMO_SPEC.replace(dtype="bf16")
     assert "MFMA_F32_16x16x32_BF16" in load_recipe("gfx950").attributes(spec.replace(target="gfx950"))[
         "DQ_SCORES_CONFIG"]

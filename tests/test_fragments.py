@@ -200,10 +200,15 @@ def test_kernel_choice_reads_no_environment(monkeypatch):
 
 
 # The portable kernels (nsa_iree/kernels/gpu/portable/) see the placement only through a unit's fragment shapes
-# and affine maps: each map must say what the table says, for every lane.
-@pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_unit_maps_are_the_table(name):
-    unit = Unit(LAYOUTS[name])
+# and affine maps: each map must say what the table says, for every lane. Every kind's unit, and gfx942's of two
+# 16x16x16 MFMAs along K (pipelines/gfx942.toml: unit_k 32).
+UNITS = [(name, 1) for name in sorted(LAYOUTS)] + [("MFMA_F32_16x16x16_BF16", 2), ("MFMA_F32_16x16x16_F16", 2)]
+UNIT_IDS = [f"{name}_k{kind_k * LAYOUTS[name].mnk[2]}" for name, kind_k in UNITS]
+
+
+@pytest.mark.parametrize("name,k_tiles", UNITS, ids=UNIT_IDS)
+def test_unit_maps_are_the_table(name, k_tiles):
+    unit = Unit(LAYOUTS[name], k_tiles)
     lanes = range(unit.kind.subgroup_size)
     for operand in ("lhs", "rhs"):
         major, k = unit.run_maps(operand)
@@ -221,9 +226,9 @@ def test_unit_maps_are_the_table(name):
             assert (evaluate_map(row, lane, i), evaluate_map(col, lane, i)) == unit.position("acc", lane, i)
 
 
-@pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_unit_fragments_cover_their_tiles(name):
-    unit = Unit(LAYOUTS[name])
+@pytest.mark.parametrize("name,k_tiles", UNITS, ids=UNIT_IDS)
+def test_unit_fragments_cover_their_tiles(name, k_tiles):
+    unit = Unit(LAYOUTS[name], k_tiles)
     shapes = {"lhs": (16, unit.k), "rhs": (unit.k, 16), "acc": (16, 16)}
     for operand, (rows, cols) in shapes.items():
         seen = sorted(unit.position(operand, lane, i)
@@ -232,16 +237,64 @@ def test_unit_fragments_cover_their_tiles(name):
         assert unit.size(operand) == __import__("math").prod(unit.shape(operand)), operand
 
 
-UNIT_SHAPES = [("NV_MMA_SYNC_F32_16x8x16_BF16", [1, 1, 4, 2], [1, 2, 2, 2], [1, 2, 2, 2]),
-               ("MFMA_F32_16x16x32_BF16", [1, 1, 8], [1, 1, 8], [1, 1, 4])]
+UNIT_SHAPES = [("NV_MMA_SYNC_F32_16x8x16_BF16", 1, [1, 1, 4, 2], [1, 2, 2, 2], [1, 2, 2, 2]),
+               ("MFMA_F32_16x16x32_BF16", 1, [1, 1, 8], [1, 1, 8], [1, 1, 4]),
+               ("MFMA_F32_16x16x16_BF16", 2, [1, 2, 4], [2, 1, 4], [1, 1, 4])]
 
 
-@pytest.mark.parametrize("name,lhs,rhs,acc", UNIT_SHAPES, ids=[u[0] for u in UNIT_SHAPES])
-def test_unit_fragment_shapes(name, lhs, rhs, acc):
+@pytest.mark.parametrize("name,k_tiles,lhs,rhs,acc", UNIT_SHAPES, ids=[f"{u[0]}_x{u[1]}" for u in UNIT_SHAPES])
+def test_unit_fragment_shapes(name, k_tiles, lhs, rhs, acc):
     """The per-lane vectors inner_tiled takes for one unit (IREE's distributed shapes; the MFMA ones were
-    probed: vector<1x1x8> operands and vector<1x1x4> accumulators compile for gfx950)."""
-    unit = Unit(LAYOUTS[name])
+    probed: vector<1x1x8> operands and vector<1x1x4> accumulators compile for gfx950; vector<1x2x4> lhs and
+    vector<2x1x4> rhs of 16x16x16 compile for gfx942 into two v_mfma_f32_16x16x16 per unit)."""
+    unit = Unit(LAYOUTS[name], k_tiles)
     assert (unit.shape("lhs"), unit.shape("rhs"), unit.shape("acc")) == (lhs, rhs, acc)
+
+
+@pytest.mark.parametrize("name", ["MFMA_F32_16x16x16_BF16", "MFMA_F32_16x16x16_F16"])
+def test_k_tiles_pair_each_products_elements_at_one_stored_k(name):
+    """With K tiles, the intrinsic of K tile kt multiplies lhs (row, k) by rhs (k, column) of its own fragments: both
+    must sit at the same stored k of the unit (and each stored k be one tile's k), so that the unit's products are
+    the sum over the stored K, whatever the interleaving."""
+    unit, kind = Unit(LAYOUTS[name], 2), LAYOUTS[name]
+    stored = {}
+    for operand, along_k in (("lhs", 1), ("rhs", 0)):
+        layout = getattr(kind, operand)
+        for lane in range(kind.subgroup_size):
+            for kt in range(unit.k_tiles):
+                for i in range(layout.fragment_size):
+                    k = element_position(layout, lane, i)[along_k]
+                    stored.setdefault((kt, k), set()).add(unit.position(operand, lane, kt * layout.fragment_size + i)
+                                                          [along_k])
+    assert all(len(places) == 1 for places in stored.values())
+    assert sorted(p for places in stored.values() for p in places) == list(range(unit.k))
+
+
+def test_k_tiles_need_single_run_fragments():
+    with pytest.raises(ValueError, match="K tiles"):
+        Unit(LAYOUTS["NV_MMA_SYNC_F32_16x8x16_BF16"], 2)
+
+
+# select_blocks sums each score over an accumulator column: the lanes holding column c are ACC_COL_LANE_MAP(c) +
+# stride (0 .. count - 1) (xor shuffles over them), and the lane and element of ACC_COL_*_MAP(c) hold its row 0.
+@pytest.mark.parametrize("name,k_tiles", UNITS, ids=UNIT_IDS)
+def test_acc_column_origins_and_lanes(name, k_tiles):
+    unit = Unit(LAYOUTS[name], k_tiles)
+    lane_map, index_map = unit.acc_column_maps()
+    count, stride = unit.column_lanes
+    assert count & (count - 1) == 0
+    for column in range(16):
+        lane, index = unit.acc_column_origin(column)
+        assert unit.position("acc", lane, index) == (0, column)
+        assert (evaluate_map(lane_map, column), evaluate_map(index_map, column)) == (lane, index)
+        holders = sorted({lane2 for lane2 in range(unit.kind.subgroup_size) for i in range(unit.size("acc"))
+                          if unit.position("acc", lane2, i)[1] == column})
+        assert holders == [lane + stride * r for r in range(count)]
+    # a lane's elements of one column: the same column offset in every lane (the template folds them by lane 0's)
+    for i in range(unit.size("acc")):
+        offsets = {unit.position("acc", lane2, i)[1] - unit.position("acc", lane2, 0)[1]
+                   for lane2 in range(unit.kind.subgroup_size)}
+        assert len(offsets) == 1
 
 
 ONEPASS_CHOICE = [

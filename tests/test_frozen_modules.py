@@ -48,8 +48,10 @@ def cases():
     for (target, dtype), variant in itertools.product((("cpu", "f32"), ("cuda", "bf16")), VARIANTS[:2]):
         fields = dict(LAYOUTS["anchors"], dtype=dtype, target=target, num_blocks=9, window=512)
         yield f"anchors-{target}-{dtype}-window512-{variant}", fields, variant
-    # select_blocks (T its 16 output slots, BS the compression's block size): the CPU and NVIDIA kernels
-    for target, dtype in [*(("cpu", dtype) for dtype in TARGET_DTYPES["cpu"]), ("cuda", "bf16")]:
+    # select_blocks (T its 16 output slots, BS the compression's block size): the CPU, NVIDIA and portable (gfx950,
+    # gfx942) kernels
+    for target, dtype in [*(("cpu", dtype) for dtype in TARGET_DTYPES["cpu"]), ("cuda", "bf16"), ("gfx950", "bf16"),
+                          ("gfx942", "bf16")]:
         yield f"anchors-{target}-{dtype}-select", dict(LAYOUTS["anchors"], dtype=dtype, target=target), "select"
 
 

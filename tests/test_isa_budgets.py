@@ -1,4 +1,4 @@
-"""gfx950 ISA budgets of the hot dispatches (compile only: no AMD GPU is reachable).
+"""gfx950 (and for select_blocks gfx942) ISA budgets of the hot dispatches (compile only: no AMD GPU is reachable).
 
 The hand-written kernels (the default) and the linalg stages (the fallback): every kernel and fused
 contraction region must run on the matrix units, keep at least 2 waves per SIMD, fit its LDS in 160 KB and
@@ -54,8 +54,14 @@ def test_gfx950_fused_regions_within_budget(monkeypatch, config, variant):
 # pass kernel does not serve D = 192 on gfx950 (its tiles need 83 KB); on cuda it is the portable text with mma.sync's
 # 4-byte fragment reads (2.3 per mma.sync), outside these budgets (its native atomics:
 # tests/lit/atomics_one_pass.test).
-DENSE_FORWARD, DENSE_DQ, SELECT = ("dense_attention_fwd_tile", "dense_attention_dq_tile",
-                                  "select_blocks_nvidia_rows")
+DENSE_FORWARD, DENSE_DQ, SELECT, SELECT_PORTABLE = ("dense_attention_fwd_tile", "dense_attention_dq_tile",
+                                                   "select_blocks_nvidia_rows", "select_blocks_portable_rows")
+# select_blocks' portable kernel on the AMD targets (gfx942: units of two 16x16x16 MFMAs): the anchors layout, and
+# 4 heads per group (padded to the unit's 16 rows), D 64, f16, 32 slots; on gfx942 also D 192 (25 KB of LDS).
+SELECT_AMD = {
+    "anchors": ANCHORS,
+    "hpg4_d64_f16_s32": ANCHORS.replace(heads=16, head_dim=64, value_dim=64, dtype="f16", num_blocks=32),
+}
 FORWARD, DQ, DKDV, ONEPASS = ("selection_attention_fwd_row", "selection_attention_dq_row",
                               "selection_attention_dkdv_piece", "selection_attention_onepass_row")
 HAND_WRITTEN = [
@@ -72,8 +78,11 @@ HAND_WRITTEN = [
     ("cuda_compressed_anchors_two-pass", ANCHORS.replace(target="cuda", key_stride=64), "two-pass", (DENSE_DQ, DKDV)),
     *[(f"gfx950_compressed_anchors_{variant}", ANCHORS.replace(key_stride=64), variant, kernels)
       for variant, kernels in (("forward", (FORWARD,)), ("two-pass", (DQ, DKDV)))],
-    # select_blocks (T its slots)
+    # select_blocks (T its slots): the NVIDIA kernel, the portable one on gfx950 and gfx942
     ("cuda_select_anchors", ANCHORS.replace(target="cuda"), "select", (SELECT,)),
+    *[(f"{target}_select_{name}", spec.replace(target=target), "select", (SELECT_PORTABLE,))
+      for target in ("gfx950", "gfx942") for name, spec in SELECT_AMD.items()],
+    ("gfx942_select_paper_d192", ANCHORS.replace(target="gfx942", head_dim=192), "select", (SELECT_PORTABLE,)),
     # the sliding window (nsa_iree.window, W 512 in the band's 9 slots of 64 keys): on cuda the dense forward and
     # dq over the band and the selection kernel's dk/dv
     ("cuda_window512_anchors_forward", ANCHORS.replace(target="cuda", num_blocks=9, window=512), "forward",
@@ -82,8 +91,8 @@ HAND_WRITTEN = [
      (DENSE_DQ, DKDV)),
 ]
 # What the two inspectors call a matrix instruction and a compare-and-swap.
-MATRIX_OP = {"cuda": "mma", "gfx950": "mfma"}
-CAS = {"cuda": "cas", "gfx950": "cmpswap"}
+MATRIX_OP = {"cuda": "mma", "gfx950": "mfma", "gfx942": "mfma"}
+CAS = {"cuda": "cas", "gfx950": "cmpswap", "gfx942": "cmpswap"}
 
 
 @pytest.mark.parametrize("case,spec,variant,kernels", HAND_WRITTEN, ids=[c[0] for c in HAND_WRITTEN])
@@ -97,10 +106,30 @@ def test_hand_written_kernels_within_budget(case, spec, variant, kernels):
         assert r.stats["lds/mma"] <= 1.5, r
         assert r.stats[CAS[spec.target]] == 0, r
         assert (r.stats["atomic_add"] > 0) == (variant == "one-pass"), r
-        if spec.target == "gfx950":
+        if spec.target in LDS_BYTES:
             assert r.stats["waves/simd"] >= 2, r
             assert r.stats["scratch"] == 0, r
-            assert r.stats["lds"] <= LDS_BYTES["gfx950"], r
+            assert r.stats["lds"] <= LDS_BYTES[spec.target], r
+
+
+SELECT_AMD_CASES = [(f"{target}_{name}", spec.replace(target=target))
+                    for target in ("gfx950", "gfx942") for name, spec in SELECT_AMD.items()]
+
+
+@pytest.mark.parametrize("case,spec", SELECT_AMD_CASES, ids=[c[0] for c in SELECT_AMD_CASES])
+def test_portable_select_reads_workgroup_memory_16_bytes_at_a_time(case, spec):
+    """Every workgroup-memory read of the portable select_blocks is a whole fragment of a unit (ds_read_b128; on
+    gfx942 the unit of two 16x16x16 MFMAs keeps it so), one per MFMA of 16x16x32 (two of 16x16x16)."""
+    import re
+
+    from nsa_iree.inspect import dump_executables
+
+    asm = "\n".join(f.read_text() for f in sorted(dump_executables(spec, "select").glob("*.rocmasm")))
+    body = re.search(rf"^{SELECT_PORTABLE}:\n(.*?)^\.Lfunc_end", asm, flags=re.MULTILINE | re.DOTALL).group(1)
+    reads = re.findall(r"^\s+(ds_read\w*)", body, flags=re.MULTILINE)
+    mfma = re.findall(r"^\s+(v_mfma\w*)", body, flags=re.MULTILINE)
+    assert reads and set(reads) == {"ds_read_b128"}, sorted(set(reads))
+    assert len(mfma) == len(reads) * (2 if spec.target == "gfx942" else 1), (len(mfma), len(reads))
 
 
 # The NVIDIA forward and dq kernels carry the occupancy hint of the recipe's register cap (ptxas then holds

@@ -264,11 +264,13 @@ def test_module_takes_int64_cu_seqlens_as_fla_layers_do():
                                module(x, cu_seqlens=torch.tensor(bounds, dtype=torch.int32)), rtol=0, atol=0)
 
 
-def test_a_target_without_select_blocks_raises_before_anything_compiles(monkeypatch):
+def test_a_layout_without_select_blocks_raises_before_anything_compiles(monkeypatch):
+    """gfx950's select_blocks (the portable kernel) takes D in whole units of 32: D 16 has no kernel there."""
     t, kwargs = _problem("gated", torch.bfloat16)
+    t["q"], t["k"] = t["q"][..., :16].contiguous(), t["k"][..., :16].contiguous()
     monkeypatch.setattr("nsa_iree.api._target_for", lambda device: "gfx950")
     monkeypatch.setattr("nsa_iree.api.kernels", lambda *a: pytest.fail("compiled before the selection's check"))
-    with pytest.raises(NotImplementedError, match="select_blocks"):
+    with pytest.raises(NotImplementedError, match="select_blocks.*D not a multiple"):
         nsa_iree.nsa(**t, **kwargs)
 
 

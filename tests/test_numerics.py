@@ -155,7 +155,8 @@ EDGE_CASES = {
     "query_offsets_in_own_block": dict(select=own_block_only, m_rows=48, n=48),
     "partial_last_block_m_lt_n": dict(select=uniform, m_rows=50, n=90),
     "realistic_selection": dict(select=realistic_indices, m_rows=160, n=160),
-    "list_one_past_a_piece": dict(select=list_length_one_past_a_piece, m_rows=200, n=200),
+    "list_one_past_a_piece": dict(select=list_length_one_past_a_piece, m_rows=ROWS_PER_PIECE + 44,
+                                  n=ROWS_PER_PIECE + 44),
     "custom_scale": dict(scale=0.3),
     # Found by the property tests: with M = 1 the block lists came out empty (the scan's accumulator).
     "single_query_row": dict(select=block_zero_everywhere, m_rows=1, n=9),
@@ -190,7 +191,7 @@ def test_everything_skipped_gives_zero_gradients(variant):
 
 # --- the linalg stages on the CPU ---------------------------------------------------------------------------
 # The cpu recipe renders its hand-written kernels (mlir/*_cpu.mlir); the linalg stages, which GPUs use for the
-# shapes their kernels do not serve (and gfx942 for all), still run here with NSA_IREE_KERNELS=linalg.
+# shapes their kernels do not serve (and gfx942 for all but select_blocks), still run here with NSA_IREE_KERNELS=linalg.
 
 LINALG_CASES = [("hpg3", "f32"), ("bs64_t16", "f32"), ("d192_dv128", "bf16")]
 

@@ -17,6 +17,8 @@
 |                                          | test_the_compiler_gets_a_writable_temporary_directory            |
 | transposed-view q, k: backward works,    | test_transposed_views_backward                                   |
 |   outputs contiguous                     | test_bwd_outputs_are_contiguous_whatever_the_inputs_strides      |
+| CPU workspaces kept between calls:       | test_reused_workspaces_give_each_call_its_own_result (sizes up,  |
+|   each call still gets its own result    |   down and up again; four threads at once)                       |
 | no "leaked" line at exit                 | test_no_leak_report_at_exit (the README example), and the forked |
 |                                          |   child's exit in the first test                                 |
 | CLI: one-line errors for bad values      | test_cli_bad_values_are_one_line_errors (BAD_CLI_VALUES), ...    |
@@ -454,6 +456,35 @@ def test_bwd_outputs_are_contiguous_whatever_the_inputs_strides():
     got = nsa_iree.selection_attention_bwd(*views, lse_view, do_view, idx, BS)
     for name, a, b in zip(("dq", "dk", "dv"), got, expected):
         assert a.is_contiguous() and torch.equal(a, b), name
+
+
+def test_reused_workspaces_give_each_call_its_own_result():
+    """A module keeps the workspaces of finished CPU calls for the next ones (nsa_iree.runtime): calls of a
+    larger, a smaller and the larger size again, and four threads calling at once, each get the gradients that
+    call alone gets."""
+    import threading
+
+    q, k, v, idx, do = _problem(seed=1)
+    problems = {M: (q, k, v, idx, do), M // 2: (q[:, :M // 2], k, v, idx[:, :M // 2], do[:, :M // 2])}
+
+    def gradients(seq):
+        q, k, v, idx, do = problems[seq]
+        o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+        return nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, BS)
+
+    alone = {seq: gradients(seq) for seq in problems}
+    for seq in (M, M // 2, M):
+        assert all(torch.equal(a, b) for a, b in zip(gradients(seq), alone[seq])), seq
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, gradients((M, M // 2)[i % 2])))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(results) == [0, 1, 2, 3]
+    for i, got in results.items():
+        assert all(torch.equal(a, b) for a, b in zip(got, alone[(M, M // 2)[i % 2]])), i
 
 
 # --- no leak report at exit -------------------------------------------------------------------------------

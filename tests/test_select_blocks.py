@@ -7,7 +7,9 @@ The oracle gets the lse the kernel ranks with (compressed_attention's float32 on
 compared is the ranking itself; the kernel's scores are float32 sums, exact enough on these random inputs that no
 two candidates' scores fall within rounding of each other where it matters (f16 and bf16 included: the oracle
 reads the same 16-bit inputs). The buffers the kernels write start poisoned (INT32_MAX ids, NaN floats), so a
-slot left unwritten fails the range check (every id in [-1, C)) and the exact comparison."""
+slot left unwritten fails the range check (every id in [-1, C)) and the exact comparison. Also which kernel each
+target takes (the NVIDIA and the AMD targets' portable kernels run on the H200: bench/run_select_h200.sh), and that a
+layout none takes raises before anything compiles."""
 
 from __future__ import annotations
 
@@ -173,20 +175,80 @@ def test_inputs_that_require_grad_give_a_plain_int32_tensor():
     assert torch.equal(got, select_blocks_reference(q.detach(), k.detach(), slots, bs))
 
 
-# Where select_blocks has no kernel: an AMD target (its recipe names none), and on cuda a layout the NVIDIA kernel
-# does not take (it needs 16 heads per group and at most 32 slots).
-NO_KERNEL = {
-    "gfx950": ("gfx950", dict(heads=16, num_blocks=4), "recipe names none"),
-    "cuda_4_heads_per_group": ("cuda", dict(heads=4, num_blocks=4), "16 heads per group"),
-    "cuda_33_slots": ("cuda", dict(heads=16, num_blocks=33), "more than 32 output slots"),
+# The kernel of each target (select_blocks has no linalg form): the CPU's, the NVIDIA one on cuda (16 heads per
+# group), the portable one on the AMD targets (up to 16 heads per group; kernels/gpu/portable/select_blocks.mlir).
+# (target, KernelSpec fields, family)
+KERNEL_CHOICE = {
+    "cpu": ("cpu", dict(heads=64, kv_heads=4, head_dim=128, dtype="f32"), "cpu"),
+    "cpu_one_head_per_group": ("cpu", dict(heads=4, kv_heads=4, head_dim=32, dtype="bf16"), "cpu"),
+    "cuda_anchors": ("cuda", dict(heads=64, kv_heads=4, head_dim=128), "nvidia"),
+    "gfx950_anchors": ("gfx950", dict(heads=64, kv_heads=4, head_dim=128), "portable"),
+    "gfx950_f16_4_heads_per_group_d64_32_slots": ("gfx950", dict(heads=16, kv_heads=4, head_dim=64, dtype="f16",
+                                                                 num_blocks=32), "portable"),
+    "gfx950_one_head_per_group_d192": ("gfx950", dict(heads=4, kv_heads=4, head_dim=192), "portable"),
+    "gfx942_anchors": ("gfx942", dict(heads=64, kv_heads=4, head_dim=128), "portable"),
+    "gfx942_f16_8_heads_per_group": ("gfx942", dict(heads=32, kv_heads=4, head_dim=64, dtype="f16"), "portable"),
+    "linalg_setting_keeps_the_kernel": ("gfx950", dict(heads=64, kv_heads=4, head_dim=128, kernels="linalg"),
+                                        "portable"),
 }
 
 
-@pytest.mark.parametrize("target, fields, message", NO_KERNEL.values(), ids=NO_KERNEL)
-def test_a_layout_without_a_kernel_raises_before_compiling(monkeypatch, target, fields, message):
+@pytest.mark.parametrize("target, fields, family", KERNEL_CHOICE.values(), ids=KERNEL_CHOICE)
+def test_each_target_has_its_kernel(target, fields, family):
+    spec = KernelSpec(**{"value_dim": fields["head_dim"], "block_size": 64, "num_blocks": 16, "dtype": "bf16",
+                         **fields, "target": target})
+    assert choose("select_blocks", spec, load_recipe(target)).family == family
+
+
+def test_an_amd_target_gets_to_its_kernel(monkeypatch):
+    """On gfx950 select_blocks asks for the portable kernel's module ("select" of a gfx950 spec), after its checks."""
+    class Reached(Exception):
+        pass
+
+    def kernels(spec, variant, device):
+        assert (spec.target, variant, spec.num_blocks) == ("gfx950", "select", 4)
+        assert choose("select_blocks", spec, load_recipe("gfx950")).family == "portable"
+        raise Reached
+
+    monkeypatch.setattr(api, "_target_for", lambda device: "gfx950")
+    monkeypatch.setattr(api, "kernels", kernels)
+    q, k, bs, _, _ = _problem((1, 128, None, 16, 1, 64, 64, 4), torch.bfloat16)
+    with pytest.raises(Reached):
+        compression.select_blocks(q, k, 4, bs, lse=torch.zeros(1, 16, 128))
+
+
+# Where select_blocks has no kernel: a recipe that names none, on cuda a layout the NVIDIA kernel does not take (it
+# needs 16 heads per group and at most 32 slots), on the AMD targets one the portable kernel does not take (up to 16
+# heads per group, at most 32 slots, D a multiple of the unit's K: 32).
+NO_KERNEL = {
+    "a_recipe_without_the_entry": ("gfx950", dict(heads=16, num_blocks=4), "names none"),
+    "cuda_4_heads_per_group": ("cuda", dict(heads=4, num_blocks=4), "16 heads per group"),
+    "cuda_33_slots": ("cuda", dict(heads=16, num_blocks=33), "more than 32 output slots"),
+    "gfx950_32_heads_per_group": ("gfx950", dict(heads=32, num_blocks=4), "up to 16 heads per group"),
+    "gfx950_33_slots": ("gfx950", dict(heads=16, num_blocks=33), "more than 32 output slots"),
+    "gfx950_d16": ("gfx950", dict(heads=16, num_blocks=4), "D not a multiple of the unit's K"),
+    "gfx942_33_slots": ("gfx942", dict(heads=16, num_blocks=33), "more than 32 output slots"),
+}
+
+
+def _recipe(case, target):
+    """The target's recipe; for a_recipe_without_the_entry, without its select_blocks entry."""
+    import dataclasses
+
+    recipe = load_recipe(target)
+    if case != "a_recipe_without_the_entry":
+        return recipe
+    settings = {key: value for key, value in recipe.kernel_settings.items() if key != "select_blocks"}
+    return dataclasses.replace(recipe, kernel_settings=settings)
+
+
+@pytest.mark.parametrize("case, target, fields, message", [(c, *v) for c, v in NO_KERNEL.items()], ids=NO_KERNEL)
+def test_a_layout_without_a_kernel_raises_before_compiling(monkeypatch, case, target, fields, message):
     spec = KernelSpec(kv_heads=1, head_dim=16, value_dim=16, block_size=16, dtype="bf16", target=target, **fields)
+    recipe = _recipe(case, target)
     with pytest.raises(NotImplementedError, match=message):
-        choose("select_blocks", spec, load_recipe(target))
+        choose("select_blocks", spec, recipe)
+    monkeypatch.setattr(compression, "_check_select_kernel", lambda spec: choose("select_blocks", spec, recipe))
     monkeypatch.setattr(api, "_target_for", lambda device: target)
     monkeypatch.setattr(api, "kernels", lambda *a: pytest.fail("compiled on a target without the kernel"))
     q, k, bs, _, _ = _problem((1, 64, None, fields["heads"], 1, 16, 16, 4), torch.bfloat16)

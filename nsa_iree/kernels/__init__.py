@@ -68,8 +68,8 @@ def choose(stage: str, spec, recipe) -> Choice:
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.
         if wanted not in FAMILIES or wanted == "linalg":
-            raise NotImplementedError(f"{stage} has no kernel for target {spec.target!r} (its recipe names none): "
-                                      f"{stage} runs on the CPU and NVIDIA GPUs so far")
+            raise NotImplementedError(f"{stage} has no kernel for target {spec.target!r}: its recipe's [kernels] "
+                                      f"table names none")
         crossed = tuple(FAMILIES[wanted].limits(stage, spec, recipe))
         if crossed:
             raise NotImplementedError(f"{stage} has no kernel for {spec.name}: the {wanted} kernel "

@@ -10,6 +10,7 @@
 <% elif name == "v" %>memref<?x?x${G}x${DV}x${E}>{%batch, %n}|v [B, N, G, Dv]
 <% elif name == "block_indices" %>memref<?x?x${G}x${T}xi32>{%batch, %m_rows}|block_indices [B, M, G, T] i32
 <% elif name == "lse" %>memref<?x${H}x?xf32>{%batch, %m_rows}|lse [B, H, M] f32
+<% elif name == "lse_rows" %>memref<?x?x${H}xf32>{%batch, %m_rows}|lse by rows [B, M, H] f32 (cpu/host.mlir: lse_by_heads)
 <% elif name == "delta" %>memref<?x?x${H}xf32>{%batch, %m_rows}|delta [B, M, H] f32
 <% elif name == "entries" %>memref<?x${ROWS_PER_PIECE}x2xi32>{%pieces}|entries [pieces, ROWS_PER_PIECE, 2] i32
 <% elif name == "dk_pieces" %>memref<?x${BS}x${D}xf32>{%pieces}|dk pieces [pieces, BS, D] f32

@@ -2,6 +2,7 @@
 // each stage's signature (the ABI nsa_iree/runtime.py calls, the same whichever kernel runs the stage), the
 // sizes a host function reads off its arguments, the push constants of a per-row dispatch, and the whole host
 // function of the families whose dispatch takes q, k, v as they are (nvidia, portable, linalg's one-pass).
+<% import "common/dispatch.mlir" as dispatch %>
 
 <% macro forward_signature() %>
 func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
@@ -40,6 +41,38 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
     %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
     %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
+<% endmacro %>
+
+<# select_blocks' signature: block_indices [B, M, G, S] (S = T) of one sequence from q [B, M, H, D], k_cmp
+   [B, C, G, D] (C = ceil(N / BS)), lse [B, H, M] f32, counts [B, M, G] i32, and n = N (the rows are the last M of N
+   positions). #>
+<% macro select_signature() %>
+func.func @select_blocks(%q: tensor<?x?x${H}x${D}x${E}>, %k_cmp: tensor<?x?x${G}x${D}x${E}>,
+    %lse: tensor<?x${H}x?xf32>, %counts: tensor<?x?x${G}xi32>, %scale: f32, %n: index,
+    %out: tensor<?x?x${G}x${T}xi32> {iree.abi.output = 0 : index},
+    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${G}x${T}xi32> {
+<% endmacro %>
+
+<# select_blocks' host function for the GPU kernels: one dispatch of `executable`'s @`function` per (tile of
+   `rows_per_workgroup` query rows, g, b) over q, k_cmp, lse and counts as they are; `inputs` and `outputs` are the
+   kernel's operands (common/dispatch.mlir's layout()), whose types name %batch, %m_rows and %num_blocks. #>
+<% macro select_blocks(executable, function, rows_per_workgroup, inputs, outputs) %>
+${ select_signature() }
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %kv_heads = arith.constant ${G} : index
+  %rows_per_workgroup = arith.constant ${rows_per_workgroup} : index
+  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
+  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
+  %num_blocks = tensor.dim %k_cmp, %c1 : tensor<?x?x${G}x${D}x${E}>
+  %row_tiles = arith.ceildivui %m_rows, %rows_per_workgroup : index
+${ push_constants() }
+  %block_indices = flow.dispatch @${executable}::@${function}[%row_tiles, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k_cmp, %lse, %counts)
+      : (i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
+      -> (${ dispatch.tensor_types(outputs) })
+  return %block_indices : tensor<?x?x${G}x${T}xi32>
+}
 <% endmacro %>
 
 <# %c0, %c1, what a call block adds, and %batch, %m_rows, %n read off q [B, M, H, D] and k [B, N, G, D]. #>

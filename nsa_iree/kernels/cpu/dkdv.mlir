@@ -1,13 +1,15 @@
-// dk/dv pass on CPUs (two-pass, block-major, no atomics): one hand-written dispatch, one work item per kv
-// block (block i of group g, batch b), walking the query rows that selected it in the order of the inverted
-// lists of @invert_block_indices (all the block's pieces, in order: bitwise reproducible). Vectors run along
-// the block's BS keys for the scores and along the head dims for the products into dk and dv:
-//   S[h, :]  = sum_d qT[row, d, h] * kT[d, :]          (qT = scale * q, transposed by the host function)
+// dk/dv pass on CPUs (two-pass, block-major, no atomics): one hand-written dispatch, one work item per piece of
+// the inverted lists of @invert_block_indices (up to ROWS_PER_PIECE query rows that selected one kv block, in
+// increasing m), so that a block many rows select (block 0, or a tile of compressed keys every later row sees)
+// spreads over the cores. Vectors run along the block's BS keys for the scores and along the head dims for the
+// products into dk and dv:
+//   S[h, :]  = scale * sum_d q[row, h, d] * kT[d, :]    (each q element a scalar broadcast over the keys)
 //   P[h, :]  = w * exp(S[h, :] - lse[h])                (visible keys; w: how often the row lists the block)
-//   dP[h, :] = sum_e doT[row, e, h] * vT[e, :];  DS = P * (dP - delta[h])
+//   dP[h, :] = sum_e do[row, h, e] * vT[e, :];  DS = P * (dP - delta[h])
 //   dv[j, :] += sum_h P[h, j] * do[row, h, :];  dk[j, :] += sum_h DS[h, j] * q[row, h, :]
-// (CPU_KROWS keys times CPU_VCOLS / CPU_KCOLS head elements per register block.) dk and dv accumulate in an
-// f32 scratch row of the block, and are written once, as scale * dk and dv in the input type.
+// (CPU_KROWS keys times CPU_VCOLS / CPU_KCOLS head elements per register block.) Each piece's dk (times scale)
+// and dv stay in its f32 partial row [BS, D + Dv]; @dkdv_piece_sums adds a block's partials in piece order
+// (bitwise reproducible) and rounds them once to the input type.
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/host.mlir" as host %>
 <% import "cpu/host.mlir" as cpu %>
@@ -16,22 +18,21 @@
 <% import "common/rules.mlir" as rules %>
 
 // Push constants: B, M, N, the number of pieces (i32), then the bits of scale (f32).
-<% set inputs = ['q', 'do', ("qT", "memref<?x" ~ D ~ "x" ~ HPG ~ "xf32>{%row_groups}", "qT [B * M * G, D, HPG] f32, scaled"), ("doT", "memref<?x" ~ DV ~ "x" ~ HPG ~ "xf32>{%row_groups}", "doT [B * M * G, Dv, HPG] f32"), ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'block_indices', 'lse', 'delta', 'entries', ("piece_start", "memref<?xi32>{%flat_blocks}", "piece_start [B * G * NB] i32"), ("piece_count", "memref<?xi32>{%flat_blocks}", "piece_count [B * G * NB] i32")] %>
-<% set outputs = [("acc", "memref<?x" ~ BS ~ "x" ~ CPU_DKV ~ "xf32>{%flat_blocks}", "f32 scratch [B * G * NB, BS, D + Dv]"), ("dk", "memref<?x?x" ~ G ~ "x" ~ D ~ "x" ~ DKV_E ~ ">{%batch, %n}", "dk [B, N, G, D]"), ("dv", "memref<?x?x" ~ G ~ "x" ~ DV ~ "x" ~ DKV_E ~ ">{%batch, %n}", "dv [B, N, G, Dv]")] %>
+<% set inputs = ['q', 'do', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'block_indices', 'lse', 'delta', 'entries'] %>
+<% set outputs = [("acc", "memref<?x" ~ BS ~ "x" ~ CPU_DKV ~ "xf32>{%pieces}", "f32 partials [pieces, BS, D + Dv]: each piece's dk (times scale), then dv")] %>
 ${ dispatch.layout("dkdv_cpu_layout", 5, inputs, outputs) }
 
-<% call dispatch.executable("selection_attention_dkdv_cpu_exe", "selection_attention_dkdv_cpu_block", "dkdv_cpu_layout", ['num_blocks', 'kv_heads', 'batch']) %>
-<% call rows.function("selection_attention_dkdv_cpu_block") %>
+<% call dispatch.executable("selection_attention_dkdv_cpu_exe", "selection_attention_dkdv_cpu_piece", "dkdv_cpu_layout", ['pieces']) %>
+<% call rows.function("selection_attention_dkdv_cpu_piece") %>
       %c0_i32 = arith.constant 0 : i32
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
 <% endcall %>
       %rows_per_piece = arith.constant ${ROWS_PER_PIECE} : index
-      %dkv_dim = arith.constant ${CPU_DKV} : index
       %heads_step = arith.constant ${CPU_SROWS} : index
 ${ products.constants(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_SROWS) }
 
-${ dispatch.ids(['i', 'g', 'b']) }
+${ dispatch.ids(['piece']) }
       %batch_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(0) : i32
       %m_rows_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(1) : i32
       %n_i32 = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(2) : i32
@@ -40,39 +41,39 @@ ${ dispatch.ids(['i', 'g', 'b']) }
       %m_rows = arith.index_castui %m_rows_i32 : i32 to index
       %n = arith.index_castui %n_i32 : i32 to index
       %pieces = arith.index_castui %pieces_i32 : i32 to index
+      %scale_bits = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(4) : i32
+      %scale = arith.bitcast %scale_bits : i32 to f32
+      %scale_keys = vector.broadcast %scale : f32 to vector<${BS}xf32>
       %num_blocks = arith.ceildivui %n, %block_size : index
       %bg_count = arith.muli %batch, %kv_heads : index
       %flat_blocks = arith.muli %bg_count, %num_blocks : index
-      %rows_total = arith.muli %batch, %m_rows : index
-      %row_groups = arith.muli %rows_total, %kv_heads : index
 
 ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
 
       %s_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
       %dp_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
 
-      %bg = arith.muli %b, %kv_heads : index
-      %bg_g = arith.addi %bg, %g : index
-      %f0 = arith.muli %bg_g, %num_blocks : index
-      %f = arith.addi %f0, %i : index
-      %h_first = arith.muli %g, %heads_per_group : index
-      %key0 = arith.muli %i, %block_size : index
-      %block_i32 = arith.index_cast %i : index to i32
-      ${ rules.offset() }
+      // The piece's flat block f = (b * G + g) * NB + i, from its first entry; (-1, -1) marks a piece past the
+      // used ones, which no block's sum reads.
+      %f_i32 = memref.load %entries[%piece, %c0, %c1] : memref<?x${ROWS_PER_PIECE}x2xi32>
+      %in_use = arith.cmpi sge, %f_i32, %c0_i32 : i32
+      scf.if %in_use {
+        %f = arith.index_cast %f_i32 : i32 to index
+        %i = arith.remui %f, %num_blocks : index
+        %bg_g = arith.divui %f, %num_blocks : index
+        %g = arith.remui %bg_g, %kv_heads : index
+        %b = arith.divui %bg_g, %kv_heads : index
+        %h_first = arith.muli %g, %heads_per_group : index
+        %key0 = arith.muli %i, %block_size : index
+        %block_i32 = arith.index_cast %i : index to i32
+        ${ rules.offset() }
 
-      // The block's scratch row starts at 0: dk in columns [0, D), dv in [D, D + Dv).
-      scf.for %j = %c0 to %block_size step %c1 {
-        scf.for %x = %c0 to %dkv_dim step %c1 {
-          memref.store %zero, %acc[%f, %j, %x] : memref<?x${BS}x${CPU_DKV}xf32>
+        // The piece's partial row starts at 0: dk in columns [0, D), dv in [D, D + Dv).
+        %zero_row = arith.constant dense<0.0> : vector<${CPU_DKV}xf32>
+        scf.for %j = %c0 to %block_size step %c1 {
+          vector.store %zero_row, %acc[%piece, %j, %c0] : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_DKV}xf32>
         }
-      }
 
-      %first_i32 = memref.load %piece_start[%f] : memref<?xi32>
-      %count_i32 = memref.load %piece_count[%f] : memref<?xi32>
-      %first = arith.index_cast %first_i32 : i32 to index
-      %count = arith.index_cast %count_i32 : i32 to index
-      %end = arith.addi %first, %count : index
-      scf.for %piece = %first to %end step %c1 {
         scf.for %r = %c0 to %rows_per_piece step %c1 {
           %c_i32 = memref.load %entries[%piece, %r, %c0] : memref<?x${ROWS_PER_PIECE}x2xi32>
           %used = arith.cmpi sge, %c_i32, %c0_i32 : i32
@@ -100,35 +101,22 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
             ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
 
             // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
-${ products.scores("c", CPU_SROWS) | indent(2, true) }
+${ products.scores_from_inputs(CPU_SROWS) | indent(2, true) }
             // P = w * exp(S - lse) on visible keys (0 elsewhere, never NaN), DS = P * (dP - delta): in place.
             %w_v = vector.broadcast %w : f32 to vector<${BS}xf32>
 ${ products.p_ds(true) | indent(2, true) }
             // dv[j, :] += sum_h P[h, j] do[h, :] and dk[j, :] += sum_h DS[h, j] q[h, :] over the visible keys,
             // CPU_KROWS keys times CPU_VCOLS (CPU_KCOLS) elements per register block.
-${ products.add_to_acc(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_DKV) }
+${ products.add_to_acc(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_DKV, at="piece") }
           }
         }
-      }
 
-      // dk = scale * acc[:, :D], dv = acc[:, D:] for the block's keys below N, in the input type.
-      %scale_bits = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(4) : i32
-      %scale = arith.bitcast %scale_bits : i32 to f32
-      %n_in_block = arith.subi %n, %key0 : index
-      %keys_here = arith.minsi %n_in_block, %block_size : index
-      scf.for %j = %c0 to %keys_here step %c1 {
-        %key = arith.addi %key0, %j : index
-        scf.for %d = %c0 to %head_dim step %c1 {
-          %x = memref.load %acc[%f, %j, %d] : memref<?x${BS}x${CPU_DKV}xf32>
-          %x_scaled = arith.mulf %x, %scale : f32
-          %x_e = ${DKV_TRUNCF} %x_scaled : f32 to ${DKV_E}
-          memref.store %x_e, %dk[%b, %key, %g, %d] : memref<?x?x${G}x${D}x${DKV_E}>
-        }
-        scf.for %e = %c0 to %value_dim step %c1 {
-          %col = arith.addi %head_dim, %e : index
-          %x = memref.load %acc[%f, %j, %col] : memref<?x${BS}x${CPU_DKV}xf32>
-          %x_e = ${DKV_TRUNCF} %x : f32 to ${DKV_E}
-          memref.store %x_e, %dv[%b, %key, %g, %e] : memref<?x?x${G}x${DV}x${DKV_E}>
+        // dk's partial times scale (q is unscaled in its products).
+        %scale_k = vector.broadcast %scale : f32 to vector<${D}xf32>
+        scf.for %j = %c0 to %block_size step %c1 {
+          %x = vector.load %acc[%piece, %j, %c0] : memref<?x${BS}x${CPU_DKV}xf32>, vector<${D}xf32>
+          %x_scaled = arith.mulf %x, %scale_k : vector<${D}xf32>
+          vector.store %x_scaled, %acc[%piece, %j, %c0] : memref<?x${BS}x${CPU_DKV}xf32>, vector<${D}xf32>
         }
       }
       return
@@ -142,42 +130,21 @@ ${ host.dkdv_signature() }
 <% endcall %>
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
 ${ cpu.flat_blocks() }
-  %rows_total = arith.muli %batch, %m_rows : index
-  %row_groups = arith.muli %rows_total, %kv_heads : index
 
 ${ cpu.blocks_t() }
-  // q (scaled) and do per row group with the heads innermost, in f32: qT[c, d, h] = scale * q[b, m, g*HPG + h, d].
-<# %`name`T [B * M * G, `dim`, HPG] f32: %`name` [B, M, H, `dim`] per row group, heads innermost (index `index`),
-   times scale when `scaled`. #>
-<% macro grouped_t(name, dim, index, scaled) %>
-  %${name}_grouped = tensor.expand_shape %${name} [[0], [1], [2, 3], [4]] output_shape [%batch, %m_rows, ${G}, ${HPG}, ${dim}]
-      : tensor<?x?x${H}x${dim}x${E}> into tensor<?x?x${G}x${HPG}x${dim}x${E}>
-  %${name}T_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${G}x${dim}x${HPG}xf32>
-  %${name}T_grouped = linalg.generic {
-      indexing_maps = [affine_map<(b, m, g, ${index}, h) -> (b, m, g, h, ${index})>, affine_map<(b, m, g, ${index}, h) -> (b, m, g, ${index}, h)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]}
-      ins(%${name}_grouped : tensor<?x?x${G}x${HPG}x${dim}x${E}>) outs(%${name}T_init : tensor<?x?x${G}x${dim}x${HPG}xf32>) {
-  ^bb0(%x: ${E}, %out: f32):
-    %x32 = ${EXTF} %x : ${E} to f32
-<% if scaled %>
-    %scaled = arith.mulf %x32, %scale : f32
-    linalg.yield %scaled : f32
-<% else %>
-    linalg.yield %x32 : f32
-<% endif %>
-  } -> tensor<?x?x${G}x${dim}x${HPG}xf32>
-  %${name}T = tensor.collapse_shape %${name}T_grouped [[0, 1, 2], [3], [4]]
-      : tensor<?x?x${G}x${dim}x${HPG}xf32> into tensor<?x${dim}x${HPG}xf32>
-<% endmacro %>
-${ grouped_t("q", D, "d", true) }
-${ grouped_t("do", DV, "e", false) }
-
 
 ${ host.push_constants(pieces=true) }
-  %scratch, %dk, %dv = flow.dispatch @selection_attention_dkdv_cpu_exe::@selection_attention_dkdv_cpu_block[%num_blocks, %kv_heads, %batch](
-      %batch_i32, %m_rows_i32, %n_i32, %pieces_i32, %scale_bits, %q, %do, %qT, %doT, %key_blocks_t, %value_blocks_t,
-      %block_indices, %lse, %delta, %entries, %piece_start, %piece_count)
+  %partials = flow.dispatch @selection_attention_dkdv_cpu_exe::@selection_attention_dkdv_cpu_piece[%pieces](
+      %batch_i32, %m_rows_i32, %n_i32, %pieces_i32, %scale_bits, %q, %do, %key_blocks_t, %value_blocks_t,
+      %block_indices, %lse, %delta, %entries)
       : (i32, i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
-      -> (${ dispatch.tensor_types(outputs) })
+      -> ${ dispatch.tensor_types(outputs) }
+  %dk_pieces = tensor.extract_slice %partials[0, 0, 0] [%pieces, ${BS}, ${D}] [1, 1, 1]
+      : tensor<?x${BS}x${CPU_DKV}xf32> to tensor<?x${BS}x${D}xf32>
+  %dv_pieces = tensor.extract_slice %partials[0, 0, ${D}] [%pieces, ${BS}, ${DV}] [1, 1, 1]
+      : tensor<?x${BS}x${CPU_DKV}xf32> to tensor<?x${BS}x${DV}xf32>
+  %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
+      : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
+      -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)
   return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

@@ -61,8 +61,7 @@ ${ rows.position() }
 ${ rows.slot_block() }
         scf.if %selected {
 ${ rows.block_extent() }
-          %ragged = arith.remui %visible, %rows_step : index
-          %full = arith.subi %visible, %ragged : index
+${ rows.whole_steps(CPU_ROWS) }
 <% include "cpu/scores.mlir" %>
           // dpT[j, :] = sum_e vT[f, e, j] * doT[e, :], as the scores.
           scf.for %j0 = %c0 to %full step %rows_step {
@@ -115,14 +114,7 @@ ${ rows.block_extent() }
         }
       }
 
-      scf.for %d = %c0 to %head_dim step %c1 {
-        %acc = vector.load %dqT[%d, %c0] : memref<${D}x${HPG}xf32>, vector<${HPG}xf32>
-        %out = arith.mulf %acc, %scale_h : vector<${HPG}xf32>
-        %out_e = ${TRUNCF} %out : vector<${HPG}xf32> to vector<${HPG}x${E}>
-        vector.transfer_write %out_e, %dq[%b, %m, %h0, %d]
-            {in_bounds = [true], permutation_map = affine_map<(b, m, h, d) -> (h)>}
-            : vector<${HPG}x${E}>, memref<?x?x${H}x${D}x${E}>
-      }
+${ rows.transposed_store("dqT", "dq", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0", "scale_h") }
       return
     }
 <% endcall %>

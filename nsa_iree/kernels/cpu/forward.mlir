@@ -21,7 +21,7 @@
 <% import "cpu/rows.mlir" as rows %>
 
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), 'v', 'block_indices'] %>
-<% set outputs = ['o', 'lse'] %>
+<% set outputs = ['o', 'lse_rows'] %>
 ${ dispatch.layout("fwd_cpu_layout", 4, inputs, outputs) }
 
 <% call dispatch.executable("selection_attention_fwd_cpu_exe", "selection_attention_fwd_cpu_row", "fwd_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
@@ -44,7 +44,7 @@ ${ dispatch.bindings("fwd_cpu_layout", inputs, outputs, only=['q']) }
       %num_blocks = arith.ceildivui %n, %block_size : index
       %bg_count = arith.muli %batch, %kv_heads : index
       %flat_blocks = arith.muli %bg_count, %num_blocks : index
-${ dispatch.bindings("fwd_cpu_layout", inputs, outputs, only=['kT', 'v', 'block_indices', 'o', 'lse']) }
+${ dispatch.bindings("fwd_cpu_layout", inputs, outputs, only=['kT', 'v', 'block_indices', 'o', 'lse_rows']) }
 
       %qT = memref.alloca() : memref<${D}x${HPG}xf32>
       %oT = memref.alloca() : memref<${DV}x${HPG}xf32>
@@ -65,8 +65,7 @@ ${ rows.position() }
 ${ rows.slot_block() }
         %m_next, %l_next = scf.if %selected -> (vector<${HPG}xf32>, vector<${HPG}xf32>) {
 ${ rows.block_extent() }
-          %ragged = arith.remui %visible, %rows_step : index
-          %full = arith.subi %visible, %ragged : index
+${ rows.whole_steps(CPU_ROWS) }
 <% include "cpu/scores.mlir" %>
           %mx = scf.for %j = ${first} to %visible step %c1 iter_args(%acc = %neg_inf_h) -> (vector<${HPG}xf32>) {
             %s = vector.load %sT[%j, %c0] : memref<${BS}x${HPG}xf32>, vector<${HPG}xf32>
@@ -115,20 +114,11 @@ ${ rows.block_extent() }
       %one_h = vector.broadcast %one : f32 to vector<${HPG}xf32>
       %inverse = arith.divf %one_h, %l_final : vector<${HPG}xf32>
       %weight = arith.select %empty_row, %zero_h, %inverse : vector<${HPG}xi1>, vector<${HPG}xf32>
-      scf.for %e = %c0 to %value_dim step %c1 {
-        %acc = vector.load %oT[%e, %c0] : memref<${DV}x${HPG}xf32>, vector<${HPG}xf32>
-        %out = arith.mulf %acc, %weight : vector<${HPG}xf32>
-        %out_e = ${TRUNCF} %out : vector<${HPG}xf32> to vector<${HPG}x${E}>
-        vector.transfer_write %out_e, %o[%b, %m, %h0, %e]
-            {in_bounds = [true], permutation_map = affine_map<(b, m, h, e) -> (h)>}
-            : vector<${HPG}x${E}>, memref<?x?x${H}x${DV}x${E}>
-      }
+${ rows.transposed_store("oT", "o", DV, CPU_COLS, "e", "value_dim", "cols_step", "h0", "weight") }
       %log_sum = math.log %l_final : vector<${HPG}xf32>
-      %lse_rows = arith.addf %m_final, %log_sum : vector<${HPG}xf32>
-      %lse_h = arith.select %empty_row, %neg_inf_h, %lse_rows : vector<${HPG}xi1>, vector<${HPG}xf32>
-      vector.transfer_write %lse_h, %lse[%b, %h0, %m]
-          {in_bounds = [true], permutation_map = affine_map<(b, h, m) -> (h)>}
-          : vector<${HPG}xf32>, memref<?x${H}x?xf32>
+      %lse_sum = arith.addf %m_final, %log_sum : vector<${HPG}xf32>
+      %lse_h = arith.select %empty_row, %neg_inf_h, %lse_sum : vector<${HPG}xi1>, vector<${HPG}xf32>
+      vector.store %lse_h, %lse_rows[%b, %m, %h0] : memref<?x?x${H}xf32>, vector<${HPG}xf32>
       return
     }
 <% endcall %>
@@ -141,9 +131,10 @@ ${ host.push_constants() }
   %block_size = arith.constant ${BS} : index
 ${ cpu.flat_blocks() }
 ${ cpu.blocks_t() }
-  %o, %lse = flow.dispatch @selection_attention_fwd_cpu_exe::@selection_attention_fwd_cpu_row[%m_rows, %kv_heads, %batch](
+  %o, %lse_rows = flow.dispatch @selection_attention_fwd_cpu_exe::@selection_attention_fwd_cpu_row[%m_rows, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %key_blocks_t, %v, %block_indices)
       : (i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
       -> (${ dispatch.tensor_types(outputs) })
+${ cpu.lse_by_heads() }
   return %o, %lse : tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>
 }

@@ -1,5 +1,5 @@
 // The host functions' text the CPU kernels share, as macros (cpu/*.mlir import this file): the count of the
-// transposed K/V blocks and the call that makes them (cpu/blocks.mlir).
+// transposed K/V blocks and the call that makes them (cpu/blocks.mlir), and lse from the rows' layout.
 
 <# %num_blocks, %bg_count and %flat_blocks (B * G * NB, the transposed blocks) from %n, %batch, %kv_heads and
    %block_size. #>
@@ -13,4 +13,13 @@
 <% macro blocks_t() %>
   %key_blocks_t, %value_blocks_t = func.call @cpu_blocks_t(%k, %v)
       : (tensor<?x?x${G}x${D}x${E}>, tensor<?x?x${G}x${DV}x${E}>) -> (tensor<?x${D}x${BS}x${E}>, tensor<?x${DV}x${BS}x${E}>)
+<% endmacro %>
+
+<# %lse [B, H, M] f32: %lse_rows [B, M, H] transposed. The CPU kernels write a row's HPG lse values as one
+   contiguous vector: written along M, every row of a work item would store to HPG cache lines that the rows
+   of the other cores' work items store to as well. #>
+<% macro lse_by_heads() %>
+  %lse_empty = tensor.empty(%batch, %m_rows) : tensor<?x${H}x?xf32>
+  %lse = linalg.transpose ins(%lse_rows : tensor<?x?x${H}xf32>) outs(%lse_empty : tensor<?x${H}x?xf32>)
+      permutation = [0, 2, 1]
 <% endmacro %>

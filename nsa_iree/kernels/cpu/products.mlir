@@ -33,6 +33,39 @@
           }
 <% endmacro %>
 
+<# %s_tile = S and %dp_tile = dP [HPG, BS] of row %m's heads, `srows` (CPU_SROWS) heads at a time, every element
+   of q and do read from the inputs as a scalar broadcast over the keys (no transposed copy of either):
+   S[h, :] = scale sum_d q[b, m, h, d] kT[f, d, :] and dP[h, :] = sum_e do[b, m, h, e] vT[f, e, :]. Reads %scale_keys
+   (scale broadcast over BS keys). #>
+<% macro scores_from_inputs(srows) %>
+<% set heads = srows | int %>
+          scf.for %h0 = %c0 to %heads_per_group step %heads_step {
+            %head_base = arith.addi %h_first, %h0 : index
+<% for tile, x, blocks, index, bound, dim in [("s_tile", "q", "kT", "d", "head_dim", D), ("dp_tile", "do", "vT", "e", "value_dim", DV)] %>
+<% set types = (["vector<" ~ BS ~ "xf32>"] * heads) | join(", ") %>
+            %${tile}_acc:${heads} = scf.for %${index} = %c0 to %${bound} step %c1 iter_args(<% for i in range(heads) %>%a${i} = %zero_keys${ ", " if not loop.last }<% endfor %>) -> (${types}) {
+              %keys = vector.load %${blocks}[%f, %${index}, %c0] : memref<?x${dim}x${BS}x${E}>, vector<${BS}x${E}>
+              %keys32 = ${EXTF} %keys : vector<${BS}x${E}> to vector<${BS}xf32>
+<% for i in range(heads) %>
+              %head${i} = affine.apply affine_map<(h) -> (h + ${i})>(%head_base)
+              %x${i} = memref.load %${x}[%b, %m, %head${i}, %${index}] : memref<?x?x${H}x${dim}x${E}>
+              %x${i}_32 = ${EXTF} %x${i} : ${E} to f32
+              %x${i}_keys = vector.broadcast %x${i}_32 : f32 to vector<${BS}xf32>
+              %a${i}_new = vector.fma %x${i}_keys, %keys32, %a${i} : vector<${BS}xf32>
+<% endfor %>
+              scf.yield <% for i in range(heads) %>%a${i}_new${ ", " if not loop.last }<% endfor %> : ${types}
+            }
+<% for i in range(heads) %>
+            %${tile}_h${i} = affine.apply affine_map<(h) -> (h + ${i})>(%h0)
+<% if tile == "s_tile" %>
+            %${tile}_v${i} = arith.mulf %${tile}_acc#${i}, %scale_keys : vector<${BS}xf32>
+<% endif %>
+            vector.store %${ tile ~ "_v" ~ i if tile == "s_tile" else tile ~ "_acc#" ~ i }, %${tile}[%${tile}_h${i}, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+<% endfor %>
+<% endfor %>
+          }
+<% endmacro %>
+
 <# In place: %s_tile = P = exp(S - lse) on visible keys (0 elsewhere; times %w_v when `weighted`), %dp_tile =
    DS = P * (dP - delta). #>
 <% macro p_ds(weighted) %>
@@ -90,16 +123,16 @@ ${ caller(p) }
                 }
 <% endmacro %>
 
-<# dv and dk of the visible keys of flat block %f added into %acc [.., BS, `dkv` (CPU_DKV)] with plain loads and
-   stores, `krows` keys times `vcols` (`kcols`) columns per register block. #>
-<% macro add_to_acc(krows, vcols, kcols, dkv) %>
+<# dv and dk of the visible keys of flat block %f added into %acc [%`at`, BS, `dkv` (CPU_DKV)] with plain loads
+   and stores, `krows` keys times `vcols` (`kcols`) columns per register block. #>
+<% macro add_to_acc(krows, vcols, kcols, dkv, at="f") %>
             scf.for %j0 = %c0 to %visible step %keys_step {
 <% call(p) parts(vcols, kcols) %>
 ${ part_loop(p) }
-                %old = vector.transfer_read %acc[%f, %j0, %${p.at}], %zero {in_bounds = [true, true]}
+                %old = vector.transfer_read %acc[%${at}, %j0, %${p.at}], %zero {in_bounds = [true, true]}
                     : memref<?x${BS}x${dkv}xf32>, vector<${krows}x${p.cols}xf32>
 ${ head_sum("old", p, krows) }
-                vector.transfer_write %new, %acc[%f, %j0, %${p.at}] {in_bounds = [true, true]}
+                vector.transfer_write %new, %acc[%${at}, %j0, %${p.at}] {in_bounds = [true, true]}
                     : vector<${krows}x${p.cols}xf32>, memref<?x${BS}x${dkv}xf32>
               }
 <% endcall %>

@@ -41,6 +41,23 @@ ${ constants() }
       }
 <% endmacro %>
 
+<# The inverse of transposed(): %`x` [b, m, %`h0` + heads, :] (type E) = %`name` [`dim`, HPG] f32 times
+   %`weight` (vector<HPG>, one factor per head), `cols` elements of `index` at a time (%`step`, up to %`bound`):
+   each tile transposed in registers and written as HPG contiguous runs of `cols` elements. #>
+<% macro transposed_store(name, x, dim, cols, index, bound, step, h0, weight) %>
+      %${weight}_tile = vector.broadcast %${weight} : vector<${HPG}xf32> to vector<${cols}x${HPG}xf32>
+      scf.for %${index}0 = %c0 to %${bound} step %${step} {
+        %cols = vector.transfer_read %${name}[%${index}0, %c0], %zero {in_bounds = [true, true]}
+            : memref<${dim}x${HPG}xf32>, vector<${cols}x${HPG}xf32>
+        %weighted = arith.mulf %cols, %${weight}_tile : vector<${cols}x${HPG}xf32>
+        %rows = vector.transpose %weighted, [1, 0] : vector<${cols}x${HPG}xf32> to vector<${HPG}x${cols}xf32>
+        %rows_e = ${TRUNCF} %rows : vector<${HPG}x${cols}xf32> to vector<${HPG}x${cols}x${E}>
+        vector.transfer_write %rows_e, %${x}[%b, %m, %${h0}, %${index}0]
+            {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, ${index}) -> (h, ${index})>}
+            : vector<${HPG}x${cols}x${E}>, memref<?x?x${H}x${dim}x${E}>
+      }
+<% endmacro %>
+
 <# %offset, %pos (row m's position) and %last_visible (the last block it may see), from %n and %m_rows. #>
 <% macro position() %>
       // pos(m) = m + N - M (bottom-right alignment); signed, in index arithmetic.
@@ -73,6 +90,20 @@ ${ constants() }
 <% if WINDOW != "0" %>
           ${ rules.first_key("window_first") }
           %first_visible = arith.maxsi %window_first, %c0 : index
+<% endif %>
+<% endmacro %>
+
+<# %full: the keys of the block scored `rows` (CPU_ROWS, %rows_step) at a time (the rest, %full .. %visible - 1,
+   one at a time). When BS is a multiple of `rows`, %visible rounded up: the few keys past %visible that the last
+   step scores lie inside the block, and nothing reads their scores; one key at a time is a chain of dependent
+   FMAs. Else %visible rounded down. #>
+<% macro whole_steps(rows) %>
+<% if (BS | int) % (rows | int) == 0 %>
+          %steps = arith.ceildivui %visible, %rows_step : index
+          %full = arith.muli %steps, %rows_step : index
+<% else %>
+          %ragged = arith.remui %visible, %rows_step : index
+          %full = arith.subi %visible, %ragged : index
 <% endif %>
 <% endmacro %>
 

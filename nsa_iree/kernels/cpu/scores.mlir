@@ -1,7 +1,7 @@
 // The CPU kernels' scores of one selected block (forward_cpu.mlir, dq_cpu.mlir): sT[j, :] = sum_d
 // kT[f, d, j] * qT[d, :] for the visible keys j < visible of flat block f, CPU_ROWS keys at a time (one
-// vector load of consecutive keys, their vectors of heads accumulating in registers), then the ragged rest
-// one key at a time. Uses %qT, %sT, %kT, %f, %full, %visible, %head_dim, %rows_step, %zero_rows, %zero_h;
+// vector load of consecutive keys, their vectors of heads accumulating in registers) up to %full
+// (rows.whole_steps), then the rest, if any, one key at a time. Uses %qT, %sT, %kT, %f, %full, %visible, %head_dim, %rows_step, %zero_rows, %zero_h;
 // defines nothing used after it.
 <# part: takes CPU_ROWS, rows #>
 <% set kt = "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">" %>

@@ -244,24 +244,5 @@ ${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frag
     }
 <% endcall %>
 
-// block_indices [B, M, G, S] of one sequence: q [B, M, H, D], k_cmp [B, C, G, D] (C = ceil(N / BS)), lse
-// [B, H, M] f32, counts [B, M, G] i32, n = N (the rows are the last M of N positions).
-func.func @select_blocks(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %lse: tensor<?x${H}x?xf32>, %counts: tensor<?x?x${G}xi32>, %scale: f32, %n: index,
-    %out: tensor<?x?x${G}x${T}xi32> {iree.abi.output = 0 : index},
-    %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${G}x${T}xi32> {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %kv_heads = arith.constant ${G} : index
-  %subgroups = arith.constant ${DENSE_SUBGROUPS} : index
-  %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
-  %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
-  %num_blocks = tensor.dim %k, %c1 : tensor<?x?x${G}x${D}x${E}>
-  %row_tiles = arith.ceildivui %m_rows, %subgroups : index
-${ host.push_constants() }
-  %block_indices = flow.dispatch @select_blocks_nvidia_exe::@select_blocks_nvidia_rows[%row_tiles, %kv_heads, %batch](
-      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %lse, %counts)
-      : (i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
-      -> (${ dispatch.tensor_types(outputs) })
-  return %block_indices : tensor<?x?x${G}x${T}xi32>
-}
+// Host side: one dispatch per DENSE_SUBGROUPS query rows, block_indices written into the caller's tensor.
+${ host.select_blocks("select_blocks_nvidia_exe", "select_blocks_nvidia_rows", DENSE_SUBGROUPS, inputs, outputs) }

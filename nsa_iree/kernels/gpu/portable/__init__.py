@@ -8,17 +8,37 @@ from ....fragments import HEAD_ROWS, KEYS_PER_SUBGROUP, LAYOUTS, PAD, UNIT, Unit
 from ....spec import KernelSpec
 from ...family import Family
 
+STAGES = ("forward", "dq", "dkdv", "onepass", "select_blocks")
+
+# select_blocks.mlir: query rows per workgroup (one subgroup each), which share every staged tile of compressed keys,
+# and the compressed keys of a tile (whole 16-column units).
+SELECT_SUBGROUPS = 4
+SELECT_TILE_KEYS = 64
+SELECT_MAX_SLOTS = 32      # the kept list: entry l in lane l (mma.sync's subgroups have 32 lanes)
+
+
+def _unit(spec: KernelSpec, recipe) -> Unit | None:
+    """The recipe's unit: its `mma_kind` (None: no fragment table for it), `unit_k` // the intrinsic's K of them
+    side by side along K (default one: gfx942 takes two 16x16x16 MFMAs, so that a fragment is one 16-byte read)."""
+    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
+    if kind is None:
+        return None
+    return Unit(kind, int(recipe.kernel_settings.get("unit_k", kind.mnk[2])) // kind.mnk[2])
+
+
 def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the portable kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
-    if stage not in ("forward", "dq", "dkdv", "onepass"):
+    if stage not in STAGES:
         return [f"no portable kernel for stage {stage!r}"]
+    if stage == "select_blocks":
+        return _select_limits(spec, recipe)
     why = ["no sliding-window mask (the linalg stages take it)"] if spec.window else []
     if spec.dtype not in ("bf16", "f16"):
         why.append("dtype is not bf16 or f16")
-    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
-    if kind is None:
+    unit = _unit(spec, recipe)
+    if unit is None:
         return why + ["no fragment table for the recipe's mma_kind"]
-    k = kind.mnk[2]
+    k = unit.k
     if spec.heads_per_group > HEAD_ROWS:
         why.append(f"more than {HEAD_ROWS} heads per group")
     if spec.head_dim % k or spec.value_dim % k:
@@ -42,6 +62,34 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     if limit and need > limit:
         why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
     return why
+
+
+def _select_limits(spec: KernelSpec, recipe) -> list[str]:
+    """Why select_blocks.mlir cannot serve spec (T its output slots, D the compressed keys' dim)."""
+    why = ["select_blocks.mlir has no sliding-window mask"] if spec.window else []
+    if spec.dtype not in ("bf16", "f16"):
+        why.append("dtype is not bf16 or f16")
+    unit = _unit(spec, recipe)
+    if unit is None:
+        return why + ["no fragment table for the recipe's mma_kind"]
+    if spec.heads_per_group > HEAD_ROWS:
+        why.append(f"select_blocks.mlir takes up to {HEAD_ROWS} heads per group (a query row's heads are one unit's "
+                   f"rows)")
+    slots = min(SELECT_MAX_SLOTS, unit.kind.subgroup_size)
+    if spec.num_blocks > slots:
+        why.append(f"more than {slots} output slots (one per lane)")
+    if spec.head_dim % unit.k:
+        why.append(f"D not a multiple of the unit's K ({unit.k})")
+    limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
+    need = _select_memory(spec)
+    if limit and need > limit:
+        why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
+    return why
+
+
+def _select_memory(spec: KernelSpec) -> int:
+    """Bytes of select_blocks.mlir's one tile: SELECT_TILE_KEYS compressed keys, rows padded by PAD (16-bit)."""
+    return SELECT_TILE_KEYS * (spec.head_dim + PAD) * 2
 
 
 def _tile_offsets(prefix: str, tiles: list[tuple[str, int]]) -> dict[str, int]:
@@ -95,10 +143,10 @@ def _onepass_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
 
 def values(spec: KernelSpec, recipe) -> dict[str, str]:
     """Substitutions of the portable kernels beyond the common ones."""
-    kind = LAYOUTS.get(mma_kind_name(recipe.kernel_settings.get("mma_kind", ""), spec))
-    if kind is None:
+    unit = _unit(spec, recipe)
+    if unit is None:
         return {}
-    unit = Unit(kind)
+    kind = unit.kind
     major, k = unit.run_maps("lhs")
     # One pair of maps serves both operands' reads (the template uses it for both).
     assert all(unit.run_origin("lhs", lane, j) == unit.run_origin("rhs", lane, j)
@@ -141,8 +189,25 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "OPP_Q_ITEMS": HEAD_ROWS * d // 8, "OPP_DO_ITEMS": HEAD_ROWS * dv // 8,
         **_onepass_memory(spec, unit.k),
     }
+    # select_blocks: SELECT_SUBGROUPS rows per workgroup, a tile of SELECT_TILE_KEYS compressed keys staged as rows
+    # [key][d] in 16-byte chunks (chunk c: key c / (D / 8), elements 8 (c mod (D / 8)) ..); a score is summed over
+    # the lanes holding its column (COL_SHUFFLES xor distances from COL_SHUFFLE_STRIDE), a kept entry's rank over
+    # all LANE_SHUFFLES of the subgroup's lanes; candidate c of a unit comes from lane ACC_COL_LANE_MAP(c), element
+    # ACC_COL_INDEX_MAP(c).
+    select_lanes = SELECT_SUBGROUPS * kind.subgroup_size
+    column_lanes, column_stride = unit.column_lanes
+    col_lane, col_index = unit.acc_column_maps()
+    values.update({
+        "SELECT_SUBGROUPS": SELECT_SUBGROUPS, "SELECT_LANES": select_lanes, "SELECT_TILE_KEYS": SELECT_TILE_KEYS,
+        "SELECT_KEY_STEPS": SELECT_TILE_KEYS // UNIT, "D_CHUNKS": d // 8,
+        "SELECT_K_ITEMS": SELECT_TILE_KEYS * d // 8,
+        "SELECT_K_ITEMS_PER_LANE": -(-(SELECT_TILE_KEYS * d // 8) // select_lanes),
+        "SELECT_SMEM_BYTES": _select_memory(spec),
+        "COL_SHUFFLES": column_lanes.bit_length() - 1, "COL_SHUFFLE_STRIDE": column_stride,
+        "LANE_SHUFFLES": kind.subgroup_size.bit_length() - 1,
+        "ACC_COL_LANE_MAP": col_lane, "ACC_COL_INDEX_MAP": col_index,
+    })
     return {key: str(value) for key, value in values.items()}
 
 
-FAMILY = Family("portable", "gpu/portable", stages=("forward", "dq", "dkdv", "onepass"), limits=limits,
-                  values=values)
+FAMILY = Family("portable", "gpu/portable", stages=STAGES, limits=limits, values=values)

@@ -1,0 +1,47 @@
+"""The recipe variant that runs the portable select_blocks kernel (kernels/gpu/portable/select_blocks.mlir, the AMD
+targets' kernel) on NVIDIA GPUs: nsa_iree/pipelines/cuda.toml with `select_blocks = "portable"` and nothing else
+changed. Its `mma_kind` (mma.sync 16x8x16) is the portable unit there, so the H200 runs the text gfx950 and gfx942
+compile with the mma.sync placement (the numerics check of the portable kernels: bench/results/portable_kernels.md).
+
+    python3 -m bench.portable_select_variant [DIR]      # writes DIR/cuda.toml (default .dev/variants/portable_select)
+
+Then, with NSA_IREE_PIPELINES_DIR=DIR and NSA_IREE_CACHE_DIR=.dev/artifacts, here (the compiler) and on the GPU
+(the runtime, the same checkout and cache directory; bench/run_select_h200.sh does the GPU's part):
+
+    python3 -m bench.compression_gpu_checks --only select --compile       # here
+    python3 -m bench.compression_gpu_checks --only select                 # on the GPU
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from nsa_iree.kernels import choose
+from nsa_iree.recipes import PIPELINES_DIR, load_recipe
+from nsa_iree.spec import KernelSpec
+
+DEFAULT_DIR = Path(".dev/variants/portable_select")
+_ENTRY = re.compile(r'^select_blocks = "nvidia"$', flags=re.MULTILINE)
+
+
+def write(directory: Path = DEFAULT_DIR) -> Path:
+    """DIR/cuda.toml: the package's cuda recipe with select_blocks on the portable family; checked to make
+    choose() pick it for the anchors layout. Returns the file written."""
+    text, count = _ENTRY.subn('select_blocks = "portable"', (PIPELINES_DIR / "cuda.toml").read_text())
+    if count != 1:
+        raise SystemExit('pipelines/cuda.toml has no line select_blocks = "nvidia" to replace')
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "cuda.toml"
+    path.write_text(text)
+    anchors = KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16,
+                         dtype="bf16", target="cuda")
+    family = choose("select_blocks", anchors, load_recipe("cuda", directory)).family
+    if family != "portable":
+        raise SystemExit(f"{path}: select_blocks renders with the {family} kernel, not the portable one")
+    return path
+
+
+if __name__ == "__main__":
+    print(write(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_DIR))
