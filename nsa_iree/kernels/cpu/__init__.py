@@ -60,6 +60,9 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
             "CPU_VCOLS": str(_largest_divisor(spec.value_dim, 64)),
             "CPU_KCOLS": str(_largest_divisor(spec.head_dim, 64)),
             "CPU_KROWS": str(_largest_divisor(spec.block_size, 4)), "CPU_DKV": str(spec.head_dim + spec.value_dim),
+            # dq's sum over keys: CPU_DQ_HEADS heads times CPU_DQ_COLS elements of d (up to 4 x 64 floats).
+            "CPU_DQ_HEADS": str(_largest_divisor(spec.heads_per_group, 4)),
+            "CPU_DQ_COLS": str(_largest_divisor(spec.head_dim, 64)),
             "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES)}
 
 
