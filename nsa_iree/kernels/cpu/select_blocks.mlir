@@ -7,12 +7,10 @@
 // compressed attention) by descending score, equal scores to the lower id, NaN last. The row keeps the first
 // count = clamp(counts[b, m, g], 0, S) of them (none when p < 0); every other slot gets -1.
 //
-// Vectors run along the HPG heads of the group (vector<HPG x f32>), as in the forward:
-//   qT[d, :] = scale * q[b, m, heads, d]            (transposed once, on the stack)
-//   sT[j, :] = sum_d kT[b, g, d, c0 + j] * qT[d, :]  (CPU_ROWS candidates at a time, their vectors of heads in
-//                                                    registers; kT: k_cmp transposed by the host function, with
-//                                                    CPU_ROWS zero columns after the last)
-//   score    = reduce-add(exp(sT[j, :] - lse[b, heads, m]))
+// Vectors run along CPU_CANDS candidates (vector<CPU_CANDS x f32>), from kT: k_cmp transposed by the host
+// function, with CPU_CANDS zero columns after the last:
+//   S[h, :]   = scale * sum_d q[b, m, h, d] * kT[b, g, d, c0 ..]   (each q element a scalar broadcast)
+//   score[:]  = sum over h, in order, of exp(S[h, :] - lse[b, h, m])
 // The mean's division by HPG is left out: it is monotone, so the ranking is the same, and it could only merge
 // two neighbouring sums into a tie. The best keep = count - forced candidates stay sorted by score in a vector of
 // S lanes in registers: a candidate enters at the place where fewer kept ones score >= it (one comparison of
@@ -23,10 +21,45 @@
 <% import "common/host.mlir" as host %>
 <% import "cpu/rows.mlir" as rows %>
 
-<% set inputs = ['q', ("kT", "memref<?x" ~ G ~ "x" ~ D ~ "x?x" ~ E ~ ">{%batch, %padded_blocks}", "k_cmp transposed [B, G, D, C + CPU_ROWS], zeros past C"), 'lse', ("counts", "memref<?x?x" ~ G ~ "xi32>{%batch, %m_rows}", "block_counts [B, M, G] i32")] %>
+<% set inputs = ['q', ("kT", "memref<?x" ~ G ~ "x" ~ D ~ "x?x" ~ E ~ ">{%batch, %padded_blocks}", "k_cmp transposed [B, G, D, C + CPU_CANDS], zeros past C"), 'lse', ("counts", "memref<?x?x" ~ G ~ "xi32>{%batch, %m_rows}", "block_counts [B, M, G] i32")] %>
 <% set outputs = ['block_indices'] %>
 <% set kt = "memref<?x" ~ G ~ "x" ~ D ~ "x?x" ~ E ~ ">" %>
 ${ dispatch.layout("select_cpu_layout", 4, inputs, outputs) }
+
+<# %sums (vector<CPU_CANDS>): the scores of candidates %c0_block .. + CPU_CANDS - 1 (those past %end included:
+   kT's zero columns past C, finite scores that nothing reads), the sum over the group's heads, in head order, of
+   exp(scale q[b, m, h] . k_cmp[c] - lse[b, h, m]); CPU_SEL_HEADS heads' score vectors at a time in registers, each q
+   element a scalar broadcast over the candidates. #>
+<% macro score_candidates() %>
+<% set n = CPU_SEL_HEADS | int %>
+<% set types = (["vector<" ~ CPU_CANDS ~ "xf32>"] * n) | join(", ") %>
+          %sums = scf.for %hb = %c0 to %heads_per_group step %sel_heads_step iter_args(%sum_in = %zero_cands)
+              -> (vector<${CPU_CANDS}xf32>) {
+            %head_base = arith.addi %h_first, %hb : index
+            %dots:${n} = scf.for %d = %c0 to %head_dim step %c1 iter_args(<% for i in range(n) %>%a${i} = %zero_cands${ ", " if not loop.last }<% endfor %>) -> (${types}) {
+              %keys = vector.load %kT[%b, %g, %d, %c0_block] : ${kt}, vector<${CPU_CANDS}x${E}>
+              %keys32 = ${EXTF} %keys : vector<${CPU_CANDS}x${E}> to vector<${CPU_CANDS}xf32>
+<% for i in range(n) %>
+              %head${i} = affine.apply affine_map<(h) -> (h + ${i})>(%head_base)
+              %x${i} = memref.load %q[%b, %m, %head${i}, %d] : memref<?x?x${H}x${D}x${E}>
+              %x${i}_32 = ${EXTF} %x${i} : ${E} to f32
+              %x${i}_c = vector.broadcast %x${i}_32 : f32 to vector<${CPU_CANDS}xf32>
+              %a${i}_new = vector.fma %x${i}_c, %keys32, %a${i} : vector<${CPU_CANDS}xf32>
+<% endfor %>
+              scf.yield <% for i in range(n) %>%a${i}_new${ ", " if not loop.last }<% endfor %> : ${types}
+            }
+<% for i in range(n) %>
+            %lse_head${i} = affine.apply affine_map<(h) -> (h + ${i})>(%head_base)
+            %l${i} = memref.load %lse[%b, %lse_head${i}, %m] : memref<?x${H}x?xf32>
+            %l${i}_c = vector.broadcast %l${i} : f32 to vector<${CPU_CANDS}xf32>
+            %s${i} = arith.mulf %dots#${i}, %scale_cands : vector<${CPU_CANDS}xf32>
+            %shifted${i} = arith.subf %s${i}, %l${i}_c : vector<${CPU_CANDS}xf32>
+            %p${i} = math.exp %shifted${i} : vector<${CPU_CANDS}xf32>
+            %sum${i} = arith.addf ${ "%sum_in" if i == 0 else "%sum" ~ (i - 1) }, %p${i} : vector<${CPU_CANDS}xf32>
+<% endfor %>
+            scf.yield %sum${n - 1} : vector<${CPU_CANDS}xf32>
+          }
+<% endmacro %>
 
 <% call dispatch.executable("select_blocks_cpu_exe", "select_blocks_cpu_row", "select_cpu_layout", ['m_rows', 'kv_heads', 'batch']) %>
 <% call rows.function("select_blocks_cpu_row") %>
@@ -36,15 +69,15 @@ ${ dispatch.layout("select_cpu_layout", 4, inputs, outputs) }
       %zero_f32 = arith.constant 0.0 : f32
       %minus_one = arith.constant -1 : i32
 <% endcall %>
-      %rows_step = arith.constant ${CPU_ROWS} : index
-      %dcols_step = arith.constant ${CPU_DCOLS} : index
-      %zero_h = arith.constant dense<0.0> : vector<${HPG}xf32>
-      %zero_rows = arith.constant dense<0.0> : vector<${CPU_ROWS}x${HPG}xf32>
+      %cands_step = arith.constant ${CPU_CANDS} : index
+      %sel_heads_step = arith.constant ${CPU_SEL_HEADS} : index
+      %zero_cands = arith.constant dense<0.0> : vector<${CPU_CANDS}xf32>
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("select_cpu_layout", ['batch', 'm_rows', 'n', 'scale']) }
       %num_blocks = arith.ceildivui %n, %block_size : index
-      %padded_blocks = arith.addi %num_blocks, %rows_step : index
+      %padded_blocks = arith.addi %num_blocks, %cands_step : index
+      %scale_cands = vector.broadcast %scale : f32 to vector<${CPU_CANDS}xf32>
 ${ dispatch.bindings("select_cpu_layout", inputs, outputs) }
 
 ${ rows.position() }
@@ -70,14 +103,8 @@ ${ rows.position() }
 
       %kept_ids = memref.alloca() : memref<${T}xi32>
       %filled = scf.if %some -> (index) {
-        %qT = memref.alloca() : memref<${D}x${HPG}xf32>
-        %sT = memref.alloca() : memref<${CPU_ROWS}x${HPG}xf32>
-        %h0 = arith.muli %g, %heads_per_group : index
-        %scale_tile = vector.broadcast %scale : f32 to vector<${CPU_DCOLS}x${HPG}xf32>
-${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0", true) }
-        %lse_h = vector.transfer_read %lse[%b, %h0, %m], %zero_f32
-            {in_bounds = [true], permutation_map = affine_map<(b, h, m) -> (h)>}
-            : memref<?x${H}x?xf32>, vector<${HPG}xf32>
+        %cand_scores = memref.alloca() : memref<${CPU_CANDS}xf32>
+        %h_first = arith.muli %g, %heads_per_group : index
         // The kept list in registers: lane i < keep holds entry i (score, id); an empty entry scores -2, below
         // every score and NaN's -1, and lanes from keep on are outside the list.
         %lane = vector.step : vector<${T}xindex>
@@ -85,24 +112,18 @@ ${ rows.transposed("qT", "q", D, CPU_DCOLS, "d", "head_dim", "dcols_step", "h0",
         %in_list = arith.cmpi slt, %lane, %keep_lanes : vector<${T}xindex>
         %empty_scores = arith.constant dense<-2.0> : vector<${T}xf32>
         %empty_ids = arith.constant dense<-1> : vector<${T}xi32>
-        %kept_final:2 = scf.for %c0_block = %c1 to %end step %rows_step
+        %kept_final:2 = scf.for %c0_block = %c1 to %end step %cands_step
             iter_args(%kept_s = %empty_scores, %kept_i = %empty_ids) -> (vector<${T}xf32>, vector<${T}xi32>) {
           %rest = arith.subi %end, %c0_block : index
-          %len = arith.minsi %rest, %rows_step : index
-          // CPU_ROWS candidates scored at once, those past %end included (kT's zero columns past C: finite scores
-          // that nothing reads).
-          ${ rows.key_rows_scores("%b, %g", "c0_block", kt, CPU_ROWS) }
-          vector.transfer_write %acc, %sT[%c0, %c0] {in_bounds = [true, true]}
-              : vector<${CPU_ROWS}x${HPG}xf32>, memref<${CPU_ROWS}x${HPG}xf32>
-          // Each candidate of the tile, in increasing id, into the list: it enters at place = how many kept entries
+          %len = arith.minsi %rest, %cands_step : index
+${ score_candidates() }
+          vector.store %sums, %cand_scores[%c0] : memref<${CPU_CANDS}xf32>, vector<${CPU_CANDS}xf32>
+          // Each candidate of the step, in increasing id, into the list: it enters at place = how many kept entries
           // score >= it (so an equal score stays behind the lower id), the entries from there on move one lane
           // down, and one at place = keep (a list full of better or equal scores) changes only lanes outside it.
           %kept_step:2 = scf.for %j = %c0 to %len step %c1
               iter_args(%ks = %kept_s, %ki = %kept_i) -> (vector<${T}xf32>, vector<${T}xi32>) {
-            %s = vector.load %sT[%j, %c0] : memref<${CPU_ROWS}x${HPG}xf32>, vector<${HPG}xf32>
-            %shifted = arith.subf %s, %lse_h : vector<${HPG}xf32>
-            %p = math.exp %shifted : vector<${HPG}xf32>
-            %sum = vector.reduction <add>, %p : vector<${HPG}xf32> into f32
+            %sum = memref.load %cand_scores[%j] : memref<${CPU_CANDS}xf32>
             %is_nan = arith.cmpf uno, %sum, %sum : f32
             %score = arith.select %is_nan, %nan_key, %sum : f32
             %cand = arith.addi %c0_block, %j : index
@@ -173,11 +194,11 @@ ${ host.select_signature() }
   %batch = tensor.dim %q, %c0 : tensor<?x?x${H}x${D}x${E}>
   %m_rows = tensor.dim %q, %c1 : tensor<?x?x${H}x${D}x${E}>
   %num_blocks = tensor.dim %k_cmp, %c1 : tensor<?x?x${G}x${D}x${E}>
-  // kT [B, G, D, C + CPU_ROWS]: the candidates of a row innermost, so CPU_ROWS of them are one vector load, and
-  // zeros after the last, so that a row's last step of CPU_ROWS candidates reads inside it.
+  // kT [B, G, D, C + CPU_CANDS]: the candidates of a row innermost, so CPU_CANDS of them are one vector load, and
+  // zeros after the last, so that a row's last step of CPU_CANDS candidates reads inside it.
   %zero = arith.constant 0.0 : ${E}
-  %rows_step = arith.constant ${CPU_ROWS} : index
-  %padded_blocks = arith.addi %num_blocks, %rows_step : index
+  %cands_step = arith.constant ${CPU_CANDS} : index
+  %padded_blocks = arith.addi %num_blocks, %cands_step : index
   %kT_empty = tensor.empty(%batch, %padded_blocks) : tensor<?x${G}x${D}x?x${E}>
   %kT_zeros = linalg.fill ins(%zero : ${E}) outs(%kT_empty : tensor<?x${G}x${D}x?x${E}>) -> tensor<?x${G}x${D}x?x${E}>
   %kT_init = tensor.empty(%batch, %num_blocks) : tensor<?x${G}x${D}x?x${E}>
