@@ -3,8 +3,8 @@ no compiler: every module it loads is compiled here and carried in .dev/artifact
 
     NSA_IREE_CACHE_DIR=.dev/artifacts python3 -m bench.branches_h200 --compile [BRANCH ...]
         here: every cuda module the rows of PLAN (default: all its branches) and their checks load
-    python3 -m bench.branches_h200 OUT BRANCH [--seq N ...] [--repeats R]
-        on the GPU: `nsa-iree bench --branch BRANCH` for each of PLAN's configs of the branch, in this one process
+    python3 -m bench.branches_h200 OUT BRANCH [--config C ...] [--seq N ...] [--repeats R]
+        on the GPU: `nsa-iree bench --branch BRANCH` for each config (default PLAN's for the branch), in this process
         (OUT/<config>_<branch>_H200.{json,md}); bench/run_branches_h200.sh runs every branch, a process each
 
 The modules a row loads depend on its length only through the compressed attention's tiles (a power of two of
@@ -100,10 +100,11 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python3 -m bench.branches_h200", description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("branch", choices=PLAN)
+    parser.add_argument("--config", nargs="+", choices=sorted(set(c for cs in PLAN.values() for c in cs)))
     parser.add_argument("--seq", type=int, nargs="+", default=list(LENGTHS))
     parser.add_argument("--repeats", type=int, default=REPEATS)
     args = parser.parse_args(argv)
-    run(args.out, args.branch, lengths=args.seq, repeats=args.repeats)
+    run(args.out, args.branch, args.config, lengths=args.seq, repeats=args.repeats)
 
 
 if __name__ == "__main__":

@@ -463,7 +463,21 @@ def _fla_layer_impl(cfg, q, k, v, do, gates, window):
     return _autograd_pair(layer, (q, k, v, *gates[:2]), do)
 
 
+def _dense_scores_fit(q: torch.Tensor) -> None:
+    """Raise before an eager baseline with [B, H, M, N] float32 scores (the window's, the layer's) would run out of
+    the GPU's memory: autograd keeps about four tensors of that size."""
+    if q.device.type != "cuda":
+        return
+    need = 4 * q.shape[0] * q.shape[2] * q.shape[1] ** 2 * 4
+    free = torch.cuda.mem_get_info(q.device)[0]
+    if need > free:
+        raise RuntimeError(f"not run: the eager [B, H, M, N] scores need about {need / 2**30:.0f} GiB, "
+                           f"{free / 2**30:.0f} GiB free")
+
+
 def _eager_layer_impl(cfg, q, k, v, do, gates, window):
+    _dense_scores_fit(q)
+
     def layer(q, k, v, g_cmp, g_slc, g_swa):
         return torch_eager_nsa(q, k, v, g_cmp, g_slc, g_swa, cfg["num_blocks"], cfg["block_size"], window)
     return _autograd_pair(layer, (q, k, v, *gates), do)
@@ -480,7 +494,11 @@ def flex_window(window, seq, device):
 
     def in_window(b, head, query, key):
         return (key <= query) & (query - key < window)
-    mask = create_block_mask(in_window, None, None, seq, seq, device=device)
+    # compiled: the mask's blocks are found without a [seq, seq] boolean tensor (4 GiB at 64k, too much at 128k)
+    mask = create_block_mask(in_window, None, None, seq, seq, device=device, _compile=True)
+    # A compiled backward with donated buffers refuses retain_graph, which the benchmark's backward (of one
+    # recorded forward, repeated) needs.
+    torch._functorch.config.donated_buffer = False
     flex = torch.compile(flex_attention)
 
     def attention(q, k, v):
@@ -494,6 +512,7 @@ def _flex_window_impl(cfg, q, k, v, do, gates, window):
 
 
 def _eager_window_impl(cfg, q, k, v, do, gates, window):
+    _dense_scores_fit(q)
     return _autograd_pair(lambda q, k, v: torch_eager_window(q, k, v, window), (q, k, v), do)
 
 
