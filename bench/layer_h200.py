@@ -19,19 +19,10 @@ WINDOW = 512        # the window of the run with the sliding-window branch (fla-
 
 
 def specs(n):
-    from nsa_iree import compression
-    from nsa_iree.spec import KernelSpec
+    """The cuda modules timing(n) loads (those of `nsa-iree bench --branch layer` in the anchors layout)."""
+    from bench.branches_h200 import branch_specs
 
-    h, g, d, bs, t = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "block_size", "block_counts"))
-    layout = dict(heads=h, kv_heads=g, head_dim=d, value_dim=d, dtype="bf16", target="cuda")
-    selection = KernelSpec(**layout, block_size=bs, num_blocks=t)
-    compressed = KernelSpec(**layout, block_size=compression.DEFAULT_TILE, key_stride=bs,
-                            num_blocks=compression.tile_slots(-(-n // bs), compression.DEFAULT_TILE))
-    gates = KernelSpec(heads=h, kv_heads=1, head_dim=d, value_dim=d, dtype="bf16", target="cuda")
-    from bench.window_h200 import specs as window_specs
-
-    return [(selection, "forward"), (selection, "two-pass"), (compressed, "forward"), (compressed, "two-pass"),
-            (selection, "select"), (gates, "gates"), *window_specs(n)]
+    return branch_specs("anchors", "layer", n, WINDOW)
 
 
 def timing(n):
@@ -68,11 +59,9 @@ def timing(n):
 
 
 def profile(out: Path, n: int) -> None:
-    """One nsa_iree training step under torch.profiler after warm-ups: the table of its ops and kernels by device
-    time (CUPTI sees IREE's launches as well as torch's) and the trace, written to OUT."""
+    """One nsa_iree training step under torch.profiler (bench.lengths.profile_step)."""
     import nsa_iree
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+    from bench.lengths import profile_step
 
     h, g, d, bs, t = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "block_size", "block_counts"))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -84,17 +73,7 @@ def profile(out: Path, n: int) -> None:
         leaves = [x.detach().requires_grad_() for x in (q, k, v, g_cmp, g_slc)]
         nsa_iree.nsa(*leaves, block_counts=t, block_size=bs).backward(do)
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    out.mkdir(parents=True, exist_ok=True)
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=90)
-    (out / "profile.txt").write_text(table)
-    prof.export_chrome_trace(str(out / "trace.json"))
-    print(table, flush=True)
+    profile_step(out, step)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python3 -m bench.<script> --compile N ...     here: compile into $NSA_IREE_CACHE_DIR the cuda modules it loads
     python3 -m bench.<script> OUT [N ...]          on the GPU: one row per length (default 65536), OUT/<name>.json
+    python3 -m bench.<script> --profile OUT N       on the GPU: one step under torch.profiler (profile_step)
 """
 
 from __future__ import annotations
@@ -30,3 +31,22 @@ def main(argv: list[str], specs, timing, name: str, layout: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "layout": layout,
                                                   "timings": rows}, indent=1))
+
+
+def profile_step(out: Path, step) -> None:
+    """`step` (one training step) under torch.profiler after three warm-ups: the table of its ops and kernels by
+    device time (CUPTI sees IREE's launches as well as torch's) and the trace, written to OUT."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    out.mkdir(parents=True, exist_ok=True)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=90)
+    (out / "profile.txt").write_text(table)
+    prof.export_chrome_trace(str(out / "trace.json"))
+    print(table, flush=True)

@@ -2,6 +2,7 @@
 sliding-window block mask (GQA, compiled), forward and forward + backward, in one process; anchors layout, bf16.
 
     python3 -m bench.window_h200 OUT [N ...]     (artifacts prebuilt: python3 -m bench.window_h200 --compile N ...)
+    python3 -m bench.window_h200 --profile OUT N (one forward + backward under torch.profiler)
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ ANCHORS = dict(heads=64, kv_heads=4, head_dim=128, window=512)
 
 
 def specs(n):
-    from nsa_iree import window
-    from nsa_iree.spec import KernelSpec
+    """The cuda modules timing(n) loads (those of `nsa-iree bench --branch window` in the anchors layout)."""
+    from bench.branches_h200 import branch_specs
 
-    h, g, d, w = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "window"))
-    spec = KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=window.WINDOW_BLOCK,
-                      num_blocks=window.window_slots(w), dtype="bf16", target="cuda", window=w)
-    return [(spec, "forward"), (spec, "two-pass")]
+    return branch_specs("anchors", "window", n, ANCHORS["window"])
 
 
 def timing(n):
@@ -49,7 +47,29 @@ def timing(n):
     return row
 
 
+def profile(out, n):
+    """One nsa_iree window forward + backward under torch.profiler (bench.lengths.profile_step)."""
+    import nsa_iree
+    from bench.lengths import profile_step
+
+    h, g, d, w = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "window"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, n, heads, d, device="cuda", generator=gen).to(torch.bfloat16) for heads in (h, g, g))
+    do = torch.randn(1, n, h, d, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def step():
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        nsa_iree.sliding_window_attention(*leaves, w).backward(do)
+
+    profile_step(out, step)
+
+
 if __name__ == "__main__":
+    from pathlib import Path
+
     from bench.lengths import main
 
-    main(sys.argv[1:], specs, timing, "window", ANCHORS)
+    if sys.argv[1:2] == ["--profile"]:
+        profile(Path(sys.argv[2]), int(sys.argv[3]))
+    else:
+        main(sys.argv[1:], specs, timing, "window", ANCHORS)

@@ -1,6 +1,8 @@
 """Benchmarks: nsa_iree's selection attention against dense SDPA, fla's parallel_nsa (when fla is importable) and a
 torch-eager version; with --branch, the whole layer's attention (nsa, with and without the window, against fla's
-parallel_nsa and an eager layer) or the sliding window (against FlexAttention and an eager window). Installed with
+parallel_nsa and an eager layer), the sliding window (against FlexAttention and an eager window), the compression
+branch (mean pooling + compressed attention, against fla's mean_pooling + parallel_nsa_compression and an eager
+version) or the block selection (select_blocks against fla's parallel_nsa_topk and an eager top-k). Installed with
 the package: `nsa-iree bench`; the lab scripts under bench/ build on it.
 
     nsa-iree bench --device cuda --seq 8192 16384 32768 65536      # the H200 run
@@ -9,6 +11,8 @@ the package: `nsa-iree bench`; the lab scripts under bench/ build on it.
     nsa-iree bench --device cuda --seq 65536 --selection realistic packed  # packed documents (cu_seqlens)
     nsa-iree bench --device cuda --branch layer --seq 8192 65536    # nsa against fla's parallel_nsa
     nsa-iree bench --device cpu --config cpu --branch layer --window 128 --seq 4096 --repeats 3   # the CPU layer
+    nsa-iree bench --device cpu --config cpu --branch compression --seq 4096    # pooling + compressed attention
+    nsa-iree bench --device cuda --config fla-default --branch select --seq 65536   # select_blocks against fla's
 
 Selection "packed": each problem of `seq` tokens is documents of --doc-lengths MIN MAX tokens (uniform draws,
 the last one cut to fit) packed into one sequence with cu_seqlens, a realistic selection inside every
@@ -36,6 +40,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -57,6 +62,8 @@ CONFIGS = {
     "hpg8": dict(heads=32, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     "hpg4": dict(heads=16, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     "hpg1": dict(heads=4, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    # fla's default NativeSparseAttention layer layout.
+    "fla-default": dict(heads=64, kv_heads=4, head_dim=64, value_dim=64, block_size=64, num_blocks=16, dtype="bf16"),
     # What fits this project's 2-core CPU (anchors.md, CPU baseline).
     "cpu": dict(heads=16, kv_heads=1, head_dim=64, value_dim=64, block_size=64, num_blocks=16, dtype="f32"),
     "tiny": dict(heads=16, kv_heads=1, head_dim=32, value_dim=32, block_size=16, num_blocks=4, dtype="f32"),
@@ -396,7 +403,13 @@ def torch_eager_nsa(q, k, v, g_cmp, g_slc, g_swa, counts, block_size, window):
     return o + torch_eager_window(q, k, v, window, scale) * g_swa.unsqueeze(-1) if window else o
 
 
-BRANCHES = ("selection", "layer", "window")
+BRANCHES = ("selection", "layer", "window", "compression", "select")
+# What a row of each branch times, in the order its builder returns the callables: the forward without autograd and
+# the backward of one recorded forward; for the compression branch a whole step instead of the backward (pooling,
+# forward and backward from fresh leaves: what a training step runs of it); select_blocks has no backward.
+TIMED = {"selection": ("fwd", "bwd"), "layer": ("fwd", "bwd"), "window": ("fwd", "bwd"),
+         "compression": ("fwd", "fwd_bwd"), "select": ("fwd",)}
+TIMED_LABELS = {"fwd": "fwd", "bwd": "bwd", "fwd_bwd": "fwd + bwd"}
 
 
 def make_branch_problem(cfg, seq, device, seed=0):
@@ -450,7 +463,21 @@ def _fla_layer_impl(cfg, q, k, v, do, gates, window):
     return _autograd_pair(layer, (q, k, v, *gates[:2]), do)
 
 
+def _dense_scores_fit(q: torch.Tensor) -> None:
+    """Raise before an eager baseline with [B, H, M, N] float32 scores (the window's, the layer's) would run out of
+    the GPU's memory: autograd keeps about four tensors of that size."""
+    if q.device.type != "cuda":
+        return
+    need = 4 * q.shape[0] * q.shape[2] * q.shape[1] ** 2 * 4
+    free = torch.cuda.mem_get_info(q.device)[0]
+    if need > free:
+        raise RuntimeError(f"not run: the eager [B, H, M, N] scores need about {need / 2**30:.0f} GiB, "
+                           f"{free / 2**30:.0f} GiB free")
+
+
 def _eager_layer_impl(cfg, q, k, v, do, gates, window):
+    _dense_scores_fit(q)
+
     def layer(q, k, v, g_cmp, g_slc, g_swa):
         return torch_eager_nsa(q, k, v, g_cmp, g_slc, g_swa, cfg["num_blocks"], cfg["block_size"], window)
     return _autograd_pair(layer, (q, k, v, *gates), do)
@@ -467,7 +494,11 @@ def flex_window(window, seq, device):
 
     def in_window(b, head, query, key):
         return (key <= query) & (query - key < window)
-    mask = create_block_mask(in_window, None, None, seq, seq, device=device)
+    # compiled: the mask's blocks are found without a [seq, seq] boolean tensor (4 GiB at 64k, too much at 128k)
+    mask = create_block_mask(in_window, None, None, seq, seq, device=device, _compile=True)
+    # A compiled backward with donated buffers refuses retain_graph, which the benchmark's backward (of one
+    # recorded forward, repeated) needs.
+    torch._functorch.config.donated_buffer = False
     flex = torch.compile(flex_attention)
 
     def attention(q, k, v):
@@ -481,7 +512,84 @@ def _flex_window_impl(cfg, q, k, v, do, gates, window):
 
 
 def _eager_window_impl(cfg, q, k, v, do, gates, window):
+    _dense_scores_fit(q)
     return _autograd_pair(lambda q, k, v: torch_eager_window(q, k, v, window), (q, k, v), do)
+
+
+class Compression(NamedTuple):
+    """One library's compression branch and block selection, the three steps fla's parallel_nsa chains."""
+    pool: Callable          # (x [B, N, G, D], BS) -> [B, C, G, D]: the compressed keys (or values)
+    attend: Callable        # (q, k_cmp, v_cmp, BS) -> (o, lse): lse in the library's layout
+    select: Callable        # (q, k_cmp, lse, S, BS, scale) -> block ids [B, M, G, S]
+
+
+def _nsa_iree_select(q, k_cmp, lse, slots, block_size, scale):
+    return nsa_iree.select_blocks(q, k_cmp, slots, block_size, scale, lse=lse)
+
+
+def _fla_pool(x, block_size):
+    from fla.ops.utils.pooling import mean_pooling
+
+    return mean_pooling(x, block_size)
+
+
+def _fla_attend(q, k_cmp, v_cmp, block_size):
+    """fla-core's parallel_nsa_compression (M = N): o [B, M, H, Dv] and lse [B, M, H]."""
+    from fla.ops.nsa.compression import parallel_nsa_compression
+
+    return parallel_nsa_compression(q, k_cmp, v_cmp, TK=q.shape[1], block_size=block_size)
+
+
+def _fla_select(q, k_cmp, lse, slots, block_size, scale):
+    """fla-core's parallel_nsa_topk (M = N) with its compression's lse ([B, M, H]), as its parallel_nsa runs it."""
+    from fla.ops.nsa.parallel import parallel_nsa_topk
+
+    return parallel_nsa_topk(q, k_cmp, TK=q.shape[1], lse=lse, block_counts=slots, block_size=block_size,
+                             scale=scale)
+
+
+LIBRARIES = {"nsa_iree": Compression(nsa_iree.mean_pooling, nsa_iree.compressed_attention, _nsa_iree_select),
+             "fla": Compression(_fla_pool, _fla_attend, _fla_select),
+             "torch eager": Compression(torch_eager_mean_pooling, torch_eager_compressed_attention,
+                                        torch_eager_select_blocks)}
+
+
+def _pooled_attention(lib: Compression, q, k, v, block_size: int):
+    """(o, lse) of the library's compression branch, the pooling of k and v included."""
+    return lib.attend(q, lib.pool(k, block_size), lib.pool(v, block_size), block_size)
+
+
+def _compression_impl(library: str):
+    """(fwd, step) of the library's compression branch: the forward without autograd, and a step from fresh leaves
+    (pooling, forward, backward: the gradients to q, k and v)."""
+    lib = LIBRARIES[library]
+
+    def build(cfg, q, k, v, do, gates, window):
+        bs = cfg["block_size"]
+
+        def fwd():
+            with torch.no_grad():
+                _pooled_attention(lib, q, k, v, bs)
+
+        def step():
+            leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+            _pooled_attention(lib, *leaves, bs)[0].backward(do)
+        return fwd, step
+    return build
+
+
+def _select_impl(library: str):
+    """(select,): the library's block selection alone, S = the config's T, on the compressed keys and the lse of the
+    same library's compression (made here, untimed: fla's parallel_nsa passes its compression's lse the same way)."""
+    lib = LIBRARIES[library]
+
+    def build(cfg, q, k, v, do, gates, window):
+        bs, slots, scale = cfg["block_size"], cfg["num_blocks"], cfg["head_dim"] ** -0.5
+        with torch.no_grad():
+            k_cmp = lib.pool(k, bs)
+            lse = lib.attend(q, k_cmp, lib.pool(v, bs), bs)[1]
+        return (lambda: lib.select(q, k_cmp, lse, slots, bs, scale),)
+    return build
 
 
 BRANCH_IMPLS = {
@@ -489,17 +597,49 @@ BRANCH_IMPLS = {
               "fla parallel_nsa": _fla_layer_impl, "torch eager nsa + window": _eager_layer_impl},
     "window": {"nsa_iree window": _nsa_window_impl, "flex window": _flex_window_impl,
                "torch eager window": _eager_window_impl},
+    "compression": {"nsa_iree compression": _compression_impl("nsa_iree"), "fla compression": _compression_impl("fla"),
+                    "torch eager compression": _compression_impl("torch eager")},
+    "select": {"nsa_iree select_blocks": _select_impl("nsa_iree"), "fla parallel_nsa_topk": _select_impl("fla"),
+               "torch eager select_blocks": _select_impl("torch eager")},
 }
-# Implementations that need a CUDA device (fla's Triton kernels; FlexAttention compiled).
-CUDA_ONLY = ("fla parallel_nsa", "flex window")
+# The baselines each nsa_iree row is set against (their time over its own, same run), doing the same work: fla's
+# parallel_nsa has no window (it needs flash-attn for one), the eager layer has one.
+BASELINES = {"nsa_iree nsa": ("fla parallel_nsa",), "nsa_iree nsa + window": ("torch eager nsa + window",),
+             "nsa_iree window": ("flex window", "torch eager window"),
+             "nsa_iree compression": ("fla compression", "torch eager compression"),
+             "nsa_iree select_blocks": ("fla parallel_nsa_topk", "torch eager select_blocks")}
+WINDOWED = ("nsa_iree nsa + window", "torch eager nsa + window")     # the layers with the window branch
+# fla's Triton kernels, and implementations that need a CUDA device (those and FlexAttention, compiled).
+FLA_IMPLS = ("fla parallel_nsa", "fla compression", "fla parallel_nsa_topk")
+CUDA_ONLY = (*FLA_IMPLS, "flex window")
+
+
+def fla_runs(cfg: dict, device: torch.device) -> bool:
+    """Whether fla's NSA kernels run here: a CUDA device, fla-core importable, H / G a power of two >= 16 (fla
+    asserts it)."""
+    hpg = cfg["heads"] // cfg["kv_heads"]
+    return device.type == "cuda" and fla_function() is not None and hpg >= 16 and hpg & (hpg - 1) == 0
+
+
+def check_sizes(cfg: dict, device_type: str, branch: str, window: int) -> tuple[int, int]:
+    """The tokens and the window of check_branch's problem: 512 tokens on GPUs, 256 elsewhere, the window capped to
+    half of them; for select_blocks twice S x BS at least, so that most rows see more blocks than they keep."""
+    seq = 512 if device_type == "cuda" else 256
+    if branch == "select":
+        seq = max(seq, 2 * cfg["num_blocks"] * cfg["block_size"])
+    return seq, min(window, seq // 2)
 
 
 def check_branch(cfg, device, branch, window):
-    """nsa_iree's o and gradients for the branch at a small size against the f64 oracle (window capped there)."""
+    """nsa_iree's results for the branch at a small size (check_sizes) against the f64 oracle: o and every gradient
+    (the layer, the window, the compression), or the block ids (select)."""
+    seq, w = check_sizes(cfg, device.type, branch, window)
+    if branch == "compression":
+        return _check_compression(cfg, device, seq)
+    if branch == "select":
+        return _check_select(cfg, device, seq)
     from nsa_iree.reference import nsa_reference, sliding_window_attention_reference
 
-    seq = 512 if device.type == "cuda" else 256
-    w = min(window, seq // 2)
     q, k, v, do, gates = make_branch_problem(cfg, seq, device, seed=1)
     inputs = (q, k, v, *gates) if branch == "layer" else (q, k, v)
     leaves = [t.detach().requires_grad_(True) for t in inputs]
@@ -518,19 +658,139 @@ def check_branch(cfg, device, branch, window):
     return {"against": f"f64 reference, {seq} tokens, window {w}", "errors": errors}
 
 
+def _check_compression(cfg: dict, device: torch.device, seq: int) -> dict:
+    """nsa_iree's pooling + compressed attention (o, lse, the gradients to q, k and v through the pooling) against
+    autograd through the f64 oracle (mean_pooling_reference, compressed_attention_reference); fla's beside it
+    where it runs (fla_errors)."""
+    from nsa_iree.reference import compressed_attention_reference, mean_pooling_reference
+
+    bs = cfg["block_size"]
+    q, k, v, do, _ = make_branch_problem(cfg, seq, device, seed=1)
+    ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    o_ref, lse_ref = compressed_attention_reference(ref[0], mean_pooling_reference(ref[1], bs),
+                                                    mean_pooling_reference(ref[2], bs), bs)
+    o_ref.backward(do.double())
+
+    def errors(library: str) -> tuple[dict, torch.Tensor]:
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        o, lse = _pooled_attention(LIBRARIES[library], *leaves, bs)
+        o.backward(do)
+        found = {"o": relative_rms_error(o.detach(), o_ref.detach())}
+        found.update({n: relative_rms_error(a.grad, b.grad) for n, a, b in zip(("dq", "dk", "dv"), leaves, ref)})
+        return found, lse.detach()
+
+    found, lse = errors("nsa_iree")
+    result = {"against": f"f64 reference, {seq} tokens",
+              "errors": {"o": found["o"], "lse": relative_rms_error(lse, lse_ref.detach()),
+                         **{n: found[n] for n in ("dq", "dk", "dv")}}}
+    if fla_runs(cfg, device):
+        try:
+            result["fla_errors"] = errors("fla")[0]
+        except Exception as err:  # noqa: BLE001 - fla is a baseline, not the thing under test
+            result["fla_error"] = repr(err)[:300]
+    return result
+
+
+def _check_select(cfg: dict, device: torch.device, seq: int) -> dict:
+    """select_blocks (lse given: nsa_iree's compressed attention's) against select_blocks_reference on the same lse.
+    errors["ids"]: the fraction of (row, kv head) pairs whose ids differ from the oracle's (blocks whose scores
+    agree to rounding may come in either order); agreement: the fraction equal, for the eager top-k too and for
+    fla's (as sets: fla orders its ids otherwise) where it runs."""
+    from nsa_iree.reference import select_blocks_reference
+
+    bs, slots, scale = cfg["block_size"], cfg["num_blocks"], cfg["head_dim"] ** -0.5
+    q, k, v, _, _ = make_branch_problem(cfg, seq, device, seed=1)
+    ours = LIBRARIES["nsa_iree"]
+    k_cmp = ours.pool(k, bs)
+    lse = ours.attend(q, k_cmp, ours.pool(v, bs), bs)[1]
+    ref = select_blocks_reference(q, k_cmp, slots, bs, scale, lse=lse).to(device).long()
+
+    def equal(ids: torch.Tensor, as_sets: bool = False) -> float:
+        ids, expected = ids.long().clamp_min(-1), ref
+        if as_sets:
+            ids, expected = ids.sort(-1).values, expected.sort(-1).values
+        return float((ids == expected).all(-1).double().mean())
+
+    agreement = {name: equal(LIBRARIES[name].select(q, k_cmp, lse, slots, bs, scale))
+                 for name in ("nsa_iree", "torch eager")}
+    if fla_runs(cfg, device):
+        try:
+            ids = LIBRARIES["fla"].select(q, k_cmp, lse.transpose(1, 2).contiguous(), slots, bs, scale)
+            agreement["fla (as sets)"] = equal(ids, as_sets=True)
+        except Exception as err:  # noqa: BLE001 - fla is a baseline, not the thing under test
+            agreement["fla error"] = repr(err)[:300]
+    return {"against": f"f64 reference on the same lse, {seq} tokens, S {slots}",
+            "errors": {"ids": 1.0 - agreement["nsa_iree"]}, "agreement": agreement}
+
+
+def _visible_compressed(seq: int, block_size: int) -> int:
+    """(row, compressed block) pairs a compressed attention of M = N = seq sees: block c from position (c + 1) BS - 1
+    on, i.e. the sum over the positions p of (p + 1) // BS."""
+    full = seq // block_size
+    return full * (seq + 1) - block_size * full * (full + 1) // 2
+
+
+def _visible_window(seq: int, window: int) -> int:
+    """(row, key) pairs of a sliding window of `window` keys over M = N = seq: min(p + 1, W) at position p."""
+    w = min(window, seq)
+    return w * (w + 1) // 2 + (seq - w) * window
+
+
+def branch_work(cfg: dict, branch: str, impl: str, seq: int, window: int) -> dict[str, tuple[float, float]]:
+    """(FLOPs, bytes) of each timed column of a row (TIMED[branch]), counted from the shapes (M = N = seq, B = 1).
+
+    FLOPs: 2 (D + Dv) per (row, head, visible key) forward and 2 (3 D + 2 Dv) backward (its five products), over the
+    compressed blocks complete at the row's position, the window's min(p + 1, W) keys, and for the selection T x BS
+    keys a row (anchors.md's count, the selection rows'); select_blocks 2 D per (row, head, visible block) (its
+    scores; the ranking is not counted); the pooling, softmax and gating are not counted. Bytes: every tensor the
+    timed call reads (its saved ones included) and writes, once (a lower bound on the traffic)."""
+    h, g, d, dv, bs, t = (cfg[x] for x in ("heads", "kv_heads", "head_dim", "value_dim", "block_size", "num_blocks"))
+    e = DTYPES[cfg["dtype"]].itemsize
+    q, k, v, o, lse = seq * h * d * e, seq * g * d * e, seq * g * dv * e, seq * h * dv * e, 4 * h * seq
+    fwd_pair, bwd_pair = 2 * (d + dv), 2 * (3 * d + 2 * dv)
+    cmp_keys, win_keys = h * _visible_compressed(seq, bs), h * _visible_window(seq, window)
+    grads = o + q + k + v                                           # do read, dq, dk and dv written
+    if branch == "compression":
+        return {"fwd": (fwd_pair * cmp_keys, q + k + v + o + lse),
+                "fwd_bwd": ((fwd_pair + bwd_pair) * cmp_keys, q + k + v + grads)}
+    if branch == "select":
+        k_cmp, ids = -(-seq // bs) * g * d * e, 4 * seq * g * t
+        return {"fwd": (2 * d * cmp_keys, q + k_cmp + lse + ids)}
+    if branch == "window":
+        return {"fwd": (fwd_pair * win_keys, q + k + v + o + lse),
+                "bwd": (bwd_pair * win_keys, q + k + v + o + lse + grads)}
+    if branch != "layer":
+        raise ValueError(f"no work count for the branch {branch!r}")
+    windowed = impl in WINDOWED
+    keys = cmp_keys + seq * h * t * bs + (win_keys if windowed else 0)
+    gates = (3 if windowed else 2) * seq * h * e
+    return {"fwd": (fwd_pair * keys + 2 * d * cmp_keys, q + k + v + gates + o),
+            "bwd": (bwd_pair * keys, 2 * (q + k + v + gates) + o)}
+
+
+# The ceilings a GPU's rows are set against, by device name: bf16 matrix TFLOP/s and copy TB/s (bytes read and
+# written), as measured on the lent machines (the device notes, KINDS.md: an 8192^3 bf16 product on random data, a
+# device-to-device copy, both through PyTorch); the datasheet's are higher (H200: 990 TFLOP/s, 4.8 TB/s).
+CEILINGS = {"NVIDIA H200": {"tflops": 788.0, "tbps": 4.3}}
+
+
 def run_branch(args, on_row=None):
-    """Check, then time every (seq, impl) of the layer or window branch (--branch), as run() the selection's."""
+    """Check, then time every (seq, impl) of a branch other than the selection (--branch), as run() the selection's;
+    each row with its achieved TFLOP/s and TB/s (branch_work) and the record with the device's CEILINGS if known."""
     device = torch.device(args.device)
     cfg = CONFIGS[args.config]
     impls = [i for i in (args.impl or BRANCH_IMPLS[args.branch]) if i in BRANCH_IMPLS[args.branch]]
     if device.type != "cuda":
         impls = [i for i in impls if i not in CUDA_ONLY]
-    if "fla parallel_nsa" in impls and (fla_function() is None or cfg["heads"] // cfg["kv_heads"] < 16):
-        impls.remove("fla parallel_nsa")
-    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(device),
+    if not fla_runs(cfg, device):
+        impls = [i for i in impls if i not in FLA_IMPLS]
+    machine = _machine(device)
+    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine,
               "versions": _versions(), "config": {"name": args.config, **cfg, "branch": args.branch,
                                                   "window": args.window},
               "rows": [], "checks": {}, "load_average": list(os.getloadavg())}
+    if machine in CEILINGS:
+        record["ceilings"] = CEILINGS[machine]
     try:
         record["checks"][args.branch] = check_branch(cfg, device, args.branch, args.window)
     except Exception as err:  # noqa: BLE001 - a failed check is reported, nothing of nsa_iree is timed
@@ -538,6 +798,7 @@ def run_branch(args, on_row=None):
     check = record["checks"][args.branch]
     print(f"check ({args.branch}):", json.dumps(check), flush=True)
     wrong = "error" in check or not all(e < CHECK_TOLERANCE for e in check["errors"].values())
+    names = TIMED[args.branch]
     for seq in args.seq:
         for impl in impls:
             row = dict(selection=args.branch, seq=seq, impl=impl)
@@ -546,7 +807,11 @@ def run_branch(args, on_row=None):
             else:
                 build = BRANCH_IMPLS[args.branch][impl]
                 row = timed_row(row, device, args.repeats, lambda: make_branch_problem(cfg, seq, device),
-                                lambda q, k, v, do, gates: build(cfg, q, k, v, do, gates, args.window))
+                                lambda q, k, v, do, gates: build(cfg, q, k, v, do, gates, args.window), names=names)
+            if "error" not in row:
+                for name, (flops, moved) in branch_work(cfg, args.branch, impl, seq, args.window).items():
+                    seconds = row[f"{name}_ms"] * 1e-3
+                    row[f"{name}_tflops"], row[f"{name}_tbps"] = flops / seconds / 1e12, moved / seconds / 1e12
             record["rows"].append(row)
             print(json.dumps(row), flush=True)
             if on_row:
@@ -588,7 +853,7 @@ def check(cfg, device, selection):
         errors[name] = relative_rms_error(a.grad, b.grad)
     result = {"against": "f64 reference", "errors": errors}
     fn = fla_function()
-    if fn is not None and device.type == "cuda" and cfg["heads"] // cfg["kv_heads"] >= 16:
+    if fla_runs(cfg, device):
         try:
             fl = [t.detach().requires_grad_(True) for t in (q, k, v)]
             o_fla = fn.apply(*fl, idx.to(torch.int32), cfg["num_blocks"], cfg["block_size"], cfg["head_dim"] ** -0.5,
@@ -624,26 +889,26 @@ def wrong_variants(result) -> set[str]:
     return wrong
 
 
-def timed_row(row, device, repeats, make, build, describe=None):
-    """row (its labels) with fwd_ms, bwd_ms, peak_mem_gb and input_gb (every input tensor) of build(*make())
-    (which returns the (fwd, bwd) pair) and the labels describe(*inputs) adds, or the error that stopped it (e.g.
-    out of memory). The inputs and the closures, which hold their outputs, are dropped after, so the next row's
-    baseline is clean."""
-    inputs = fwd = bwd = None
+def timed_row(row, device, repeats, make, build, describe=None, names=("fwd", "bwd")):
+    """row (its labels) with <name>_ms for each callable build(*make()) returns, in the order of `names` (by default
+    the (fwd, bwd) pair), peak_mem_gb and input_gb (every input tensor) and the labels describe(*inputs) adds, or
+    the error that stopped it (e.g. out of memory). The inputs and the closures, which hold their outputs, are
+    dropped after, so the next row's baseline is clean."""
+    inputs = fns = None
     try:
         inputs = make()
         with PeakMemory(device) as mem:
-            fwd, bwd = build(*inputs)
-            t_fwd, t_bwd = timed(fwd, device, repeats), timed(bwd, device, repeats)
+            fns = build(*inputs)
+            times = [timed(fn, device, repeats) for fn in fns]
         tensors = [t for x in inputs for t in (x if isinstance(x, (list, tuple)) else [x])
                    if isinstance(t, torch.Tensor)]
-        row = dict(row, fwd_ms=t_fwd * 1e3, bwd_ms=t_bwd * 1e3, peak_mem_gb=mem.peak / 1e9,
-                   input_gb=sum(t.numel() * t.element_size() for t in tensors) / 1e9,
+        row = dict(row, **{f"{name}_ms": t * 1e3 for name, t in zip(names, times, strict=True)},
+                   peak_mem_gb=mem.peak / 1e9, input_gb=sum(t.numel() * t.element_size() for t in tensors) / 1e9,
                    **(describe(*inputs) if describe else {}))
     except Exception as err:  # noqa: BLE001 - record and go on (e.g. out of memory)
         row = dict(row, error=f"{type(err).__name__}: {err}"[:300])
     finally:
-        inputs = fwd = bwd = None
+        inputs = fns = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return row
@@ -657,7 +922,7 @@ def run(args, on_row=None):
     impls = [i for i in (args.impl or IMPLS) if i in IMPLS]
     if device.type == "cuda":
         impls = [i for i in impls if i != "torch reference f32"]
-    if fla_function() is None or device.type != "cuda" or cfg["heads"] // cfg["kv_heads"] < 16:
+    if not fla_runs(cfg, device):
         impls = [i for i in impls if not i.startswith("fla")]
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(device),
               "versions": _versions(), "config": {"name": args.config, **cfg}, "rows": [], "checks": {},
@@ -757,31 +1022,58 @@ def _versions():
     return out
 
 
+BRANCH_TITLES = {"selection": "Selection attention", "layer": "The whole layer's attention (nsa)",
+                 "window": "Sliding-window attention",
+                 "compression": "The compression branch (mean pooling + compressed attention)",
+                 "select": "The block selection (select_blocks, lse given)"}
+BRANCH_TIMES = {
+    "layer": "the forward without autograd, the backward of one recorded forward (through every branch and the "
+             "gates)",
+    "window": "the forward without autograd, the backward of one recorded forward",
+    "compression": "the forward without autograd and forward + backward (a step from fresh leaves: the gradients to "
+                   "q, k and v), both with the pooling of k and v",
+    "select": "the selection alone, S = T, on the compressed keys and the lse of the same library's compression "
+              "(made before, untimed, as fla's parallel_nsa passes its compression's lse)",
+}
+WORK_NOTE = ("TFLOP/s and TB/s count the work from the shapes (nsa_iree.benchmark.branch_work): 2 (D + Dv) FLOPs per "
+             "(row, head, visible key) forward, 2 (3 D + 2 Dv) backward, over the compressed blocks complete at the "
+             "row, the window's keys and T x BS selected keys a row; select_blocks 2 D per (row, head, visible "
+             "block); bytes: every tensor the timed call reads and writes, once (a lower bound on the traffic).")
+
+
 def markdown(record) -> str:
     cfg = record["config"]
     branch = cfg.get("branch", "selection")
-    what = {"selection": "Selection attention", "layer": "The whole layer's attention (nsa)",
-            "window": "Sliding-window attention"}[branch]
-    window = f", window {cfg['window']}" if branch != "selection" else ""
-    lines = [f"# {what} benchmark: {cfg['name']}{window} ({record['machine']}, {record['date']})", "",
+    window = f", window {cfg['window']}" if branch in ("layer", "window") else ""
+    lines = [f"# {BRANCH_TITLES[branch]} benchmark: {cfg['name']}{window} ({record['machine']}, {record['date']})", "",
              f"H={cfg['heads']} G={cfg['kv_heads']} D={cfg['head_dim']} Dv={cfg['value_dim']} BS={cfg['block_size']} "
              f"T={cfg['num_blocks']} {cfg['dtype']}, B=1. Versions: "
              + ", ".join(f"{k} {v}" for k, v in record["versions"].items()), "",
              ("Times in ms (median). 'x dense' = dense SDPA time / this time, same run, same selection. "
               "TFLOP/s use the selection FLOP count of anchors.md (backward = 2.5 x forward)." if branch == "selection"
-              else "Times in ms (median): the forward without autograd, the backward of one recorded forward "
-                   "(through every branch and the gates).")
+              else f"Times in ms (median): {BRANCH_TIMES[branch]}. {WORK_NOTE}")
              + (" Load average at the start (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in record["load_average"])
                 + "." if "load_average" in record else ""), ""]
+    if "ceilings" in record:
+        lines += [f"Ceilings (the percentages): {record['ceilings']['tflops']:g} TFLOP/s bf16 matrix products, "
+                  f"{record['ceilings']['tbps']:g} TB/s copy (measured on the lent machines; "
+                  "nsa_iree.benchmark.CEILINGS).", ""]
     for selection, check in record["checks"].items():
         lines.append(f"Check ({selection}): " + ", ".join(f"{k} {v:.1e}" for k, v in check["errors"].items())
                      + f" vs {check['against']}"
                      + ("; fla: " + ", ".join(f"{k} {v:.1e}" for k, v in check["fla_errors"].items())
-                        if "fla_errors" in check else ""))
-    lines += ["", f"| {'selection' if branch == 'selection' else 'branch'} | seq | implementation | fwd ms | bwd ms | "
-              "bwd x dense | bwd TFLOP/s | "
-              "peak GB (inputs GB) |",
-              "|---|---|---|---|---|---|---|---|"]
+                        if "fla_errors" in check else "")
+                     + ("; (row, kv head) pairs with the oracle's ids: "
+                        + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                    for k, v in check["agreement"].items()) if "agreement" in check else "")
+                     + (f"; error: {check['error']}" if "error" in check else ""))
+    return "\n".join(lines + (_selection_table(record) if branch == "selection" else _branch_table(record))) + "\n"
+
+
+def _selection_table(record) -> list[str]:
+    cfg = record["config"]
+    lines = ["", "| selection | seq | implementation | fwd ms | bwd ms | bwd x dense | bwd TFLOP/s | "
+             "peak GB (inputs GB) |", "|---|---|---|---|---|---|---|---|"]
     dense = {(r["selection"], r["seq"]): r for r in record["rows"] if r["impl"] == "dense sdpa" and "bwd_ms" in r}
     for r in record["rows"]:
         if "error" in r:
@@ -790,14 +1082,43 @@ def markdown(record) -> str:
         d = dense.get((r["selection"], r["seq"]))
         speed = f"{d['bwd_ms'] / r['bwd_ms']:.2f}x" if d else ""
         seq = f"{r['seq']} ({r['documents']} documents)" if "documents" in r else r["seq"]
-        if branch == "selection":
-            flops = 2.5 * (dense_flops if r["impl"] == "dense sdpa" else selection_flops)(cfg, r["seq"])
-            tflops = f"{flops / (r['bwd_ms'] * 1e-3) / 1e12:.1f}"
-        else:
-            tflops = "-"                                       # (no one FLOP count for the layer's branches)
+        flops = 2.5 * (dense_flops if r["impl"] == "dense sdpa" else selection_flops)(cfg, r["seq"])
+        tflops = f"{flops / (r['bwd_ms'] * 1e-3) / 1e12:.1f}"
         lines.append(f"| {r['selection']} | {seq} | {r['impl']} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} | {speed} "
                      f"| {tflops} | {r['peak_mem_gb']:.2f} ({r['input_gb']:.2f}) |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _branch_table(record) -> list[str]:
+    """The rows of a branch other than the selection: the times of TIMED[branch], each nsa_iree row's ratio to its
+    BASELINES (their time over its own), the achieved rates (of the ceilings where the record has them)."""
+    branch = record["config"]["branch"]
+    names = TIMED[branch]
+    ceilings = record.get("ceilings")
+    what = " / ".join(TIMED_LABELS[n] for n in names)
+    header = ["branch", "seq", "implementation", *(f"{TIMED_LABELS[n]} ms" for n in names),
+              f"their time / ours ({what})", f"TFLOP/s ({what})", f"TB/s ({what})", "peak GB (inputs GB)"]
+    lines = ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    timed_rows = {(r["seq"], r["impl"]): r for r in record["rows"] if "error" not in r}
+
+    def rate(r, unit: str) -> str:
+        values = [r[f"{n}_{unit}"] for n in names]
+        text = " / ".join(f"{x:.3g}" for x in values)
+        if ceilings:
+            text += " (" + " / ".join(f"{100 * x / ceilings[unit]:.0f}%" for x in values) + ")"
+        return text
+
+    for r in record["rows"]:
+        if "error" in r:
+            lines.append(f"| {branch} | {r['seq']} | {r['impl']} | {r['error']} |" + " |" * (len(header) - 4))
+            continue
+        ratios = "; ".join(f"{b} " + " / ".join(f"{timed_rows[r['seq'], b][f'{n}_ms'] / r[f'{n}_ms']:.2f}x"
+                                                for n in names)
+                           for b in BASELINES.get(r["impl"], ()) if (r["seq"], b) in timed_rows)
+        times = " | ".join(f"{r[f'{n}_ms']:.2f}" for n in names)
+        lines.append(f"| {branch} | {r['seq']} | {r['impl']} | {times} | {ratios} | {rate(r, 'tflops')} | "
+                     f"{rate(r, 'tbps')} | {r['peak_mem_gb']:.2f} ({r['input_gb']:.2f}) |")
+    return lines
 
 
 def plot(record, path):
@@ -808,10 +1129,14 @@ def plot(record, path):
     except ImportError:
         return None
     selections = list(record["checks"])
-    # One column per selection; forward times on the first row, backward on the second, each point of a
-    # non-dense curve labelled with dense's time over its own ("x dense").
-    fig, axes = plt.subplots(2, len(selections), figsize=(6 * len(selections), 9), squeeze=False)
-    for row_axes, key, what in ((axes[0], "fwd_ms", "forward"), (axes[1], "bwd_ms", "backward")):
+    branch = record["config"].get("branch", "selection")
+    # One column per selection, one row per timed column (the forward first), each point of a non-dense curve
+    # labelled with dense's time over its own ("x dense").
+    keys = [f"{n}_ms" for n in TIMED[branch]]
+    fig, axes = plt.subplots(len(keys), len(selections), figsize=(6 * len(selections), 4.5 * len(keys)),
+                             squeeze=False)
+    for row_axes, key, name in zip(axes, keys, TIMED[branch]):
+        what = TIMED_LABELS[name]
         for ax, selection in zip(row_axes, selections):
             rows = [r for r in record["rows"] if r["selection"] == selection and key in r]
             dense = {r["seq"]: r[key] for r in rows if r["impl"] == "dense sdpa"}
@@ -831,7 +1156,6 @@ def plot(record, path):
             ax.set_yscale("log")
             ax.set_xlabel("sequence length")
             ax.set_ylabel(f"{what} ms")
-            branch = record["config"].get("branch", "selection")
             label = f"{selection} selection" if branch == "selection" else selection
             ax.set_title(f"{record['config']['name']}, {label}, {what} ({record['machine']})", fontsize=9)
             ax.legend(fontsize=7)
@@ -854,8 +1178,9 @@ def main(argv=None):
     parser.add_argument("--doc-lengths", type=int, nargs=2, default=list(DOC_LENGTHS), metavar=("MIN", "MAX"),
                         help="document lengths of the packed selection (default %(default)s)")
     parser.add_argument("--branch", choices=BRANCHES, default="selection",
-                        help="what to time: the selection branch (default), the whole layer's attention (nsa) or "
-                             "the sliding window")
+                        help="what to time: the selection branch (default), the whole layer's attention (nsa), "
+                             "the sliding window, the compression branch (pooling + compressed attention) or the "
+                             "block selection (select_blocks)")
     parser.add_argument("--window", type=int, default=512,
                         help="the window of --branch layer's and window's runs (default %(default)s)")
     parser.add_argument("--impl", nargs="+", default=None,

@@ -305,9 +305,9 @@ def test_transient_sizes_are_queried_once_per_shape():
         o2, lse2 = nsa_iree.selection_attention_fwd(shorter[0], k, v, shorter[1], BS)
         nsa_iree.selection_attention_bwd(shorter[0], k, v, o2, lse2, torch.ones_like(o2), shorter[1], BS)
         assert len(counting.queries) == 8
-        dkdv = [size for key, size in module._transient_sizes.items()
-                if key[0] == "selection_attention_dkdv_transients_size"]
-        assert len(dkdv) == 2 and dkdv[0] != dkdv[1], sizes
+        inversion = [size for key, size in module._transient_sizes.items()
+                     if key[0] == "invert_block_indices_transients_size"]
+        assert len(inversion) == 2 and inversion[0] != inversion[1], sizes
     finally:
         module.context = counting.context
 

@@ -37,22 +37,69 @@ def test_bench_smoke_run_writes_table_and_record(tmp_path, monkeypatch):
 
 # --branch: what each CPU run times (the CUDA-only baselines, fla and FlexAttention, are left out there)
 BRANCH_RUNS = {"layer": {"nsa_iree nsa", "nsa_iree nsa + window", "torch eager nsa + window"},
-               "window": {"nsa_iree window", "torch eager window"}}
+               "window": {"nsa_iree window", "torch eager window"},
+               "compression": {"nsa_iree compression", "torch eager compression"},
+               "select": {"nsa_iree select_blocks", "torch eager select_blocks"}}
+CHECKED = {"layer": {"o", "dq", "dk", "dv", "dg_cmp", "dg_slc", "dg_swa"}, "window": {"o", "dq", "dk", "dv"},
+           "compression": {"o", "lse", "dq", "dk", "dv"}, "select": {"ids"}}
 
 
 @pytest.mark.parametrize("branch", list(BRANCH_RUNS))
-def test_bench_branch_checks_then_times_its_implementations(tmp_path, branch):
-    """`nsa-iree bench --branch layer|window`: nsa_iree checked against the f64 oracle (o and every gradient,
-    the gates' too), then every CPU implementation timed, in a table of its own."""
+def test_bench_branch_checks_then_times_its_implementations(tmp_path, monkeypatch, branch):
+    """`nsa-iree bench --branch layer|window|compression|select`: nsa_iree checked against the f64 oracle (o and
+    every gradient, the gates' too; select_blocks' ids), then every CPU implementation timed (each of the branch's
+    timed columns, with its rates), in a table of its own. The modules the run loads are the ones
+    bench/branches_h200.py compiles for the GPU (the same list on the CPU target)."""
+    from bench.branches_h200 import run_specs
+    from nsa_iree import api, benchmark
+
+    loaded = []
+    kernels = api.kernels
+
+    def recording(spec, variant, device):
+        loaded.append((spec, variant))
+        return kernels(spec, variant, device)
+    monkeypatch.setattr(api, "kernels", recording)
     record = main(["--device", "cpu", "--config", "tiny", "--branch", branch, "--seq", "256", "--repeats", "1",
                    "--window", "32", "--out", str(tmp_path)])
     check = record["checks"][branch]
-    assert check["errors"] and all(err < 1e-5 for err in check["errors"].values()), check
-    assert ("dg_swa" in check["errors"]) == (branch == "layer")
+    assert set(check["errors"]) == CHECKED[branch], check
+    assert all(err < 1e-5 for err in check["errors"].values()), check
+    if branch == "select":
+        assert check["agreement"] == {"nsa_iree": 1.0, "torch eager": 1.0}, check
     assert all("error" not in row for row in record["rows"]), record["rows"]
     assert {row["impl"] for row in record["rows"]} == BRANCH_RUNS[branch]
+    for row in record["rows"]:
+        for name in benchmark.TIMED[branch]:
+            assert row[f"{name}_ms"] > 0 and row[f"{name}_tflops"] > 0 and row[f"{name}_tbps"] > 0, row
     md = next(tmp_path.glob(f"tiny_{branch}_*.md")).read_text()
-    assert f"| {branch} | 256 | nsa_iree" in md
+    ours = [line for line in md.splitlines() if line.startswith(f"| {branch} | 256 | nsa_iree")]
+    assert ours and any("| torch eager " in line for line in ours), md          # the ratio to the eager baseline
+    assert set(loaded) == set(run_specs("tiny", branch, [256], 32, target="cpu"))
+
+
+@pytest.mark.parametrize("option, value", [("--branch", "compressed"), ("--config", "fla_default")])
+def test_bench_bad_branch_or_config_is_a_usage_error(capsys, option, value):
+    """A --branch or --config the benchmark does not have: argparse's one-line error naming the choices, exit 2."""
+    from nsa_iree import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--device", "cpu", option, value])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: invalid choice: '{value}'" in err
+    assert ("compression" if option == "--branch" else "fla-default") in err
+
+
+def test_branch_work_counts_the_visible_keys():
+    """The FLOP counts' visible (row, key) pairs against a loop over the positions: the compressed blocks complete
+    at each row, the window's keys."""
+    from nsa_iree.benchmark import _visible_compressed, _visible_window
+
+    for seq, bs in ((1, 16), (63, 64), (64, 64), (200, 16), (4096, 64)):
+        assert _visible_compressed(seq, bs) == sum((p + 1) // bs for p in range(seq))
+    for seq, w in ((5, 8), (8, 8), (300, 32), (4096, 512)):
+        assert _visible_window(seq, w) == sum(min(p + 1, w) for p in range(seq))
 
 
 def test_bench_out_option(tmp_path):

@@ -21,10 +21,10 @@ def cpu_stack_bytes(stage: str, spec: KernelSpec) -> int:
     hpg, d, dv, bs = spec.heads_per_group, spec.head_dim, spec.value_dim, spec.block_size
     if stage == "forward":                       # qT, oT, sT (p in place)
         return (d + dv + bs) * hpg * 4
-    if stage == "dq":                            # qT, doT, dqT, sT (p), dpT (ds)
-        return (2 * d + dv + 2 * bs) * hpg * 4
-    if stage == "select_blocks":                 # qT, the scores of CPU_ROWS candidates, the kept scores and ids
-        return (d + 16) * hpg * 4 + spec.num_blocks * 8
+    if stage == "dq":                            # S (P), dP (DS), dq
+        return (2 * bs + d) * hpg * 4
+    if stage == "select_blocks":                 # the scores of one step's candidates, the kept ids
+        return 16 * 4 + spec.num_blocks * 4
     if stage == "onepass":                       # qT, doT, S (P), dP (DS), DS transposed, dq
         return ((d + dv) * hpg + 3 * hpg * bs + hpg * d) * 4
     return 2 * hpg * bs * 4                      # dkdv: S (then P) and dP (then DS)
@@ -60,6 +60,11 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
             "CPU_VCOLS": str(_largest_divisor(spec.value_dim, 64)),
             "CPU_KCOLS": str(_largest_divisor(spec.head_dim, 64)),
             "CPU_KROWS": str(_largest_divisor(spec.block_size, 4)), "CPU_DKV": str(spec.head_dim + spec.value_dim),
+            # select_blocks: CPU_CANDS candidates a vector, CPU_SEL_HEADS heads' score vectors in registers.
+            "CPU_CANDS": "16", "CPU_SEL_HEADS": str(_largest_divisor(spec.heads_per_group, CPU_VECTOR_REGISTERS)),
+            # dq's sum over keys: CPU_DQ_HEADS heads times CPU_DQ_COLS elements of d (up to 4 x 64 floats).
+            "CPU_DQ_HEADS": str(_largest_divisor(spec.heads_per_group, 4)),
+            "CPU_DQ_COLS": str(_largest_divisor(spec.head_dim, 64)),
             "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES)}
 
 

@@ -1,6 +1,6 @@
-// The block-major backward products the CPU dk/dv and one-pass kernels share, as macros: S and dP of one
-// selected block for the row's heads, P and DS from them in place, and the sum over heads that adds a register
-// block of dk or dv (the locked add into the accumulator whole). They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
+// The backward products the CPU dq, dk/dv and one-pass kernels share, as macros: S and dP of one selected block
+// for the row's heads, P and DS from them in place, dq's sum over the block's keys, and the sum over heads that
+// adds a register block of dk or dv (the locked add into the accumulator whole). They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
 
 <# The steps and constants the products read: %keys_step (`krows`), %vcols_step (`vcols`), %kcols_step (`kcols`),
    %zero_keys, %zero_s [`srows`, BS], and %key_iota (0 .. BS - 1, for the key masks). #>
@@ -63,6 +63,37 @@
             vector.store %${ tile ~ "_v" ~ i if tile == "s_tile" else tile ~ "_acc#" ~ i }, %${tile}[%${tile}_h${i}, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
 <% endfor %>
 <% endfor %>
+          }
+<% endmacro %>
+
+<# %dq_tile [HPG, D] += sum over the keys j = `first` .. %visible - 1 of DS[h, j] k[b, %key0 + j, g, :] (DS in
+   %dp_tile), `heads` (CPU_DQ_HEADS) heads times `cols` (CPU_DQ_COLS) elements of d per register block, each DS
+   element a scalar broadcast over k's row. Only the row's visible keys are read (a future key's row may be past N,
+   or hold an Inf). #>
+<% macro dq_add(first, heads, cols) %>
+<% set n = heads | int %>
+<% set types = (["vector<" ~ cols ~ "xf32>"] * n) | join(", ") %>
+          scf.for %h0 = %c0 to %heads_per_group step %dq_heads_step {
+            scf.for %d0 = %c0 to %head_dim step %dq_cols_step {
+<% for i in range(n) %>
+              %dq_h${i} = affine.apply affine_map<(h) -> (h + ${i})>(%h0)
+              %dq_old${i} = vector.load %dq_tile[%dq_h${i}, %d0] : memref<${HPG}x${D}xf32>, vector<${cols}xf32>
+<% endfor %>
+              %dq_new:${n} = scf.for %j = ${first} to %visible step %c1 iter_args(<% for i in range(n) %>%a${i} = %dq_old${i}${ ", " if not loop.last }<% endfor %>) -> (${types}) {
+                %key = arith.addi %key0, %j : index
+                %k_row = vector.load %k[%b, %key, %g, %d0] : memref<?x?x${G}x${D}x${E}>, vector<${cols}x${E}>
+                %k_row32 = ${EXTF} %k_row : vector<${cols}x${E}> to vector<${cols}xf32>
+<% for i in range(n) %>
+                %ds${i} = memref.load %dp_tile[%dq_h${i}, %j] : memref<${HPG}x${BS}xf32>
+                %ds${i}_row = vector.broadcast %ds${i} : f32 to vector<${cols}xf32>
+                %a${i}_new = vector.fma %ds${i}_row, %k_row32, %a${i} : vector<${cols}xf32>
+<% endfor %>
+                scf.yield <% for i in range(n) %>%a${i}_new${ ", " if not loop.last }<% endfor %> : ${types}
+              }
+<% for i in range(n) %>
+              vector.store %dq_new#${i}, %dq_tile[%dq_h${i}, %d0] : memref<${HPG}x${D}xf32>, vector<${cols}xf32>
+<% endfor %>
+            }
           }
 <% endmacro %>
 

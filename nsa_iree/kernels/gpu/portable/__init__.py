@@ -36,11 +36,9 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     # does not (the window's backward is the two-pass one), as on the CPU.
     window = spec.window and stage == "onepass"
     why = ["onepass.mlir has no sliding-window mask (the linalg stages take it)"] if window else []
-    if spec.dtype not in ("bf16", "f16"):
-        why.append("dtype is not bf16 or f16")
-    unit = _unit(spec, recipe)
+    unit = _unit_limits(spec, recipe, why)
     if unit is None:
-        return why + ["no fragment table for the recipe's mma_kind"]
+        return why
     k = unit.k
     if spec.heads_per_group > HEAD_ROWS:
         why.append(f"more than {HEAD_ROWS} heads per group")
@@ -57,24 +55,36 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         staged = (spec.head_dim + spec.value_dim) * (k + PAD) * 2
         if staged > _dq_memory(spec)["DQP_DS_OFFSET"]:
             why.append("q and do transposed do not fit the K and V tiles")
-    limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
     need = {"dq": lambda: _dq_memory(spec)["DQP_SMEM_BYTES"],
             "dkdv": lambda: _dkdv_memory(spec, k, recipe.rows_per_piece)["DKP_SMEM_BYTES"],
             "forward": lambda: _forward_memory(spec, k)["FWP_SMEM_BYTES"],
             "onepass": lambda: _onepass_memory(spec, k)["OPP_SMEM_BYTES"]}[stage]()
-    if limit and need > limit:
-        why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
-    return why
+    return why + _memory_limits(need, recipe)
+
+
+def _unit_limits(spec: KernelSpec, recipe, why: list[str]):
+    """What every portable kernel needs, added to `why`: 16-bit inputs and a fragment table for the recipe's
+    mma_kind. Returns the unit, None when there is no table."""
+    if spec.dtype not in ("bf16", "f16"):
+        why.append("dtype is not bf16 or f16")
+    unit = _unit(spec, recipe)
+    if unit is None:
+        why.append("no fragment table for the recipe's mma_kind")
+    return unit
+
+
+def _memory_limits(need: int, recipe) -> list[str]:
+    """Why `need` bytes of workgroup memory do not fit the recipe's target (empty: they do)."""
+    limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
+    return [f"needs {need} bytes of workgroup memory, the target has {limit}"] if limit and need > limit else []
 
 
 def _select_limits(spec: KernelSpec, recipe) -> list[str]:
     """Why select_blocks.mlir cannot serve spec (T its output slots, D the compressed keys' dim)."""
     why = ["select_blocks.mlir has no sliding-window mask"] if spec.window else []
-    if spec.dtype not in ("bf16", "f16"):
-        why.append("dtype is not bf16 or f16")
-    unit = _unit(spec, recipe)
+    unit = _unit_limits(spec, recipe, why)
     if unit is None:
-        return why + ["no fragment table for the recipe's mma_kind"]
+        return why
     if spec.heads_per_group > HEAD_ROWS:
         why.append(f"select_blocks.mlir takes up to {HEAD_ROWS} heads per group (a query row's heads are one unit's "
                    f"rows)")
@@ -83,11 +93,7 @@ def _select_limits(spec: KernelSpec, recipe) -> list[str]:
         why.append(f"more than {slots} output slots (one per lane)")
     if spec.head_dim % unit.k:
         why.append(f"D not a multiple of the unit's K ({unit.k})")
-    limit = int(recipe.kernel_settings.get("max_workgroup_memory", 0))
-    need = _select_memory(spec)
-    if limit and need > limit:
-        why.append(f"needs {need} bytes of workgroup memory, the target has {limit}")
-    return why
+    return why + _memory_limits(_select_memory(spec), recipe)
 
 
 def _select_memory(spec: KernelSpec) -> int:
