@@ -1,8 +1,10 @@
 """NSA's compression branch: the compressed keys and values its attention reads (docs/semantics.md, 'The
 compression branch and block selection').
 
-``mean_pooling`` is plain torch (a memory-bound reduction that torch runs at bandwidth on every device, with
-autograd for its backward). ``compressed_attention`` runs on the selection kernels of every target: a dense
+``mean_pooling`` is a memory-bound reduction: on GPUs plain torch (with autograd for its backward), on the CPU
+IREE dispatches (kernels/common/pooling.mlir) so that the branch's calls follow one another on IREE's workers with
+no torch parallel op between them (each hands the cores to torch's OpenMP threads, which then spin on them:
+docs/runtime.md, 'CPU threads'). ``compressed_attention`` runs on the selection kernels of every target: a dense
 attention over the compressed keys is a selection of every tile of them, with the rows standing for positions
 and key c visible from position (c + 1) BS - 1 on (KernelSpec.key_stride, kernels/common/rules.mlir).
 """
@@ -54,16 +56,77 @@ def mean_pooling(x: torch.Tensor, block_size: int, *, cu_seqlens: torch.Tensor |
 def _pooled(x: torch.Tensor, block_size: int, lengths: list[int], padded: list[int] | None = None) -> torch.Tensor:
     """Block means of x [B, P, G, D] whose sequences (token counts `lengths`, each laid out over `padded` tokens,
     a multiple of BS but for the last one) follow one another."""
-    batch, total, groups, dim = x.shape
     padded = padded or lengths
+    counts = tuple(min(block_size, n - i * block_size) for n, p in zip(lengths, padded)
+                   for i in range(-(-p // block_size)))
+    if x.device.type == "cpu":
+        return torch.ops.nsa_iree.block_means(x, _inverse_counts(counts), block_size)
+    batch, total, groups, dim = x.shape
     full, rest = divmod(total, block_size)
     sums = x[:, :full * block_size].reshape(batch, full, block_size, groups, dim).sum(dim=2, dtype=torch.float32)
     if rest:
         sums = torch.cat([sums, x[:, full * block_size:].sum(dim=1, keepdim=True, dtype=torch.float32)], dim=1)
-    counts = [min(block_size, n - i * block_size) for n, p in zip(lengths, padded)
-              for i in range(-(-p // block_size))]
-    counts = torch.tensor(counts, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-    return (sums / counts).to(x.dtype)
+    divisors = torch.tensor(counts, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+    return (sums / divisors).to(x.dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _inverse_counts(counts: tuple[int, ...]) -> torch.Tensor:
+    """[C] float32 on the CPU: 1 / (tokens of block c), made once per layout (a training loop reuses it)."""
+    return torch.tensor([1.0 / c if c else 0.0 for c in counts], dtype=torch.float32)
+
+
+def _pooling_module(x: torch.Tensor, block_size: int):
+    """The CPU pooling module for x's G, D and dtype and `block_size` (kernels/common/pooling.mlir)."""
+    from .spec import KernelSpec, target_cpu_from_environment
+
+    spec = KernelSpec(heads=x.shape[2], kv_heads=x.shape[2], head_dim=x.shape[3], value_dim=x.shape[3],
+                      block_size=block_size, num_blocks=1, dtype=api._DTYPE_NAME[x.dtype], target="cpu",
+                      target_cpu=target_cpu_from_environment())
+    return api.kernels(spec, "pooling", x.device)
+
+
+@torch.library.custom_op("nsa_iree::block_means", mutates_args=())
+def _block_means_op(x: torch.Tensor, inverse_counts: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[B, C, G, D]: block c of x [B, P, G, D] (BS tokens a block, the last one short) summed in float32, times
+    inverse_counts[c], rounded once to x's dtype (C = inverse_counts' length)."""
+    y = api.output_buffer((x.shape[0], inverse_counts.shape[0], *x.shape[2:]), x)
+    if y.numel():
+        _pooling_module(x, block_size).call("block_means", x.contiguous(), inverse_counts, y)
+    return y
+
+
+@_block_means_op.register_fake
+def _block_means_fake(x, inverse_counts, block_size):
+    return x.new_empty((x.shape[0], inverse_counts.shape[0], *x.shape[2:]))
+
+
+@torch.library.custom_op("nsa_iree::block_means_bwd", mutates_args=())
+def _block_means_bwd_op(dy: torch.Tensor, inverse_counts: torch.Tensor, tokens: int, block_size: int) -> torch.Tensor:
+    """[B, tokens, G, D]: each token's block's dy times inverse_counts of the block, rounded once."""
+    dx = api.output_buffer((dy.shape[0], tokens, *dy.shape[2:]), dy)
+    if dx.numel():
+        _pooling_module(dy, block_size).call("block_means_grad", dy.contiguous(), inverse_counts, tokens, dx)
+    return dx
+
+
+@_block_means_bwd_op.register_fake
+def _block_means_bwd_fake(dy, inverse_counts, tokens, block_size):
+    return dy.new_empty((dy.shape[0], tokens, *dy.shape[2:]))
+
+
+def _block_means_setup(ctx, inputs, output):
+    x, inverse_counts, block_size = inputs
+    ctx.save_for_backward(inverse_counts)
+    ctx.tokens, ctx.block_size = x.shape[1], block_size
+
+
+def _block_means_backward(ctx, dy):
+    (inverse_counts,) = ctx.saved_tensors
+    return torch.ops.nsa_iree.block_means_bwd(dy, inverse_counts, ctx.tokens, ctx.block_size), None, None
+
+
+_block_means_op.register_autograd(_block_means_backward, setup_context=_block_means_setup)
 
 
 # The compressed attention runs on the selection kernels (every family) with KernelSpec.key_stride = its block

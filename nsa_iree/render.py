@@ -37,6 +37,8 @@ STAGES = {
     "select": ("select_blocks",),
     # the NSA layer's gating (nsa_iree.layer.gated_sum): the gated sum, do's products, the gates' dots
     "gates": ("gates",),
+    # mean pooling (nsa_iree.mean_pooling on the CPU): G, D and BS of the pooled keys or values
+    "pooling": ("pooling",),
 }
 
 _MLIR_TYPE = {"f32": "f32", "f16": "f16", "bf16": "bf16"}

@@ -1,5 +1,6 @@
 """nsa_iree.mean_pooling against the f64 oracle (reference.mean_pooling_reference): values, gradients, packed
-sequences, errors (docs/semantics.md, 'The compression branch and block selection')."""
+sequences, errors (docs/semantics.md, 'The compression branch and block selection'). On the CPU it runs as IREE
+dispatches (kernels/common/pooling.mlir, outputs poisoned here); the custom operators pass torch's checks."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from conftest import DTYPES
 import nsa_iree
 from nsa_iree.reference import mean_pooling_reference
 from nsa_iree.testing import TOLERANCE, relative_rms_error
+
+pytestmark = pytest.mark.usefixtures("poisoned_compression_outputs")
 
 
 # (B, N, G, D, BS): N a multiple of BS, not one, below one block, one token, none.
@@ -64,6 +67,31 @@ def test_packed_sequences_are_pooled_alone(lengths):
     out.backward(dout)
     ref.backward(dout.double())
     assert relative_rms_error(x.grad.double(), xr.grad) <= TOLERANCE[torch.float32]
+
+def test_operators_pass_opcheck(monkeypatch):
+    """torch's checks of the pooling's custom ops (schema, fake, autograd registration, AOT dispatch), with a short
+    last block."""
+    monkeypatch.undo()                     # opcheck compares runs: real (unpoisoned) buffers
+    from nsa_iree.compression import _inverse_counts
+
+    x, inverse = torch.randn(2, 70, 2, 8), _inverse_counts((16, 16, 16, 16, 6))
+    torch.library.opcheck(torch.ops.nsa_iree.block_means, (x.requires_grad_(), inverse, 16))
+    torch.library.opcheck(torch.ops.nsa_iree.block_means_bwd, (torch.randn(2, 5, 2, 8), inverse, 70, 16))
+
+
+def test_torch_compile_fullgraph_equals_eager():
+    x = torch.randn(1, 100, 2, 16)
+
+    def pooled(x):
+        return nsa_iree.mean_pooling(x, 32).square().sum()
+
+    grads = []
+    for fn in (pooled, torch.compile(pooled, fullgraph=True, backend="aot_eager")):
+        leaf = x.clone().requires_grad_()
+        fn(leaf).backward()
+        grads.append(leaf.grad)
+    assert torch.equal(*grads)
+
 
 BAD = {
     "x_rank": (dict(x=torch.zeros(1, 4, 8)), "x"),

@@ -2,8 +2,8 @@
 the family rendering a stage (:func:`choose`).
 
     common/         the helper stages every family uses (delta, the block lists and their inversion, the
-                    piece sums), the layer's gating (gates) and the macros shared by all (host functions,
-                    dispatch openings)
+                    piece sums), the layer's gating (gates), the mean pooling (pooling) and the macros shared by
+                    all (host functions, dispatch openings)
     linalg/         the fused-region stages IREE tiles itself: every shape, every target (the oracle the
                     hand-written kernels are checked against, and the fallback)
     cpu/            hand-written vectorised CPU kernels
@@ -26,7 +26,7 @@ from .gpu.portable import FAMILY as PORTABLE
 
 # The helper stages: one template each, in common/, whichever family renders the kernels around them.
 COMMON = Family("common", "common", stages=("kv_blocks", "selected_slots", "delta", "inversion", "piece_sums",
-                                           "gates"))
+                                           "gates", "pooling"))
 # The fused-region (linalg) stages; the one-pass has no linalg form, its fallback is one scalar dispatch with the
 # recipe's [onepass] pieces (linalg/onepass.mlir).
 LINALG = Family("linalg", "linalg", stages=("forward", "dq", "dkdv", "onepass"))
