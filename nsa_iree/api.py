@@ -147,9 +147,33 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_s
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse
-    module = kernels(describe(q, k, v, idx, block_size, key_stride, window), "forward", q.device)
+    spec = describe(q, k, v, idx, block_size, key_stride, window)
+    split = _group_split(spec, "forward")
+    if split > 1:
+        k, v, idx = (_repeat_groups(t, split) for t in (k, v, idx))
+        spec = spec.replace(kv_heads=spec.kv_heads * split)
+    module = kernels(spec, "forward", q.device)
     module.call("selection_attention_fwd", q, k, v, idx, scale, o, lse)
     return o, lse
+
+
+# The stages of a variant whose kernel a group split can bring onto the hand-written kernels (kernels.group_split).
+_SPLIT_STAGES = {"forward": ("forward",), "two-pass": ("dq", "dkdv"), "one-pass": ("onepass",)}
+
+
+@functools.lru_cache(maxsize=None)
+def _group_split(spec: KernelSpec, variant: str) -> int:
+    """kernels.group_split for the variant's attention stages on spec's target."""
+    from .kernels import group_split
+    from .recipes import load_recipe
+
+    return group_split(_SPLIT_STAGES[variant], spec, load_recipe(spec.target))
+
+
+def _repeat_groups(x: Tensor, split: int) -> Tensor:
+    """x [B, N, G, ...] as [B, N, G * split, ...]: each kv head's slice repeated for its `split` groups of query
+    heads (group g * split + i reads kv head g)."""
+    return x.repeat_interleave(split, dim=2)
 
 
 def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None,
@@ -198,6 +222,16 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     if dq is None and dk is None:
         return dq, dk, dv
     spec = describe(q, k, v, idx, block_size, key_stride, window)
+    split = _group_split(spec, variant)
+    dk_out, dv_out = dk, dv
+    if split > 1:
+        # Each kv head's query heads as `split` groups (kernels.group_split); their dk and dv summed after.
+        groups = spec.kv_heads * split
+        k, v, idx = (_repeat_groups(t, split) for t in (k, v, idx))
+        spec = spec.replace(kv_heads=groups)
+        if dk is not None:
+            dk = _empty((batch, n, groups, k.shape[3]), k, torch.float32)
+            dv = _empty((batch, n, groups, v.shape[3]), v, torch.float32)
     if dk is not None and dk.dtype == torch.float32 != q.dtype:
         spec = spec.replace(dkdv_dtype="f32")          # dk and dv left unrounded (nsa_iree.distributed)
     module = kernels(spec, variant, q.device)
@@ -208,6 +242,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
             module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start,
                         piece_count, scale, dk, dv, wait_for_torch=False)
             del entries, piece_start, piece_count
+            dk, dv = _sum_groups(dk_out, dk, split), _sum_groups(dv_out, dv, split)
             if after_dkdv is not None:
                 after_dkdv()
         if dq is not None:
@@ -215,9 +250,18 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         return dq, dk, dv
     module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv,
                 wait_for_torch=False)
+    dk, dv = _sum_groups(dk_out, dk, split), _sum_groups(dv_out, dv, split)
     if after_dkdv is not None:
         after_dkdv()
     return dq, dk, dv
+
+
+def _sum_groups(total: Tensor, parts: Tensor, split: int) -> Tensor:
+    """total [B, N, G, ...] = the sum of parts [B, N, G * split, ...] over each kv head's `split` groups of query
+    heads, in float32 in group order, rounded once (parts itself when split is 1)."""
+    if split == 1:
+        return parts
+    return total.copy_(parts.unflatten(2, (parts.shape[2] // split, split)).sum(3))
 
 
 def _empty(shape, like: Tensor, dtype=None) -> Tensor:

@@ -13,7 +13,7 @@ import pytest
 
 from nsa_iree.fragments import LAYOUTS, Unit, covers_tile, element_position, evaluate_map
 from nsa_iree.recipes import load_recipe
-from nsa_iree.kernels import choose
+from nsa_iree.kernels import choose, group_split
 from nsa_iree.render import module_templates, render_module
 from nsa_iree.spec import KernelSpec
 
@@ -141,6 +141,32 @@ def test_dense_kernel_choice(case, spec, forward, dq):
     recipe = load_recipe(spec.target)
     chosen = [choose(stage, spec, recipe) for stage in ("forward", "dq")]
     assert [(c.family, c.template) for c in chosen] == [forward, dq]
+
+
+# kernels.group_split: the groups of query heads a kv head's run as, per variant's stages (forward; dq and dk/dv;
+# the one-pass), so that every stage has its hand-written kernel.
+GROUP_SPLIT = [
+    ("cuda_hpg16", ANCHORS_CUDA, (1, 1, 1)),
+    ("cuda_hpg32", ANCHORS_CUDA.replace(kv_heads=2), (2, 2, 2)),
+    ("cuda_hpg64", ANCHORS_CUDA.replace(kv_heads=1), (4, 4, 4)),
+    ("cuda_hpg64_f32", ANCHORS_CUDA.replace(kv_heads=1, dtype="f32"), (1, 1, 1)),        # no kernel takes f32
+    ("cuda_compressed_hpg64", COMPRESSED_CUDA.replace(kv_heads=1), (1, 4, 4)),         # the dense forward: any HPG
+    ("gfx950_hpg32", ANCHORS_CUDA.replace(target="gfx950", kv_heads=2), (2, 2, 2)),
+    ("gfx942_hpg64", ANCHORS_CUDA.replace(target="gfx942", kv_heads=1), (1, 1, 1)),     # linalg by design
+    ("cpu_hpg64_d128", ANCHORS_CUDA.replace(target="cpu", kv_heads=1, dtype="f32"), (2, 2, 4)),   # stack tiles
+    ("cpu_hpg16", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), (1, 1, 1)),
+    ("cuda_linalg", ANCHORS_CUDA.replace(kv_heads=1, kernels="linalg"), (1, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", GROUP_SPLIT, ids=[c[0] for c in GROUP_SPLIT])
+def test_group_split(case, spec, expected):
+    recipe = load_recipe(spec.target)
+    stages = (("forward",), ("dq", "dkdv"), ("onepass",))
+    assert tuple(group_split(s, spec, recipe) for s in stages) == expected
+    for s, split in zip(stages, expected):
+        chosen = [choose(stage, spec.replace(kv_heads=spec.kv_heads * split), recipe) for stage in s]
+        assert split == 1 or not any(c.crossed for c in chosen)
 
 
 def test_compressed_cuda_modules_take_the_dense_templates():

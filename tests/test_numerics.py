@@ -42,6 +42,8 @@ CONFIGS = {
     "bs64_t16": dict(block_size=64, num_blocks=16, m_rows=300, n=300, select=realistic_indices),
     "m_lt_n": dict(m_rows=40, n=111),
     "n_not_multiple_of_bs": dict(m_rows=77, n=77),
+    # more heads per group than the CPU kernels' stack tiles hold: run as two groups of 32 (kernels.group_split)
+    "hpg64_d128": dict(heads=64, kv_heads=1, head_dim=128, value_dim=128, batch=1, m_rows=70, n=100),
 }
 
 
@@ -192,6 +194,19 @@ def test_everything_skipped_gives_zero_gradients(variant):
 # --- the linalg stages on the CPU ---------------------------------------------------------------------------
 # The cpu recipe renders its hand-written kernels (mlir/*_cpu.mlir); the linalg stages, which GPUs use for the
 # shapes their kernels do not serve (and gfx942 for all but select_blocks), still run here with NSA_IREE_KERNELS=linalg.
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("split", [2, 4])
+def test_query_heads_run_as_several_groups(split, dtype, monkeypatch):
+    """A kv head's query heads run as `split` groups on repeated K, V and block lists, their dk and dv summed
+    (nsa_iree.api, kernels.group_split: what the GPUs do above 16 heads per group), forced here on the CPU."""
+    from nsa_iree import api
+
+    monkeypatch.setattr(api, "_group_split", lambda spec, variant: split)
+    problem = dataclasses.replace(BASE, heads=16, kv_heads=2, m_rows=60, n=90, num_blocks=3, select=realistic_indices)
+    for variant in BACKWARDS:
+        assert_close_to_reference(problem, DTYPES[dtype], variant=variant)
+
 
 LINALG_CASES = [("hpg3", "f32"), ("bs64_t16", "f32"), ("d192_dv128", "bf16")]
 

@@ -81,6 +81,26 @@ def choose(stage: str, spec, recipe) -> Choice:
     return Choice("linalg", wanted, crossed) if crossed else Choice(wanted, wanted)
 
 
+def group_split(stages: tuple[str, ...], spec, recipe) -> int:
+    """How many groups of query heads to run each kv head's as: 1, or the least s (a power of two dividing the heads
+    per group) such that spec with s times the kv heads, each reading its kv head's keys and values, runs every one
+    of `stages` on its hand-written kernel where spec itself falls back to the linalg stage for one of them (more
+    heads per group than the GPU kernels' tiles hold). nsa_iree.api runs the split: K, V and the block lists repeated
+    per group, dk and dv summed over a kv head's groups in float32 and rounded once. Each selected block is then read
+    once per group of heads, not once."""
+    def falls_back(groups: int) -> bool:
+        split = spec.replace(kv_heads=groups)
+        return any(choose(stage, split, recipe).crossed for stage in stages)
+    if not falls_back(spec.kv_heads):
+        return 1
+    s = 2
+    while spec.heads_per_group % s == 0:
+        if not falls_back(spec.kv_heads * s):
+            return s
+        s *= 2
+    return 1
+
+
 def template_for(stage: str, spec, recipe) -> tuple[str, Family]:
     """The template rendering `stage` for spec (a path under nsa_iree/kernels/) and its family: common/'s for the
     helper stages, else choose()'s."""
