@@ -62,6 +62,10 @@ CONFIGS = {
     "hpg8": dict(heads=32, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     "hpg4": dict(heads=16, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     "hpg1": dict(heads=4, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    # More heads per group than the tile's 16 rows (fla's own tests' 32 heads over 1 or 2 kv heads; MQA-style 64):
+    # the kernels run them as 2 or 4 groups of 16 (kernels.group_split).
+    "hpg32": dict(heads=64, kv_heads=2, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    "hpg64": dict(heads=64, kv_heads=1, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     # fla's default NativeSparseAttention layer layout.
     "fla-default": dict(heads=64, kv_heads=4, head_dim=64, value_dim=64, block_size=64, num_blocks=16, dtype="bf16"),
     # What fits this project's 2-core CPU (anchors.md, CPU baseline).
