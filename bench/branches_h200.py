@@ -46,18 +46,22 @@ def branch_specs(config: str, branch: str, seq: int, window_size: int, target: s
     select = KernelSpec(**dict(layout, value_dim=d), block_size=bs, num_blocks=t)
     windowed = KernelSpec(**layout, block_size=window.WINDOW_BLOCK, num_blocks=window.window_slots(window_size),
                           window=window_size)
+    # the mean pooling of k and v: IREE dispatches on the CPU (nsa_iree.compression), torch's reduction on GPUs
+    pooling = [(KernelSpec(heads=g, kv_heads=g, head_dim=dim, value_dim=dim, block_size=bs, num_blocks=1, **host),
+                "pooling") for dim in dict.fromkeys((d, dv))] if target == "cpu" else []
     if branch == "compression":
-        return [(compressed, "forward"), (compressed, "two-pass")]
+        return [*pooling, (compressed, "forward"), (compressed, "two-pass")]
     if branch == "select":
-        return [(compressed, "forward"), (select, "select")]
+        return [*pooling, (compressed, "forward"), (select, "select")]
     if branch == "window":
         return [(windowed, "forward"), (windowed, "two-pass")]
     if branch != "layer":
         raise ValueError(f"no modules listed for the branch {branch!r}")
     selection = KernelSpec(**layout, block_size=bs, num_blocks=t)
     gates = KernelSpec(heads=h, kv_heads=1, head_dim=dv, value_dim=dv, **host)
-    return [(selection, "forward"), (selection, "two-pass"), (compressed, "forward"), (compressed, "two-pass"),
-            (select, "select"), (gates, "gates"), (windowed, "forward"), (windowed, "two-pass")]
+    return [*pooling, (selection, "forward"), (selection, "two-pass"), (compressed, "forward"),
+            (compressed, "two-pass"), (select, "select"), (gates, "gates"), (windowed, "forward"),
+            (windowed, "two-pass")]
 
 
 def run_specs(config: str, branch: str, lengths, window_size: int, target: str = "cuda") -> list[Spec]:

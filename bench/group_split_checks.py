@@ -40,10 +40,7 @@ def compile_all() -> None:
     for _, h, g, d, dv, dtype, *_ in CASES:
         spec = _spec(h, g, d, dv, dtype)
         for variant in ("forward", "two-pass", "one-pass"):
-            split = api._group_split(spec, variant)
-            run = spec.replace(kv_heads=g * split)
-            if split > 1 and variant != "forward":
-                run = run.replace(dkdv_dtype="f32")     # the groups' dk and dv stay float32 until summed
+            run, split = api.loaded_spec(spec, variant)
             print(compile_artifact(run, variant).path.name, split, flush=True)
 
 
@@ -68,7 +65,7 @@ def check(seed: int = 0) -> bool:
         idx = api.effective_block_indices(idx, None)
         scale = d ** -0.5
         spec = _spec(h, g, d, dv, dtype)
-        row = {"check": name, "split": {v: api._group_split(spec, v) for v in ("forward", "two-pass", "one-pass")}}
+        row = {"check": name, "split": {v: api.loaded_spec(spec, v)[1] for v in ("forward", "two-pass", "one-pass")}}
         o, lse = _poisoned((batch, m_rows, h, dv), dt), _poisoned((batch, h, m_rows), torch.float32)
         api.forward_into(o, lse, q, k, v, idx, BS, scale)
         grads = {}

@@ -147,27 +147,22 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_s
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse
-    spec = describe(q, k, v, idx, block_size, key_stride, window)
-    split = _group_split(spec, "forward")
+    spec, split = loaded_spec(describe(q, k, v, idx, block_size, key_stride, window), "forward")
     if split > 1:
         k, v, idx = (_repeat_groups(t, split) for t in (k, v, idx))
-        spec = spec.replace(kv_heads=spec.kv_heads * split)
     module = kernels(spec, "forward", q.device)
     module.call("selection_attention_fwd", q, k, v, idx, scale, o, lse)
     return o, lse
 
 
-# The stages of a variant whose kernel a group split can bring onto the hand-written kernels (kernels.group_split).
-_SPLIT_STAGES = {"forward": ("forward",), "two-pass": ("dq", "dkdv"), "one-pass": ("onepass",)}
-
-
 @functools.lru_cache(maxsize=None)
-def _group_split(spec: KernelSpec, variant: str) -> int:
-    """kernels.group_split for the variant's attention stages on spec's target."""
-    from .kernels import group_split
+def loaded_spec(spec: KernelSpec, variant: str) -> tuple[KernelSpec, int]:
+    """kernels.loaded_spec on spec's target's recipe: the spec whose module of `variant` the operators load, and the
+    group split it runs (each kv head's query heads as that many groups)."""
+    from .kernels import loaded_spec as loaded
     from .recipes import load_recipe
 
-    return group_split(_SPLIT_STAGES[variant], spec, load_recipe(spec.target))
+    return loaded(spec, variant, load_recipe(spec.target))
 
 
 def _repeat_groups(x: Tensor, split: int) -> Tensor:
@@ -221,17 +216,14 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         return dq, dk, dv
     if dq is None and dk is None:
         return dq, dk, dv
-    spec = describe(q, k, v, idx, block_size, key_stride, window)
-    split = _group_split(spec, variant)
+    spec, split = loaded_spec(describe(q, k, v, idx, block_size, key_stride, window), variant)
     dk_out, dv_out = dk, dv
     if split > 1:
-        # Each kv head's query heads as `split` groups (kernels.group_split); their dk and dv summed after.
-        groups = spec.kv_heads * split
+        # Each kv head's query heads as `split` groups (loaded_spec); their dk and dv summed after.
         k, v, idx = (_repeat_groups(t, split) for t in (k, v, idx))
-        spec = spec.replace(kv_heads=groups)
         if dk is not None:
-            dk = _empty((batch, n, groups, k.shape[3]), k, torch.float32)
-            dv = _empty((batch, n, groups, v.shape[3]), v, torch.float32)
+            dk = _empty((batch, n, spec.kv_heads, k.shape[3]), k, torch.float32)
+            dv = _empty((batch, n, spec.kv_heads, v.shape[3]), v, torch.float32)
     if dk is not None and dk.dtype == torch.float32 != q.dtype:
         spec = spec.replace(dkdv_dtype="f32")          # dk and dv left unrounded (nsa_iree.distributed)
     module = kernels(spec, variant, q.device)

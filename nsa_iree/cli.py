@@ -90,13 +90,18 @@ def _directory(option: str, path: str) -> None:
 
 def _cmd_compile(args) -> int:
     from .compiler import compile_artifact
+    from .kernels import loaded_spec
+    from .recipes import load_recipe
 
     spec = _spec_from(args)
     _directory("-o/--output", args.output)
     for variant in ("forward", args.variant):
-        art = compile_artifact(spec, variant, out_dir=Path(args.output))
+        # what the operators load for this layout (its query heads may run as several groups: kernels.group_split)
+        run, split = loaded_spec(spec, variant, load_recipe(spec.target))
+        art = compile_artifact(run, variant, out_dir=Path(args.output))
         how = f"compiled in {art.compile_seconds:.1f} s" if art.compile_seconds else "already there"
-        print(f"{art.path}  ({art.path.stat().st_size / 1024:.0f} KiB, {how})")
+        groups = f", each kv head's query heads as {split} groups" if split > 1 else ""
+        print(f"{art.path}  ({art.path.stat().st_size / 1024:.0f} KiB, {how}{groups})")
     return 0
 
 

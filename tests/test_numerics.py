@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from nsa_iree.recipes import load_recipe
+from nsa_iree.spec import KernelSpec
 from nsa_iree.selection import uniform_block_indices
 
 from conftest import DTYPES, Problem, assert_close_to_reference, random_indices, realistic_indices
@@ -200,12 +201,17 @@ def test_everything_skipped_gives_zero_gradients(variant):
 def test_query_heads_run_as_several_groups(split, dtype, monkeypatch):
     """A kv head's query heads run as `split` groups on repeated K, V and block lists, their dk and dv summed
     (nsa_iree.api, kernels.group_split: what the GPUs do above 16 heads per group), forced here on the CPU."""
-    from nsa_iree import api
+    from nsa_iree import api, kernels
 
-    monkeypatch.setattr(api, "_group_split", lambda spec, variant: split)
+    monkeypatch.setattr(kernels, "group_split", lambda stages, spec, recipe: split)
+    api.loaded_spec.cache_clear()               # the specs are kept per problem in a process
     problem = dataclasses.replace(BASE, heads=16, kv_heads=2, m_rows=60, n=90, num_blocks=3, select=realistic_indices)
-    for variant in BACKWARDS:
-        assert_close_to_reference(problem, DTYPES[dtype], variant=variant)
+    try:
+        assert api.loaded_spec(KernelSpec(heads=16, kv_heads=2), "forward")[1] == split
+        for variant in BACKWARDS:
+            assert_close_to_reference(problem, DTYPES[dtype], variant=variant)
+    finally:
+        api.loaded_spec.cache_clear()
 
 
 LINALG_CASES = [("hpg3", "f32"), ("bs64_t16", "f32"), ("d192_dv128", "bf16")]

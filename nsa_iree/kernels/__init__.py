@@ -101,6 +101,23 @@ def group_split(stages: tuple[str, ...], spec, recipe) -> int:
     return 1
 
 
+# The attention stages of a variant that a group split can bring onto their hand-written kernels.
+SPLIT_STAGES = {"forward": ("forward",), "two-pass": ("dq", "dkdv"), "one-pass": ("onepass",)}
+
+
+def loaded_spec(spec, variant: str, recipe):
+    """(the spec whose module of `variant` runs a problem of `spec`, the group split it takes): spec and 1, or, where
+    group_split names s > 1, spec with s times the kv heads (and for a backward, dk and dv as the groups' float32
+    sums before the rounding: dkdv_dtype "f32"). What nsa_iree.api loads and `nsa-iree compile` builds."""
+    split = group_split(SPLIT_STAGES[variant], spec, recipe)
+    if split == 1:
+        return spec, 1
+    run = spec.replace(kv_heads=spec.kv_heads * split)
+    if variant != "forward" and spec.dtype != "f32":
+        run = run.replace(dkdv_dtype="f32")
+    return run, split
+
+
 def template_for(stage: str, spec, recipe) -> tuple[str, Family]:
     """The template rendering `stage` for spec (a path under nsa_iree/kernels/) and its family: common/'s for the
     helper stages, else choose()'s."""
