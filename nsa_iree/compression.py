@@ -60,7 +60,9 @@ def _pooled(x: torch.Tensor, block_size: int, lengths: list[int], padded: list[i
     counts = tuple(min(block_size, n - i * block_size) for n, p in zip(lengths, padded)
                    for i in range(-(-p // block_size)))
     if x.device.type == "cpu":
-        return torch.ops.nsa_iree.block_means(x, _inverse_counts(counts), block_size)
+        # traced code makes the factors as a constant of the graph; eager code reuses them per layout
+        inverse = _inverse_counts_of(counts) if torch.compiler.is_compiling() else _inverse_counts(counts)
+        return torch.ops.nsa_iree.block_means(x, inverse, block_size)
     batch, total, groups, dim = x.shape
     full, rest = divmod(total, block_size)
     sums = x[:, :full * block_size].reshape(batch, full, block_size, groups, dim).sum(dim=2, dtype=torch.float32)
@@ -70,10 +72,12 @@ def _pooled(x: torch.Tensor, block_size: int, lengths: list[int], padded: list[i
     return (sums / divisors).to(x.dtype)
 
 
-@functools.lru_cache(maxsize=16)
-def _inverse_counts(counts: tuple[int, ...]) -> torch.Tensor:
-    """[C] float32 on the CPU: 1 / (tokens of block c), made once per layout (a training loop reuses it)."""
+def _inverse_counts_of(counts: tuple[int, ...]) -> torch.Tensor:
+    """[C] float32 on the CPU: 1 / (tokens of block c)."""
     return torch.tensor([1.0 / c if c else 0.0 for c in counts], dtype=torch.float32)
+
+
+_inverse_counts = functools.lru_cache(maxsize=16)(_inverse_counts_of)     # once per layout in a training loop
 
 
 def _pooling_module(x: torch.Tensor, block_size: int):
