@@ -116,6 +116,8 @@ def _cmd_render(args) -> int:
 
 def _cmd_inspect(args) -> int:
     from .inspect import format_table, inspect_spec
+    from .kernels import SPLIT_STAGES, loaded_spec
+    from .recipes import load_recipe
 
     spec = _spec_from(args)
     if args.dump:
@@ -123,8 +125,12 @@ def _cmd_inspect(args) -> int:
     variants = ("forward",) + VARIANTS if args.variant == "all" else (args.variant,)
     for variant in variants:
         dump = Path(args.dump) / variant if args.dump else None
-        print(f"## {variant}: {spec.name}\n")
-        print(format_table(inspect_spec(spec, variant, dump)))
+        # the module the operators load for this layout (kernels.loaded_spec; `render` shows the spec as given)
+        run, split = (loaded_spec(spec, variant, load_recipe(spec.target)) if variant in SPLIT_STAGES
+                      else (spec, 1))
+        groups = f" (each kv head's query heads as {split} groups)" if split > 1 else ""
+        print(f"## {variant}: {run.name}{groups}\n")
+        print(format_table(inspect_spec(run, variant, dump)))
         if dump:
             print(f"\nIR and ISA of every dispatch: {dump}")
         print()
