@@ -76,11 +76,11 @@ def run_specs(config: str, branch: str, lengths, window_size: int, target: str =
 
 def compile_all(branches) -> None:
     """Compile into $NSA_IREE_CACHE_DIR every cuda module PLAN's rows of `branches` load."""
-    from nsa_iree.compiler import compile_artifact
+    from nsa_iree.compiler import compile_loaded
 
     wanted = [s for branch in branches for config in PLAN[branch] for s in run_specs(config, branch, LENGTHS, WINDOW)]
     for spec, variant in dict.fromkeys(wanted):
-        print(compile_artifact(spec, variant).path.name, flush=True)
+        print(compile_loaded(spec, variant)[0].path.name, flush=True)
 
 
 def run(out: str, branch: str, configs=None, lengths=LENGTHS, repeats: int = REPEATS) -> list[dict]:

@@ -383,10 +383,10 @@ def main(argv) -> int:
     if unknown:
         raise SystemExit(f"no check group {unknown}: the groups are {list(GROUPS)}")
     if "--compile" in argv:
-        from nsa_iree.compiler import compile_artifact
+        from nsa_iree.compiler import compile_loaded
 
         for spec, variant in specs(only):
-            print(compile_artifact(spec, variant).path.name, flush=True)
+            print(compile_loaded(spec, variant)[0].path.name, flush=True)
         return 0
     groups = only or list(GROUPS)
     picked = argv[argv.index("--cases") + 1].split(",") if "--cases" in argv else None

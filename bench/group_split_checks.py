@@ -35,13 +35,13 @@ def _spec(h, g, d, dv, dtype):
 
 
 def compile_all() -> None:
-    from nsa_iree.compiler import compile_artifact
+    from nsa_iree.compiler import compile_loaded
 
     for _, h, g, d, dv, dtype, *_ in CASES:
         spec = _spec(h, g, d, dv, dtype)
         for variant in ("forward", "two-pass", "one-pass"):
-            run, split = api.loaded_spec(spec, variant)
-            print(compile_artifact(run, variant).path.name, split, flush=True)
+            artifact, split = compile_loaded(spec, variant)
+            print(artifact.path.name, split, flush=True)
 
 
 def _poisoned(shape, dtype):

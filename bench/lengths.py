@@ -17,11 +17,11 @@ def main(argv: list[str], specs, timing, name: str, layout: dict) -> None:
     """`--compile N ...` compiles specs(N)'s (KernelSpec, variant) pairs; otherwise times timing(N) for each
     length and writes the rows, the device and the layout to OUT/`name`.json."""
     if argv and argv[0] == "--compile":
-        from nsa_iree.compiler import compile_artifact
+        from nsa_iree.compiler import compile_loaded
 
         for n in map(int, argv[1:]):
             for spec, variant in specs(n):
-                print(compile_artifact(spec, variant).path.name, flush=True)
+                print(compile_loaded(spec, variant)[0].path.name, flush=True)
         return
     out, lengths = Path(argv[0]), [int(x) for x in argv[1:]] or [65536]
     rows = []

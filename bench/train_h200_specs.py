@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from nsa_iree import compression
-from nsa_iree.compiler import compile_artifact
+from nsa_iree.compiler import compile_loaded
 from nsa_iree.spec import KernelSpec
 
 
@@ -36,4 +36,4 @@ if __name__ == "__main__":
     sys.modules[spec.name] = example
     spec.loader.exec_module(example)
     for kernel_spec, variant in specs(example.PRESETS["h200"]):
-        print(compile_artifact(kernel_spec, variant).path.name, flush=True)
+        print(compile_loaded(kernel_spec, variant)[0].path.name, flush=True)

@@ -234,7 +234,10 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
             module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start,
                         piece_count, scale, dk, dv, wait_for_torch=False)
             del entries, piece_start, piece_count
-            dk, dv = _sum_groups(dk_out, dk, split), _sum_groups(dv_out, dv, split)
+            # (the groups' float32 parts stay referenced until this call returns: on a GPU torch's stream may
+            # still be summing them while dq runs on IREE's, so no workspace of dq may take their memory)
+            parts = dk, dv
+            dk, dv = _sum_groups(dk_out, parts[0], split), _sum_groups(dv_out, parts[1], split)
             if after_dkdv is not None:
                 after_dkdv()
         if dq is not None:
@@ -253,7 +256,10 @@ def _sum_groups(total: Tensor, parts: Tensor, split: int) -> Tensor:
     heads, in float32 in group order, rounded once (parts itself when split is 1)."""
     if split == 1:
         return parts
-    return total.copy_(parts.unflatten(2, (parts.shape[2] // split, split)).sum(3))
+    groups = parts.unflatten(2, (parts.shape[2] // split, split))
+    if total.dtype == torch.float32:
+        return torch.sum(groups, dim=3, out=total)
+    return total.copy_(groups.sum(3))
 
 
 def _empty(shape, like: Tensor, dtype=None) -> Tensor:

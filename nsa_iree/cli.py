@@ -89,16 +89,13 @@ def _directory(option: str, path: str) -> None:
 
 
 def _cmd_compile(args) -> int:
-    from .compiler import compile_artifact
-    from .kernels import loaded_spec
-    from .recipes import load_recipe
+    from .compiler import compile_loaded
 
     spec = _spec_from(args)
     _directory("-o/--output", args.output)
     for variant in ("forward", args.variant):
         # what the operators load for this layout (its query heads may run as several groups: kernels.group_split)
-        run, split = loaded_spec(spec, variant, load_recipe(spec.target))
-        art = compile_artifact(run, variant, out_dir=Path(args.output))
+        art, split = compile_loaded(spec, variant, out_dir=Path(args.output))
         how = f"compiled in {art.compile_seconds:.1f} s" if art.compile_seconds else "already there"
         groups = f", each kv head's query heads as {split} groups" if split > 1 else ""
         print(f"{art.path}  ({art.path.stat().st_size / 1024:.0f} KiB, {how}{groups})")
@@ -116,7 +113,7 @@ def _cmd_render(args) -> int:
 
 def _cmd_inspect(args) -> int:
     from .inspect import format_table, inspect_spec
-    from .kernels import SPLIT_STAGES, loaded_spec
+    from .kernels import loaded_spec
     from .recipes import load_recipe
 
     spec = _spec_from(args)
@@ -126,8 +123,7 @@ def _cmd_inspect(args) -> int:
     for variant in variants:
         dump = Path(args.dump) / variant if args.dump else None
         # the module the operators load for this layout (kernels.loaded_spec; `render` shows the spec as given)
-        run, split = (loaded_spec(spec, variant, load_recipe(spec.target)) if variant in SPLIT_STAGES
-                      else (spec, 1))
+        run, split = loaded_spec(spec, variant, load_recipe(spec.target))
         groups = f" (each kv head's query heads as {split} groups)" if split > 1 else ""
         print(f"## {variant}: {run.name}{groups}\n")
         print(format_table(inspect_spec(run, variant, dump)))

@@ -135,6 +135,15 @@ def check_supported(spec: KernelSpec) -> None:
                          f"(pipelines/{spec.target}.toml), got {spec.block_size}")
 
 
+def compile_loaded(spec: KernelSpec, variant: str, out_dir: Path | None = None) -> tuple[Artifact, int]:
+    """The artifact the operators load for a problem of spec (kernels.loaded_spec: its query heads may run as several
+    groups), and that group split; what a machine without the compiler needs carried to it."""
+    from .kernels import loaded_spec
+
+    run, split = loaded_spec(spec, variant, load_recipe(spec.target))
+    return compile_artifact(run, variant, out_dir), split
+
+
 def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None,
                      rebuild: bool = False) -> Artifact:
     """The vmfb for (spec, variant), from the cache or freshly compiled into it (or into out_dir).

@@ -56,28 +56,27 @@ def mean_pooling(x: torch.Tensor, block_size: int, *, cu_seqlens: torch.Tensor |
 def _pooled(x: torch.Tensor, block_size: int, lengths: list[int], padded: list[int] | None = None) -> torch.Tensor:
     """Block means of x [B, P, G, D] whose sequences (token counts `lengths`, each laid out over `padded` tokens,
     a multiple of BS but for the last one) follow one another."""
-    padded = padded or lengths
-    counts = tuple(min(block_size, n - i * block_size) for n, p in zip(lengths, padded)
-                   for i in range(-(-p // block_size)))
+    layout = (tuple(lengths), tuple(padded or lengths), block_size)
     if x.device.type == "cpu":
-        # traced code makes the factors as a constant of the graph; eager code reuses them per layout
-        inverse = _inverse_counts_of(counts) if torch.compiler.is_compiling() else _inverse_counts(counts)
-        return torch.ops.nsa_iree.block_means(x, inverse, block_size)
+        # traced code makes the counts a constant of the graph; eager code reuses them per layout
+        counts = _block_counts_of(*layout) if torch.compiler.is_compiling() else _block_counts(*layout)
+        return torch.ops.nsa_iree.block_means(x, counts, block_size)
     batch, total, groups, dim = x.shape
     full, rest = divmod(total, block_size)
     sums = x[:, :full * block_size].reshape(batch, full, block_size, groups, dim).sum(dim=2, dtype=torch.float32)
     if rest:
         sums = torch.cat([sums, x[:, full * block_size:].sum(dim=1, keepdim=True, dtype=torch.float32)], dim=1)
-    divisors = torch.tensor(counts, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+    divisors = _block_counts_of(*layout).to(x.device).view(1, -1, 1, 1)
     return (sums / divisors).to(x.dtype)
 
 
-def _inverse_counts_of(counts: tuple[int, ...]) -> torch.Tensor:
-    """[C] float32 on the CPU: 1 / (tokens of block c)."""
-    return torch.tensor([1.0 / c if c else 0.0 for c in counts], dtype=torch.float32)
+def _block_counts_of(lengths: tuple[int, ...], padded: tuple[int, ...], block_size: int) -> torch.Tensor:
+    """[C] float32 on the CPU: the tokens of each block of sequences of `lengths` tokens laid out over `padded`."""
+    return torch.tensor([min(block_size, n - i * block_size) for n, p in zip(lengths, padded)
+                         for i in range(-(-p // block_size))], dtype=torch.float32)
 
 
-_inverse_counts = functools.lru_cache(maxsize=16)(_inverse_counts_of)     # once per layout in a training loop
+_block_counts = functools.lru_cache(maxsize=16)(_block_counts_of)      # once per layout in a training loop
 
 
 def _pooling_module(x: torch.Tensor, block_size: int):
@@ -91,46 +90,60 @@ def _pooling_module(x: torch.Tensor, block_size: int):
 
 
 @torch.library.custom_op("nsa_iree::block_means", mutates_args=())
-def _block_means_op(x: torch.Tensor, inverse_counts: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[B, C, G, D]: block c of x [B, P, G, D] (BS tokens a block, the last one short) summed in float32, times
-    inverse_counts[c], rounded once to x's dtype (C = inverse_counts' length)."""
-    y = api.output_buffer((x.shape[0], inverse_counts.shape[0], *x.shape[2:]), x)
+def _block_means_op(x: torch.Tensor, counts: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[B, C, G, D]: block c of x [B, P, G, D] (BS tokens a block, the last one short) summed in float32, over
+    counts[c] (its tokens, float32), rounded once to x's dtype (C = counts' length)."""
+    y = api.output_buffer((x.shape[0], counts.shape[0], *x.shape[2:]), x)
     if y.numel():
-        _pooling_module(x, block_size).call("block_means", x.contiguous(), inverse_counts, y)
+        _pooling_module(x, block_size).call("block_means", x.contiguous(), counts, y)
     return y
 
 
 @_block_means_op.register_fake
-def _block_means_fake(x, inverse_counts, block_size):
-    return x.new_empty((x.shape[0], inverse_counts.shape[0], *x.shape[2:]))
+def _block_means_fake(x, counts, block_size):
+    return x.new_empty((x.shape[0], counts.shape[0], *x.shape[2:]))
 
 
 @torch.library.custom_op("nsa_iree::block_means_bwd", mutates_args=())
-def _block_means_bwd_op(dy: torch.Tensor, inverse_counts: torch.Tensor, tokens: int, block_size: int) -> torch.Tensor:
-    """[B, tokens, G, D]: each token's block's dy times inverse_counts of the block, rounded once."""
+def _block_means_bwd_op(dy: torch.Tensor, counts: torch.Tensor, tokens: int, block_size: int) -> torch.Tensor:
+    """[B, tokens, G, D]: each token's block's dy over the block's count, rounded once."""
     dx = api.output_buffer((dy.shape[0], tokens, *dy.shape[2:]), dy)
     if dx.numel():
-        _pooling_module(dy, block_size).call("block_means_grad", dy.contiguous(), inverse_counts, tokens, dx)
+        _pooling_module(dy, block_size).call("block_means_grad", dy.contiguous(), counts, tokens, dx)
     return dx
 
 
 @_block_means_bwd_op.register_fake
-def _block_means_bwd_fake(dy, inverse_counts, tokens, block_size):
+def _block_means_bwd_fake(dy, counts, tokens, block_size):
     return dy.new_empty((dy.shape[0], tokens, *dy.shape[2:]))
 
 
 def _block_means_setup(ctx, inputs, output):
-    x, inverse_counts, block_size = inputs
-    ctx.save_for_backward(inverse_counts)
+    x, counts, block_size = inputs
+    ctx.save_for_backward(counts)
     ctx.tokens, ctx.block_size = x.shape[1], block_size
 
 
 def _block_means_backward(ctx, dy):
-    (inverse_counts,) = ctx.saved_tensors
-    return torch.ops.nsa_iree.block_means_bwd(dy, inverse_counts, ctx.tokens, ctx.block_size), None, None
+    (counts,) = ctx.saved_tensors
+    return torch.ops.nsa_iree.block_means_bwd(dy, counts, ctx.tokens, ctx.block_size), None, None
+
+
+def _block_means_bwd_setup(ctx, inputs, output):
+    dy, counts, tokens, block_size = inputs
+    ctx.save_for_backward(counts)
+    ctx.block_size = block_size
+
+
+def _block_means_bwd_backward(ctx, ddx):
+    """The pooling's backward is linear in dy: its adjoint is the pooling itself (so mean_pooling is differentiable
+    twice, as torch's mean is)."""
+    (counts,) = ctx.saved_tensors
+    return torch.ops.nsa_iree.block_means(ddx, counts, ctx.block_size), None, None, None
 
 
 _block_means_op.register_autograd(_block_means_backward, setup_context=_block_means_setup)
+_block_means_bwd_op.register_autograd(_block_means_bwd_backward, setup_context=_block_means_bwd_setup)
 
 
 # The compressed attention runs on the selection kernels (every family) with KernelSpec.key_stride = its block

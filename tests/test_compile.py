@@ -205,8 +205,9 @@ def test_a_compile_says_what_it_compiles_before_and_how_long_after(fresh_cache, 
 
 
 def test_a_layout_past_the_hand_written_kernels_warns_once_with_the_limit_and_the_cost(monkeypatch):
-    """64 heads per kv head at D 192 needs more stack than the CPU kernels' tiles may take: the linalg stages run,
-    and the first lookup of the configuration says so (once per process)."""
+    """64 heads per kv head at D 192 needs more stack than the CPU kernels' tiles may take: a module of that spec
+    has the linalg stages, and its first lookup says so (once per process). (The operators run such a layout as
+    groups of query heads that fit: kernels.loaded_spec.)"""
     monkeypatch.delenv("NSA_IREE_KERNELS", raising=False)
     monkeypatch.setattr(api, "compile_artifact", lambda spec, variant: type("A", (), {"path": f"{variant}.vmfb"}))
     api._artifact_path.cache_clear()

@@ -72,11 +72,27 @@ def test_operators_pass_opcheck(monkeypatch):
     """torch's checks of the pooling's custom ops (schema, fake, autograd registration, AOT dispatch), with a short
     last block."""
     monkeypatch.undo()                     # opcheck compares runs: real (unpoisoned) buffers
-    from nsa_iree.compression import _inverse_counts
+    x, counts = torch.randn(2, 70, 2, 8), torch.tensor([16.0, 16.0, 16.0, 16.0, 6.0])
+    torch.library.opcheck(torch.ops.nsa_iree.block_means, (x.requires_grad_(), counts, 16))
+    torch.library.opcheck(torch.ops.nsa_iree.block_means_bwd, (torch.randn(2, 5, 2, 8).requires_grad_(), counts,
+                                                               70, 16))
 
-    x, inverse = torch.randn(2, 70, 2, 8), _inverse_counts((16, 16, 16, 16, 6))
-    torch.library.opcheck(torch.ops.nsa_iree.block_means, (x.requires_grad_(), inverse, 16))
-    torch.library.opcheck(torch.ops.nsa_iree.block_means_bwd, (torch.randn(2, 5, 2, 8), inverse, 70, 16))
+
+def test_the_gradient_is_differentiable():
+    """Differentiating through the gradient (create_graph, as a gradient penalty does): the gradient of
+    sum(w * dx) with respect to dy, dx the backward of dy, is the pooling of w, as for the reference."""
+    w, dy = torch.randn(1, 45, 2, 8), torch.randn(1, 3, 2, 8)
+    found = []
+    for pool, dtype in ((nsa_iree.mean_pooling, torch.float32), (mean_pooling_reference, torch.float64)):
+        x, d_out = torch.randn(1, 45, 2, 8, dtype=dtype).requires_grad_(), dy.to(dtype).requires_grad_()
+        (dx,) = torch.autograd.grad(pool(x, 16), x, d_out, create_graph=True)
+        (d_dy,) = torch.autograd.grad((dx * w.to(dtype)).sum(), d_out)
+        found.append((dx, d_dy))
+    (dx, d_dy), (dx_ref, d_dy_ref) = found
+    assert relative_rms_error(dx.double(), dx_ref.detach()) <= TOLERANCE[torch.float32]
+    assert relative_rms_error(d_dy.double(), d_dy_ref) <= TOLERANCE[torch.float32]
+    assert relative_rms_error(d_dy.double(), mean_pooling_reference(w.double(), 16)) <= TOLERANCE[torch.float32]
+
 
 
 def test_torch_compile_fullgraph_equals_eager():

@@ -43,7 +43,8 @@ CONFIGS = {
     "bs64_t16": dict(block_size=64, num_blocks=16, m_rows=300, n=300, select=realistic_indices),
     "m_lt_n": dict(m_rows=40, n=111),
     "n_not_multiple_of_bs": dict(m_rows=77, n=77),
-    # more heads per group than the CPU kernels' stack tiles hold: run as two groups of 32 (kernels.group_split)
+    # more heads per group than the CPU kernels' stack tiles hold: run as groups (kernels.group_split: 2 of 32, the
+    # one-pass 4 of 16)
     "hpg64_d128": dict(heads=64, kv_heads=1, head_dim=128, value_dim=128, batch=1, m_rows=70, n=100),
 }
 

@@ -106,10 +106,11 @@ SPLIT_STAGES = {"forward": ("forward",), "two-pass": ("dq", "dkdv"), "one-pass":
 
 
 def loaded_spec(spec, variant: str, recipe):
-    """(the spec whose module of `variant` runs a problem of `spec`, the group split it takes): spec and 1, or, where
-    group_split names s > 1, spec with s times the kv heads (and for a backward, dk and dv as the groups' float32
-    sums before the rounding: dkdv_dtype "f32"). What nsa_iree.api loads and `nsa-iree compile` builds."""
-    split = group_split(SPLIT_STAGES[variant], spec, recipe)
+    """(the spec whose module of `variant` runs a problem of `spec`, the group split it takes): spec and 1 (always
+    for the variants without attention stages: select, gates, pooling), or, where group_split names s > 1, spec
+    with s times the kv heads (and for a backward, dk and dv as the groups' float32 sums before the rounding:
+    dkdv_dtype "f32"). What nsa_iree.api loads and `nsa-iree compile` builds (compiler.compile_loaded)."""
+    split = group_split(SPLIT_STAGES[variant], spec, recipe) if variant in SPLIT_STAGES else 1
     if split == 1:
         return spec, 1
     run = spec.replace(kv_heads=spec.kv_heads * split)
