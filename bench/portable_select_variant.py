@@ -14,33 +14,22 @@ Then, with NSA_IREE_PIPELINES_DIR=DIR and NSA_IREE_CACHE_DIR=.dev/artifacts, her
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
-from nsa_iree.kernels import choose
-from nsa_iree.recipes import PIPELINES_DIR, load_recipe
 from nsa_iree.spec import KernelSpec
 
+from .recipe_variants import write_cuda_variant
+
 DEFAULT_DIR = Path(".dev/variants/portable_select")
-_ENTRY = re.compile(r'^select_blocks = "nvidia"$', flags=re.MULTILINE)
 
 
 def write(directory: Path = DEFAULT_DIR) -> Path:
     """DIR/cuda.toml: the package's cuda recipe with select_blocks on the portable family; checked to make
     choose() pick it for the anchors layout. Returns the file written."""
-    text, count = _ENTRY.subn('select_blocks = "portable"', (PIPELINES_DIR / "cuda.toml").read_text())
-    if count != 1:
-        raise SystemExit('pipelines/cuda.toml has no line select_blocks = "nvidia" to replace')
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "cuda.toml"
-    path.write_text(text)
     anchors = KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16,
                          dtype="bf16", target="cuda")
-    family = choose("select_blocks", anchors, load_recipe("cuda", directory)).family
-    if family != "portable":
-        raise SystemExit(f"{path}: select_blocks renders with the {family} kernel, not the portable one")
-    return path
+    return write_cuda_variant(directory, {"select_blocks": "portable"}, "", anchors, ("select_blocks",))
 
 
 if __name__ == "__main__":
