@@ -39,9 +39,10 @@ def _with_bad_slots(idx, seq, block_size):
     return idx
 
 
-def sanitize(seq=1000, variants=("two-pass", "one-pass")):
-    """A mid-size problem whose selection has -1 padding, negative, future and out-of-range indices."""
-    cfg = CONFIGS["anchors"]
+def sanitize(seq=1000, variants=("two-pass", "one-pass"), config="anchors"):
+    """A mid-size problem whose selection has -1 padding, negative, future and out-of-range indices (the benchmark's
+    `config` layout)."""
+    cfg = CONFIGS[config]
     q, k, v, do, idx = _inputs(cfg, 2, seq)
     idx = _with_bad_slots(idx, seq, cfg["block_size"])
     o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, cfg["block_size"])

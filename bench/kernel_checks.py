@@ -50,6 +50,10 @@ CASES = [
     ("hpg1_t1", _cfg(4, 4, 64, 64, 64, 1), 1, 300, 300, "uniform", False),
     ("hpg16_g2_t2_d64", _cfg(32, 2, 64, 64, 64, 2), 2, 513, 513, "realistic", True),
     ("d192_bs128", _cfg(16, 2, 192, 128, 128, 4), 1, 600, 600, "realistic", True),   # forward kernel, linalg dq
+    # wide groups (kernels.WIDE): the forward on the wide kernel, dq and dk/dv of the unsplit spec on linalg
+    ("hpg64_b2_m_lt_n_bad", _cfg(64, 1, 128, 128, 64, 16), 2, 700, 1000, "realistic", True),
+    ("hpg32_g2_rising_keys", _cfg(64, 2, 128, 128, 64, 16), 1, 1024, 1024, "realistic rising", False),
+    ("hpg48_d64_bs32_f16_bad", _cfg(48, 1, 64, 64, 32, 8, "f16"), 1, 777, 777, "uniform", True),
     # keys scaled up along the sequence: later blocks' scores pass the forward's running max by far more than its
     # rescale slack (2^8) again and again, so the rescale branch runs with o already accumulated
     ("anchors_rising_keys", CONFIGS["anchors"], 1, 1024, 1024, "realistic rising", False),

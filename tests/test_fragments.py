@@ -69,7 +69,7 @@ def test_nv_placement_used_by_the_kernels(operand, index, where):
 KERNEL_CHOICE = [
     ("cuda_anchors", ANCHORS_CUDA, {}, ("nvidia", "nvidia", "nvidia")),
     ("cuda_linalg", ANCHORS_CUDA.replace(kernels="linalg"), {}, ("linalg", "linalg", "linalg")),
-    ("cuda_32_heads_per_group", ANCHORS_CUDA.replace(heads=128), {}, ("linalg", "linalg", "linalg")),
+    ("cuda_32_heads_per_group", ANCHORS_CUDA.replace(heads=128), {}, ("nvidia", "linalg", "linalg")),   # wide forward
     ("cuda_head_dim_72", ANCHORS_CUDA.replace(head_dim=72), {}, ("linalg", "linalg", "linalg")),
     ("gfx950_portable", ANCHORS_CUDA.replace(target="gfx950"), {},
      ("portable", "portable", "portable")),
@@ -147,8 +147,11 @@ def test_dense_kernel_choice(case, spec, forward, dq):
 # the one-pass), so that every stage has its hand-written kernel.
 GROUP_SPLIT = [
     ("cuda_hpg16", ANCHORS_CUDA, (1, 1, 1)),
-    ("cuda_hpg32", ANCHORS_CUDA.replace(kv_heads=2), (2, 2, 2)),
-    ("cuda_hpg64", ANCHORS_CUDA.replace(kv_heads=1), (4, 4, 4)),
+    ("cuda_hpg32", ANCHORS_CUDA.replace(kv_heads=2), (1, 2, 2)),                      # the wide forward
+    ("cuda_hpg64", ANCHORS_CUDA.replace(kv_heads=1), (1, 4, 4)),
+    ("cuda_hpg128", ANCHORS_CUDA.replace(heads=128, kv_heads=1), (1, 8, 8)),
+    ("cuda_hpg256", ANCHORS_CUDA.replace(heads=256, kv_heads=1), (2, 16, 16)),        # past the wide forward's 128
+    ("cuda_hpg24", ANCHORS_CUDA.replace(heads=48, kv_heads=2), (2, 2, 2)),           # two groups of 12 (no wide form)
     ("cuda_hpg64_f32", ANCHORS_CUDA.replace(kv_heads=1, dtype="f32"), (1, 1, 1)),        # no kernel takes f32
     ("cuda_compressed_hpg64", COMPRESSED_CUDA.replace(kv_heads=1), (1, 4, 4)),         # the dense forward: any HPG
     ("gfx950_hpg32", ANCHORS_CUDA.replace(target="gfx950", kv_heads=2), (2, 2, 2)),
@@ -167,6 +170,30 @@ def test_group_split(case, spec, expected):
     for s, split in zip(stages, expected):
         chosen = [choose(stage, spec.replace(kv_heads=spec.kv_heads * split), recipe) for stage in s]
         assert split == 1 or not any(c.crossed for c in chosen)
+
+
+# Wide groups (more heads per group than one 16-row tile, a multiple of 16, up to 128): the forward on the wide
+# kernel (kernels.WIDE) where the recipe names a family for it (cuda.toml); dq and dk/dv have no wide form.
+WIDE_CHOICE = [
+    ("cuda_hpg16", ANCHORS_CUDA, (None, "nvidia", "nvidia")),
+    ("cuda_hpg32", ANCHORS_CUDA.replace(kv_heads=2), ("wide_forward", "linalg", "linalg")),
+    ("cuda_hpg48_d64", ANCHORS_CUDA.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64),
+     ("wide_forward", "linalg", "linalg")),
+    ("cuda_hpg64", ANCHORS_CUDA.replace(kv_heads=1), ("wide_forward", "linalg", "linalg")),
+    ("cuda_hpg24", ANCHORS_CUDA.replace(heads=48, kv_heads=2), (None, "linalg", "linalg")),      # not a multiple of 16
+    ("cuda_hpg64_compressed", COMPRESSED_CUDA.replace(kv_heads=1), ("dense_forward", "nvidia", "linalg")),
+    ("cuda_hpg64_linalg", ANCHORS_CUDA.replace(kv_heads=1, kernels="linalg"), (None, "linalg", "linalg")),
+    ("gfx950_hpg64", ANCHORS_CUDA.replace(target="gfx950", kv_heads=1), (None, "linalg", "linalg")),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", WIDE_CHOICE, ids=[c[0] for c in WIDE_CHOICE])
+def test_wide_kernel_choice(case, spec, expected):
+    """(the forward's template, dq's family, dk/dv's family): None is the stage's own template."""
+    recipe = load_recipe(spec.target)
+    forward = choose("forward", spec, recipe)
+    assert (forward.template, choose("dq", spec, recipe).family, choose("dkdv", spec, recipe).family) == expected
+    assert forward.family != "linalg" or expected[0] is None
 
 
 def test_compressed_cuda_modules_take_the_dense_templates():

@@ -50,6 +50,10 @@ def cases():
                                                       VARIANTS[:2]):
         fields = dict(LAYOUTS["anchors"], dtype=dtype, target=target, num_blocks=9, window=512)
         yield f"anchors-{target}-{dtype}-window512-{variant}", fields, variant
+    # wide groups' forward (kernels.WIDE; 32 and 64 heads per kv head) on cuda
+    for kv_heads in (2, 1):
+        fields = dict(LAYOUTS["anchors"], kv_heads=kv_heads, dtype="bf16", target="cuda")
+        yield f"anchors-cuda-bf16-hpg{64 // kv_heads}-forward", fields, "forward"
     # select_blocks (T its 16 output slots, BS the compression's block size): the CPU, NVIDIA and portable (gfx950,
     # gfx942) kernels
     for target, dtype in [*(("cpu", dtype) for dtype in TARGET_DTYPES["cpu"]), ("cuda", "bf16"), ("gfx950", "bf16"),

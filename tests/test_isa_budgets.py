@@ -65,6 +65,7 @@ SELECT_AMD = {
 }
 # the sliding window's modules (nsa_iree.window) for W 512, anchors layout
 WINDOW512 = ANCHORS.replace(block_size=WINDOW_BLOCK, num_blocks=window_slots(512), window=512)
+WIDE_FORWARD = "selection_attention_wide_fwd_row"
 FORWARD, DQ, DKDV, ONEPASS = ("selection_attention_fwd_row", "selection_attention_dq_row",
                               "selection_attention_dkdv_piece", "selection_attention_onepass_row")
 HAND_WRITTEN = [
@@ -81,6 +82,9 @@ HAND_WRITTEN = [
     ("cuda_compressed_anchors_two-pass", ANCHORS.replace(target="cuda", key_stride=64), "two-pass", (DENSE_DQ, DKDV)),
     *[(f"gfx950_compressed_anchors_{variant}", ANCHORS.replace(key_stride=64), variant, kernels)
       for variant, kernels in (("forward", (FORWARD,)), ("two-pass", (DQ, DKDV)))],
+    # wide groups' forward (kernels.WIDE: a subgroup per 16 heads, 32 and 64 heads per kv head)
+    *[(f"cuda_wide_hpg{h // g}_forward", ANCHORS.replace(target="cuda", kv_heads=g), "forward", (WIDE_FORWARD,))
+      for h, g in ((64, 2), (64, 1))],
     # select_blocks (T its slots): the NVIDIA kernel, the portable one on gfx950 and gfx942
     ("cuda_select_anchors", ANCHORS.replace(target="cuda"), "select", (SELECT,)),
     *[(f"{target}_select_{name}", spec.replace(target=target), "select", (SELECT_PORTABLE,))

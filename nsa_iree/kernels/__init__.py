@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..fragments import HEAD_ROWS
 from .cpu import FAMILY as CPU
 from .family import Family
 from .gpu.nvidia import FAMILY as NVIDIA
@@ -52,9 +53,16 @@ class Choice:
 DENSE = {"forward": "dense_forward", "dq": "dense_dq"}
 
 
+# Stages with a form for wide groups: more query heads per kv head than the hand-written kernels' 16-row tiles,
+# where the recipe names a family for the wide stage and it serves spec (a subgroup per 16 heads, each selected
+# block staged once for all of them); elsewhere group_split runs such groups as several of 16.
+WIDE = {"forward": "wide_forward"}
+
+
 def choose(stage: str, spec, recipe) -> Choice:
     """The one place that picks the kernel of a stage: the recipe's dense kernel for a stage with a dense form
-    (DENSE: compressed attention, the sliding window) where it serves spec, else the recipe's hand-written family
+    (DENSE: compressed attention, the sliding window) where it serves spec, the recipe's wide kernel for a stage with
+    a wide form (WIDE: more heads per group than a tile) where it serves spec, else the recipe's hand-written family
     where it serves spec, the linalg stage otherwise, and everywhere when spec.kernels is "linalg". A stage with no
     linalg template (select_blocks) gets the recipe's family or raises NotImplementedError naming the target.
     Reads nothing but its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made,
@@ -64,6 +72,11 @@ def choose(stage: str, spec, recipe) -> Choice:
         family = recipe.kernel_settings[dense]
         if not FAMILIES[family].limits(dense, spec, recipe):
             return Choice(family, family, template=dense)
+    wide = WIDE.get(stage) if spec.heads_per_group > HEAD_ROWS and spec.kernels != "linalg" else None
+    if wide and recipe.kernel_settings.get(wide) in FAMILIES:
+        family = recipe.kernel_settings[wide]
+        if not FAMILIES[family].limits(wide, spec, recipe):
+            return Choice(family, family, template=wide)
     wanted = recipe.kernel_settings.get(stage)
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.

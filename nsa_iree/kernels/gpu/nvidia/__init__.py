@@ -15,10 +15,13 @@ WORKGROUP_RESERVED = 1024   # workgroup memory the driver reserves per workgroup
 # PACK_PAIR, VOTE_ANY).
 INSTRUCTIONS = {"forward": ("ex2", "pack_pair", "vote_any"), "dq": ("ex2", "pack_pair"),
                 "dkdv": ("ex2", "pack_pair"), "dense_forward": ("ex2", "pack_pair", "vote_any"),
+                "wide_forward": ("ex2", "pack_pair", "vote_any"),
                 "dense_dq": ("ex2", "pack_pair"), "select_blocks": ("ex2",)}
 # The kernels whose subgroups each take 16 rows (the dense forward and dq: any group's rows; select_blocks: one
 # query row's 16 heads), DENSE_SUBGROUPS to a workgroup.
 DENSE_STAGES = ("dense_forward", "dense_dq", "select_blocks")
+# The kernels of wide groups (more heads per group than one 16-row tile: kernels.WIDE), one subgroup per 16 heads.
+WIDE_STAGES = ("wide_forward",)
 STAGES = tuple(INSTRUCTIONS)
 
 
@@ -32,6 +35,8 @@ def lanes(stage: str, spec: KernelSpec, subgroup_size: int, recipe) -> int:
     the dense forward's one per 16 rows."""
     if stage in DENSE_STAGES:
         return dense_subgroups(recipe) * subgroup_size
+    if stage in WIDE_STAGES:
+        return max(spec.heads_per_group // HEAD_ROWS, 1) * subgroup_size
     return (spec.block_size // KEYS_PER_SUBGROUP) * subgroup_size
 
 
@@ -64,6 +69,13 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         why.append(f"the recipe names no {', '.join(missing)} instruction")
     if spec.heads_per_group > HEAD_ROWS and stage in ("forward", "dq", "dkdv"):   # (the others' rows are not heads)
         why.append(f"more than {HEAD_ROWS} heads per group")
+    if stage in WIDE_STAGES:
+        if spec.heads_per_group <= HEAD_ROWS or spec.heads_per_group % HEAD_ROWS:
+            why.append(f"{stage}.mlir takes a multiple of {HEAD_ROWS} heads per group above {HEAD_ROWS}")
+        elif spec.heads_per_group // HEAD_ROWS > 8:
+            why.append(f"more than {8 * HEAD_ROWS} heads per group (a subgroup per {HEAD_ROWS})")
+        if spec.key_stride > 1 or spec.window:
+            why.append(f"{stage}.mlir serves the selection (block lists), not dense attention")
     if spec.head_dim % 16 or spec.value_dim % 16:
         why.append("D or Dv not a multiple of 16")
     if spec.block_size % KEYS_PER_SUBGROUP or spec.block_size // KEYS_PER_SUBGROUP > 8:
@@ -82,6 +94,8 @@ def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
         kv_bytes = stages * bs * (spec.head_dim + (spec.value_dim if stage != "select_blocks" else 0)) * 2
         return kv_bytes + (dense_subgroups(recipe) * HEAD_ROWS * dv * 2 if stage == "dense_dq" else 0)
+    if stage in WIDE_STAGES:         # the forward's K/V pipeline; each subgroup's rows are its own (no combine)
+        return int(recipe.kernel_settings.get("dq_stages", 2)) * bs * (spec.head_dim + spec.value_dim) * 2
     if stage in ("dq", "forward"):
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
         kv_bytes = stages * bs * (spec.head_dim + spec.value_dim) * 2      # swizzled, unpadded rows
@@ -180,6 +194,13 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "DENSE_SUBTILES": bs // KEYS_PER_SUBGROUP, "DENSE_SMEM_BYTES": workgroup_memory("dense_forward", spec, recipe),
         "DENSE_K_STAGE_PER_LANE": -(-values["K_STAGE_ITEMS"] // dense_lanes),
         "DENSE_V_STAGE_PER_LANE": -(-values["V_STAGE_ITEMS"] // dense_lanes),
+    })
+    # The wide groups' forward (wide_forward.mlir): HPG / 16 subgroups, each every key of a staged block.
+    wide_lanes = lanes("wide_forward", spec, kind.subgroup_size, recipe)
+    values.update({
+        "WIDE_LANES": wide_lanes, "WIDE_SMEM_BYTES": workgroup_memory("wide_forward", spec, recipe),
+        "WIDE_K_STAGE_PER_LANE": -(-values["K_STAGE_ITEMS"] // wide_lanes),
+        "WIDE_V_STAGE_PER_LANE": -(-values["V_STAGE_ITEMS"] // wide_lanes),
     })
     return {key: str(value) for key, value in values.items()}
 

@@ -84,22 +84,7 @@ ${ nv.dense_tile() }
 ${ nv.dense_row_bounds() }
           %subgroup_to_pos = arith.subi %subgroup_pos, %key0 : index
           %subgroup_keys = arith.addi %subgroup_to_pos, %c1 : index
-          %key_steps0 = arith.ceildivui %subgroup_keys, %c16 : index
-          %key_steps = arith.minui %key_steps0, %subtiles : index
-          %o_j, %mx0_j, %mx1_j, %l0_j, %l1_j = scf.for %key_step = %c0 to %key_steps step %c1
-              iter_args(%o_iter = %o_tile, %mx0 = %mx0_tile, %mx1 = %mx1_tile, %l0 = %l0_tile, %l1 = %l1_tile)
-              -> (!fwk_o_acc, f32, f32, f32, f32) {
-            %key_base = arith.muli %key_step, %c16 : index
-            // K and V chunks are stored XOR-swizzled by row (kv_staging): column c of row j at c ^ 8 (j & mask).
-            %score_row = arith.addi %key_base, %score_lane_row : index
-            %score_row_bits = arith.andi %score_row, %k_swizzle_mask : index
-            %score_swizzle_k = arith.muli %score_row_bits, %c8 : index
-            %pv_row = arith.addi %key_base, %pv_lane_row : index
-            %pv_row_bits = arith.andi %pv_row, %v_swizzle_mask : index
-            %pv_swizzle_v = arith.muli %pv_row_bits, %c8 : index
-${ softmax.step(dqk, EX2, PACK_PAIR, VOTE_ANY, per_row=true) }
-            scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
-          }
+${ softmax.tile_steps("%subgroup_keys", dqk, EX2, PACK_PAIR, VOTE_ANY, per_row=true) }
           scf.yield %o_j, %mx0_j, %mx1_j, %l0_j, %l1_j : !fwk_o_acc, f32, f32, f32, f32
         } else {
           scf.yield %o_tile, %mx0_tile, %mx1_tile, %l0_tile, %l1_tile : !fwk_o_acc, f32, f32, f32, f32
@@ -109,29 +94,7 @@ ${ softmax.step(dqk, EX2, PACK_PAIR, VOTE_ANY, per_row=true) }
         scf.yield %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next : !fwk_o_acc, f32, f32, f32, f32
       }
 
-      // Each row's sum (over the 4 lanes that share it), 1 / sum and lse = max ln 2 + log(sum): -inf and o = 0
-      // for a row that saw no key.
-<% for i in ["0", "1"] %>
-${ softmax.quad_reduce("%row_sum_" ~ i, "%sum_" ~ i, "arith.addf") }
-      %seen_${i} = arith.cmpf ogt, %row_sum_${i}, %zero : f32
-      %safe_sum_${i} = arith.select %seen_${i}, %row_sum_${i}, %one : f32
-      %inverse_all_${i} = arith.divf %one, %safe_sum_${i} : f32
-      %inverse_${i} = arith.select %seen_${i}, %inverse_all_${i}, %zero : f32
-      %max_nat_${i} = arith.mulf %max_${i}, %ln2 : f32
-      %log_sum_${i} = math.log %safe_sum_${i} : f32
-      %lse_all_${i} = arith.addf %max_nat_${i}, %log_sum_${i} : f32
-      %lse_${i} = arith.select %seen_${i}, %lse_all_${i}, %minus_inf : f32
-      %inverse_pair_${i} = vector.broadcast %inverse_${i} : f32 to vector<2xf32>
-<% endfor %>
-      %first_of_row = arith.cmpi eq, %c, %c0 : index
-<% for i in ["0", "1"] %>
-      %writes_lse_${i} = arith.andi %first_of_row, %head_valid_${i} : i1
-      scf.if %writes_lse_${i} {
-        memref.store %lse_${i}, %lse[%b, %head_${i}, %m_${i}] : memref<?x${H}x?xf32>
-      }
-<% endfor %>
-      // o: accumulator element [0][tile][i] holds row 8 i + r, columns 8 tile + 2 c and + 1.
-${ nv.store_rows("%o_acc", "!fwk_o_acc", "%dv_tiles", "%o", "!fwk_o", scaled=true) }
+${ softmax.rows_out() }
       return
     }
 <% endcall %>

@@ -23,10 +23,10 @@
 <% endmacro %>
 
 <# The lane's rows of accumulator `acc` (acc_type; element [0][tile][i] is row 8 i + r, columns 8 tile + 2 c and
-   + 1, over `tiles` 8-column tiles) into `dest` (dest_type) at [%b, %m_i, %head_i, column] in E, times
-   %inverse_pair_i where `scaled`; a row with %head_valid_i false (padding) is not written. (The dense kernels'
-   epilogue: each subgroup writes its own rows.) #>
-<% macro store_rows(acc, acc_type, tiles, dest, dest_type, scaled=false) %>
+   + 1, over `tiles` 8-column tiles) into `dest` (dest_type) at [%b, rows[i], %head_i, column] in E (rows: the
+   positions of the lane's two rows, %m_i by default), times %inverse_pair_i where `scaled`; a row with
+   %head_valid_i false (padding) is not written. (The epilogue of kernels whose subgroups write their own rows.) #>
+<% macro store_rows(acc, acc_type, tiles, dest, dest_type, scaled=false, rows=("%m_0", "%m_1")) %>
       scf.for %tile = %c0 to ${tiles} step %c1 {
         %tile8 = arith.muli %tile, %c8 : index
         %column = arith.addi %tile8, %c2x : index
@@ -37,7 +37,7 @@
           %scaled_${i} = arith.mulf %part_${i}, %inverse_pair_${i} : vector<2xf32>
 <% endif %>
           %pair_${i} = ${TRUNCF} %${"scaled_" if scaled else "part_"}${i} : vector<2xf32> to vector<2x${E}>
-          vector.store %pair_${i}, ${dest}[%b, %m_${i}, %head_${i}, %column] : ${dest_type}, vector<2x${E}>
+          vector.store %pair_${i}, ${dest}[%b, ${ rows[i | int] }, %head_${i}, %column] : ${dest_type}, vector<2x${E}>
         }
 <% endfor %>
       } {unroll_loop}

@@ -130,3 +130,56 @@ ${ quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h, "arith.maximumf") }
           // o += p v with v read transposed (ldmatrix .trans), two e tiles per step.
 ${ nv.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags", "!fwk_p_frags", "%scores_zero", "%v_rows", "!dqk_v_rows", "%buffer", "%pv_row", "%v_swizzle_high", "%hi8", "%pv_swizzle_v", t) }
 <% endmacro %>
+
+<# The online softmax over the first `keys` keys of the staged tile or block in %buffer, 16 at a time (at most
+   %subtiles steps of `step`, in key order) against the subgroup's 16 rows: takes the running state %o_tile,
+   %mx0_tile, %mx1_tile, %l0_tile, %l1_tile and defines the next, %o_j, %mx0_j, %mx1_j, %l0_j, %l1_j. Uses
+   %score_lane_row, %pv_lane_row (the lane's ldmatrix rows of a step) and the swizzle masks; t, ex2, pack_pair,
+   vote_any and per_row as `step`'s. #>
+<% macro tile_steps(keys, t, ex2, pack_pair, vote_any, per_row=false) %>
+          %key_steps0 = arith.ceildivui ${keys}, %c16 : index
+          %key_steps = arith.minui %key_steps0, %subtiles : index
+          %o_j, %mx0_j, %mx1_j, %l0_j, %l1_j = scf.for %key_step = %c0 to %key_steps step %c1
+              iter_args(%o_iter = %o_tile, %mx0 = %mx0_tile, %mx1 = %mx1_tile, %l0 = %l0_tile, %l1 = %l1_tile)
+              -> (!fwk_o_acc, f32, f32, f32, f32) {
+            %key_base = arith.muli %key_step, %c16 : index
+            // K and V chunks are stored XOR-swizzled by row (kv_staging): column c of row j at c ^ 8 (j & mask).
+            %score_row = arith.addi %key_base, %score_lane_row : index
+            %score_row_bits = arith.andi %score_row, %k_swizzle_mask : index
+            %score_swizzle_k = arith.muli %score_row_bits, %c8 : index
+            %pv_row = arith.addi %key_base, %pv_lane_row : index
+            %pv_row_bits = arith.andi %pv_row, %v_swizzle_mask : index
+            %pv_swizzle_v = arith.muli %pv_row_bits, %c8 : index
+${ step(t, ex2, pack_pair, vote_any, per_row) }
+            scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
+          }
+<%- endmacro %>
+
+<# The epilogue of kernels whose subgroups own whole rows (each row's keys all seen by one subgroup): each row's sum
+   over the 4 lanes that share it, lse and o = o / sum written for the lane's rows (%head_i, %m_i; none where
+   %head_valid_i is false; `rows` name their positions). Takes the loop's %o_acc, %max_0, %max_1 (base 2), %sum_0, %sum_1. #>
+<% macro rows_out(rows=("%m_0", "%m_1")) %>
+      // Each row's sum (over the 4 lanes that share it), 1 / sum and lse = max ln 2 + log(sum): -inf and o = 0
+      // for a row that saw no key.
+<% for i in ["0", "1"] %>
+${ quad_reduce("%row_sum_" ~ i, "%sum_" ~ i, "arith.addf") }
+      %seen_${i} = arith.cmpf ogt, %row_sum_${i}, %zero : f32
+      %safe_sum_${i} = arith.select %seen_${i}, %row_sum_${i}, %one : f32
+      %inverse_all_${i} = arith.divf %one, %safe_sum_${i} : f32
+      %inverse_${i} = arith.select %seen_${i}, %inverse_all_${i}, %zero : f32
+      %max_nat_${i} = arith.mulf %max_${i}, %ln2 : f32
+      %log_sum_${i} = math.log %safe_sum_${i} : f32
+      %lse_all_${i} = arith.addf %max_nat_${i}, %log_sum_${i} : f32
+      %lse_${i} = arith.select %seen_${i}, %lse_all_${i}, %minus_inf : f32
+      %inverse_pair_${i} = vector.broadcast %inverse_${i} : f32 to vector<2xf32>
+<% endfor %>
+      %first_of_row = arith.cmpi eq, %c, %c0 : index
+<% for i in ["0", "1"] %>
+      %writes_lse_${i} = arith.andi %first_of_row, %head_valid_${i} : i1
+      scf.if %writes_lse_${i} {
+        memref.store %lse_${i}, %lse[%b, %head_${i}, ${ rows[i | int] }] : memref<?x${H}x?xf32>
+      }
+<% endfor %>
+      // o: accumulator element [0][tile][i] holds row 8 i + r, columns 8 tile + 2 c and + 1.
+${ nv.store_rows("%o_acc", "!fwk_o_acc", "%dv_tiles", "%o", "!fwk_o", scaled=true, rows=rows) }
+<%- endmacro %>
