@@ -1,22 +1,23 @@
-// Part of forward_kernel.mlir and forward_portable.mlir (`// part: forward_combine`): after each subgroup has
-// written its running max, sum and unnormalised o for the 16 heads (%max_parts, %sum_parts [subgroups, 16],
-// %o_parts [subgroups, 16, Dv]) and the workgroup has synchronised, combine them in subgroup order (fixed:
-// bitwise reproducible) and write lse and o. Uses %tid, %lanes, %subgroups, %heads_per_group, %value_dim,
-// %h0, %b, %m, %o, %lse, %minus_inf, %zero, %one.
+// Part of the forward kernels (gpu/nvidia/forward.mlir, wide_forward.mlir, gpu/portable/forward.mlir: `// part:
+// forward_combine`): after each subgroup has written its running max, sum and unnormalised o for its heads
+// (%max_parts, %sum_parts [parts, heads], %o_parts [parts, heads, Dv]: a part per subgroup, or per key split of
+// the wide kernel's) and the workgroup has synchronised, combine the combined_parts parts in order (fixed:
+// bitwise reproducible) and write lse and o. Uses %tid, %lanes, %heads_per_group, %value_dim, %h0, %b, %m, %o,
+// %lse, %minus_inf, %zero, %one.
       // Combine in subgroup order (heads past HPG are padding: not written). Lane h < HPG: M = max_w m_w,
       // L = sum_w l_w exp(m_w - M), lse = M + log(L), and the weight of each subgroup's o, exp(m_w - M) / L,
       // in place of m_w (only lane h touches column h).
-<# part: takes FWD_O_ITEMS #>
+<# part: takes FWD_O_ITEMS, combined_parts #>
       %is_head_lane = arith.cmpi ult, %tid, %heads_per_group : index
       scf.if %is_head_lane {
-        %row_max = scf.for %w = %c0 to %subgroups step %c1 iter_args(%acc = %minus_inf) -> (f32) {
+        %row_max = scf.for %w = %c0 to ${combined_parts} step %c1 iter_args(%acc = %minus_inf) -> (f32) {
           %x = memref.load %max_parts[%w, %tid] : !fwk_stats
           %next = arith.maximumf %acc, %x : f32
           scf.yield %next : f32
         }
         %empty = arith.cmpf oeq, %row_max, %minus_inf : f32
         %safe_max = arith.select %empty, %zero, %row_max : f32
-        %total = scf.for %w = %c0 to %subgroups step %c1 iter_args(%l = %zero) -> (f32) {
+        %total = scf.for %w = %c0 to ${combined_parts} step %c1 iter_args(%l = %zero) -> (f32) {
           %mw = memref.load %max_parts[%w, %tid] : !fwk_stats
           %lw = memref.load %sum_parts[%w, %tid] : !fwk_stats
           %nothing = arith.cmpf oeq, %mw, %minus_inf : f32
@@ -32,7 +33,7 @@
         %safe_total = arith.select %seen, %total, %one : f32
         %inverse0 = arith.divf %one, %safe_total : f32
         %inverse = arith.select %seen, %inverse0, %zero : f32
-        scf.for %w = %c0 to %subgroups step %c1 {
+        scf.for %w = %c0 to ${combined_parts} step %c1 {
           %factor = memref.load %sum_parts[%w, %tid] : !fwk_stats
           %weight = arith.mulf %factor, %inverse : f32
           memref.store %weight, %max_parts[%w, %tid] : !fwk_stats
@@ -48,7 +49,7 @@
       scf.for %item = %tid to %o_items step %lanes {
         %h = arith.divui %item, %value_dim : index
         %e = arith.remui %item, %value_dim : index
-        %o_value = scf.for %w = %c0 to %subgroups step %c1 iter_args(%acc = %zero) -> (f32) {
+        %o_value = scf.for %w = %c0 to ${combined_parts} step %c1 iter_args(%acc = %zero) -> (f32) {
           %weight = memref.load %max_parts[%w, %h] : !fwk_stats
           %ow = memref.load %o_parts[%w, %h, %e] : !fwk_o_parts
           %next = math.fma %ow, %weight, %acc : f32

@@ -30,13 +30,24 @@ def dense_subgroups(recipe) -> int:
     return int(recipe.kernel_settings.get("dense_subgroups", 4))
 
 
+def wide_subgroups(spec: KernelSpec) -> tuple[int, int]:
+    """(head tiles, key splits) of the wide forward's subgroups: a tile per 16 heads, and the keys of a block split
+    (in 16-key steps) over as many subgroups as keep four busy where the tiles are fewer."""
+    tiles = max(spec.heads_per_group // HEAD_ROWS, 1)
+    splits = 1
+    while tiles * splits * 2 <= 4 and (spec.block_size // KEYS_PER_SUBGROUP) % (splits * 2) == 0:
+        splits *= 2
+    return tiles, splits
+
+
 def lanes(stage: str, spec: KernelSpec, subgroup_size: int, recipe) -> int:
     """Lanes of one workgroup of `stage`'s kernel: the selection kernels' one subgroup per 16 keys of a block;
     the dense forward's one per 16 rows."""
     if stage in DENSE_STAGES:
         return dense_subgroups(recipe) * subgroup_size
     if stage in WIDE_STAGES:
-        return max(spec.heads_per_group // HEAD_ROWS, 1) * subgroup_size
+        tiles, splits = wide_subgroups(spec)
+        return tiles * splits * subgroup_size
     return (spec.block_size // KEYS_PER_SUBGROUP) * subgroup_size
 
 
@@ -94,8 +105,10 @@ def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
         kv_bytes = stages * bs * (spec.head_dim + (spec.value_dim if stage != "select_blocks" else 0)) * 2
         return kv_bytes + (dense_subgroups(recipe) * HEAD_ROWS * dv * 2 if stage == "dense_dq" else 0)
-    if stage in WIDE_STAGES:         # the forward's K/V pipeline; each subgroup's rows are its own (no combine)
-        return int(recipe.kernel_settings.get("dq_stages", 2)) * bs * (spec.head_dim + spec.value_dim) * 2
+    if stage in WIDE_STAGES:         # the forward's K/V pipeline, then (key splits) the splits' partial o and stats
+        kv_bytes = int(recipe.kernel_settings.get("dq_stages", 2)) * bs * (spec.head_dim + spec.value_dim) * 2
+        splits = wide_subgroups(spec)[1]
+        return kv_bytes if splits == 1 else max(kv_bytes, splits * spec.heads_per_group * (spec.value_dim + 2) * 4)
     if stage in ("dq", "forward"):
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
         kv_bytes = stages * bs * (spec.head_dim + spec.value_dim) * 2      # swizzled, unpadded rows
@@ -195,10 +208,14 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "DENSE_K_STAGE_PER_LANE": -(-values["K_STAGE_ITEMS"] // dense_lanes),
         "DENSE_V_STAGE_PER_LANE": -(-values["V_STAGE_ITEMS"] // dense_lanes),
     })
-    # The wide groups' forward (wide_forward.mlir): HPG / 16 subgroups, each every key of a staged block.
+    # The wide groups' forward (wide_forward.mlir): a subgroup per (16 heads, key split).
     wide_lanes = lanes("wide_forward", spec, kind.subgroup_size, recipe)
+    wide_tiles, wide_splits = wide_subgroups(spec)
     values.update({
         "WIDE_LANES": wide_lanes, "WIDE_SMEM_BYTES": workgroup_memory("wide_forward", spec, recipe),
+        "WIDE_TILES": wide_tiles, "WIDE_SPLITS": wide_splits,
+        "WIDE_O_PARTS_BYTES": wide_splits * spec.heads_per_group * dv * 4,
+        "WIDE_O_PARTS_STATS_BYTES": wide_splits * spec.heads_per_group * (dv + 1) * 4,
         "WIDE_K_STAGE_PER_LANE": -(-values["K_STAGE_ITEMS"] // wide_lanes),
         "WIDE_V_STAGE_PER_LANE": -(-values["V_STAGE_ITEMS"] // wide_lanes),
     })

@@ -145,32 +145,9 @@ ${ softmax.step(dqk, EX2, PACK_PAIR, VOTE_ANY) }
         scf.yield %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next : !fwk_o_acc, f32, f32, f32, f32
       }
 
-      // Each subgroup's partial o, max and sum (sums over the 4 lanes of a head) into workgroup memory.
-<% for h in ["0", "1"] %>
-${ softmax.quad_reduce("%row_sum_" ~ h, "%sum_" ~ h, "arith.addf") }
-<% endfor %>
-      %first_of_head = arith.cmpi eq, %c, %c0 : index
-      // The maxes back in natural units (the combine's).
-      %max_nat_0 = arith.mulf %max_0, %ln2 : f32
-      %max_nat_1 = arith.mulf %max_1, %ln2 : f32
-      scf.if %first_of_head {
-        memref.store %max_nat_0, %max_parts[%subgroup, %r] : !fwk_stats
-        memref.store %max_nat_1, %max_parts[%subgroup, %r8] : !fwk_stats
-        memref.store %row_sum_0, %sum_parts[%subgroup, %r] : !fwk_stats
-        memref.store %row_sum_1, %sum_parts[%subgroup, %r8] : !fwk_stats
-      }
-      scf.for %tile = %c0 to %dv_tiles step %c1 {
-        scf.for %i = %c0 to %c2 step %c1 {
-          %i8 = arith.muli %i, %c8 : index
-          %h = arith.addi %i8, %r : index
-          %tile8 = arith.muli %tile, %c8 : index
-          %e = arith.addi %tile8, %c2x : index
-          %part = vector.extract %o_acc[0, %tile, %i] : vector<2xf32> from !fwk_o_acc
-          vector.store %part, %o_parts[%subgroup, %h, %e] : !fwk_o_parts, vector<2xf32>
-        } {unroll_loop}
-      } {unroll_loop}
-      gpu.barrier
+${ softmax.parts_out("%subgroup", "%r", "%r8") }
 
+      <% set combined_parts = "%subgroups" %>
       <% include "gpu/forward_combine.mlir" %>
       return
     }

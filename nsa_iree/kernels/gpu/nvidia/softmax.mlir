@@ -131,15 +131,15 @@ ${ quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h, "arith.maximumf") }
 ${ nv.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags", "!fwk_p_frags", "%scores_zero", "%v_rows", "!dqk_v_rows", "%buffer", "%pv_row", "%v_swizzle_high", "%hi8", "%pv_swizzle_v", t) }
 <% endmacro %>
 
-<# The online softmax over the first `keys` keys of the staged tile or block in %buffer, 16 at a time (at most
-   %subtiles steps of `step`, in key order) against the subgroup's 16 rows: takes the running state %o_tile,
-   %mx0_tile, %mx1_tile, %l0_tile, %l1_tile and defines the next, %o_j, %mx0_j, %mx1_j, %l0_j, %l1_j. Uses
-   %score_lane_row, %pv_lane_row (the lane's ldmatrix rows of a step) and the swizzle masks; t, ex2, pack_pair,
-   vote_any and per_row as `step`'s. #>
-<% macro tile_steps(keys, t, ex2, pack_pair, vote_any, per_row=false) %>
+<# The online softmax over the first `keys` keys of the staged tile or block in %buffer, 16 at a time (steps
+   `first`, first + `stride`, ... of `step` below %subtiles, in key order) against the subgroup's 16 rows: takes the
+   running state %o_tile, %mx0_tile, %mx1_tile, %l0_tile, %l1_tile and defines the next, %o_j, %mx0_j, %mx1_j,
+   %l0_j, %l1_j. Uses %score_lane_row, %pv_lane_row (the lane's ldmatrix rows of a step) and the swizzle masks;
+   t, ex2, pack_pair, vote_any and per_row as `step`'s. #>
+<% macro tile_steps(keys, t, ex2, pack_pair, vote_any, per_row=false, first="%c0", stride="%c1") %>
           %key_steps0 = arith.ceildivui ${keys}, %c16 : index
           %key_steps = arith.minui %key_steps0, %subtiles : index
-          %o_j, %mx0_j, %mx1_j, %l0_j, %l1_j = scf.for %key_step = %c0 to %key_steps step %c1
+          %o_j, %mx0_j, %mx1_j, %l0_j, %l1_j = scf.for %key_step = ${first} to %key_steps step ${stride}
               iter_args(%o_iter = %o_tile, %mx0 = %mx0_tile, %mx1 = %mx1_tile, %l0 = %l0_tile, %l1 = %l1_tile)
               -> (!fwk_o_acc, f32, f32, f32, f32) {
             %key_base = arith.muli %key_step, %c16 : index
@@ -182,4 +182,36 @@ ${ quad_reduce("%row_sum_" ~ i, "%sum_" ~ i, "arith.addf") }
 <% endfor %>
       // o: accumulator element [0][tile][i] holds row 8 i + r, columns 8 tile + 2 c and + 1.
 ${ nv.store_rows("%o_acc", "!fwk_o_acc", "%dv_tiles", "%o", "!fwk_o", scaled=true, rows=rows) }
+<%- endmacro %>
+
+<# The forward kernels' partial results, before a combine across subgroups (gpu/forward_combine.mlir): the lane's two
+   rows' running max (in natural units), sum (over the 4 lanes that share a row) and unnormalised o into part
+   `index` of %max_parts, %sum_parts and %o_parts at rows row_0 and row_1 (= row_0 + 8), then a barrier. Takes the
+   loop's %o_acc, %max_0, %max_1 (base 2), %sum_0, %sum_1. #>
+<% macro parts_out(index, row_0, row_1) %>
+      // Each subgroup's partial o, max and sum (sums over the 4 lanes of a head) into workgroup memory.
+<% for h in ["0", "1"] %>
+${ quad_reduce("%row_sum_" ~ h, "%sum_" ~ h, "arith.addf") }
+<% endfor %>
+      %first_of_head = arith.cmpi eq, %c, %c0 : index
+      // The maxes back in natural units (the combine's).
+      %max_nat_0 = arith.mulf %max_0, %ln2 : f32
+      %max_nat_1 = arith.mulf %max_1, %ln2 : f32
+      scf.if %first_of_head {
+        memref.store %max_nat_0, %max_parts[${index}, ${row_0}] : !fwk_stats
+        memref.store %max_nat_1, %max_parts[${index}, ${row_1}] : !fwk_stats
+        memref.store %row_sum_0, %sum_parts[${index}, ${row_0}] : !fwk_stats
+        memref.store %row_sum_1, %sum_parts[${index}, ${row_1}] : !fwk_stats
+      }
+      scf.for %tile = %c0 to %dv_tiles step %c1 {
+        scf.for %i = %c0 to %c2 step %c1 {
+          %i8 = arith.muli %i, %c8 : index
+          %h = arith.addi %i8, ${row_0} : index
+          %tile8 = arith.muli %tile, %c8 : index
+          %e = arith.addi %tile8, %c2x : index
+          %part = vector.extract %o_acc[0, %tile, %i] : vector<2xf32> from !fwk_o_acc
+          vector.store %part, %o_parts[${index}, %h, %e] : !fwk_o_parts, vector<2xf32>
+        } {unroll_loop}
+      } {unroll_loop}
+      gpu.barrier
 <%- endmacro %>

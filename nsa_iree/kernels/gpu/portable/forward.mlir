@@ -337,6 +337,7 @@ ${ units.head_units("%q_units", "%d_units", "!fwp_q_units", "%q", "!fwp_q", u) }
       } {unroll_loop}
       gpu.barrier
 
+      <% set combined_parts = "%subgroups" %>
       <% include "gpu/forward_combine.mlir" %>
       return
     }
