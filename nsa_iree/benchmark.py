@@ -57,10 +57,11 @@ CONFIGS = {
     "anchors": dict(heads=64, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     # The NSA paper's head layout.
     "paper": dict(heads=64, kv_heads=4, head_dim=192, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
-    # Fewer heads per group than the MMA tile's 16 rows (the anchors layout with 32, 16 and 4 query heads):
+    # Fewer heads per group than the MMA tile's 16 rows (the anchors layout with 32, 16, 8 and 4 query heads):
     # what the padded tiles cost on GPUs.
     "hpg8": dict(heads=32, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     "hpg4": dict(heads=16, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
+    "hpg2": dict(heads=8, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     "hpg1": dict(heads=4, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     # More heads per group than the tile's 16 rows (fla's own tests' 32 heads over 1 or 2 kv heads; MQA-style 64):
     # the kernels run them as 2 or 4 groups of 16 (kernels.group_split).
