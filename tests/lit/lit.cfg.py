@@ -20,6 +20,7 @@ from nsa_iree.recipes import load_recipe  # noqa: E402
 config.environment["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
 config.environment["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 config.substitutions.append(("%cat_dumps", f"{sys.executable} {os.path.join(config.test_source_root, 'cat_dumps.py')}"))
+config.substitutions.append(("%repo", repo))
 config.substitutions.append(("%render", f"{sys.executable} -m nsa_iree.cli render"))
 for target in ("cpu", "gfx950", "gfx942", "cuda"):
     if not os.path.exists(os.path.join(repo, "nsa_iree", "pipelines", f"{target}.toml")):
