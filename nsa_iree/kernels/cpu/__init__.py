@@ -51,12 +51,15 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
     within CPU_VECTOR_REGISTERS. CPU_COLS and CPU_DCOLS divide Dv and D (the o, dq column steps)."""
     per_row = -(-spec.heads_per_group // 16)
     rows = max(1, CPU_VECTOR_REGISTERS // per_row)
-    # The dk/dv kernel: CPU_SROWS heads of S (each a vector of BS keys), and CPU_KROWS keys times CPU_VCOLS
+    # The dk/dv and dq kernels: CPU_SROWS heads of S (each a vector of BS keys), and CPU_KROWS keys times CPU_VCOLS
     # (CPU_KCOLS) elements of dv (dk), up to 64 floats (4 registers) a row.
     per_keys = -(-spec.block_size // 16)
     return {"CPU_ROWS": str(rows), "CPU_COLS": str(_largest_divisor(spec.value_dim, rows)),
             "CPU_DCOLS": str(_largest_divisor(spec.head_dim, rows)),
             "CPU_SROWS": str(_largest_divisor(spec.heads_per_group, max(1, CPU_VECTOR_REGISTERS // per_keys))),
+            # the same over half a block's keys (products.visible_scores)
+            "CPU_SROWS_HALF": str(_largest_divisor(spec.heads_per_group,
+                                                   max(1, CPU_VECTOR_REGISTERS // max(1, per_keys // 2)))),
             "CPU_VCOLS": str(_largest_divisor(spec.value_dim, 64)),
             "CPU_KCOLS": str(_largest_divisor(spec.head_dim, 64)),
             "CPU_KROWS": str(_largest_divisor(spec.block_size, 4)), "CPU_DKV": str(spec.head_dim + spec.value_dim),

@@ -23,7 +23,6 @@ ${ dispatch.layout("dq_cpu_layout", 4, inputs, outputs) }
 <% call rows.function("selection_attention_dq_cpu_row") %>
       %zero = arith.constant 0.0 : f32
 <% endcall %>
-      %heads_step = arith.constant ${CPU_SROWS} : index
       %dq_heads_step = arith.constant ${CPU_DQ_HEADS} : index
       %dq_cols_step = arith.constant ${CPU_DQ_COLS} : index
       %zero_keys = arith.constant dense<0.0> : vector<${BS}xf32>
@@ -35,7 +34,6 @@ ${ dispatch.push_constants("dq_cpu_layout", ['batch', 'm_rows', 'n', 'scale']) }
       %num_blocks = arith.ceildivui %n, %block_size : index
       %bg_count = arith.muli %batch, %kv_heads : index
       %flat_blocks = arith.muli %bg_count, %num_blocks : index
-      %scale_keys = vector.broadcast %scale : f32 to vector<${BS}xf32>
 
 ${ dispatch.bindings("dq_cpu_layout", inputs, outputs) }
 
@@ -59,7 +57,7 @@ ${ rows.block_extent() }
           %first_v = vector.broadcast %first_visible : index to vector<${BS}xindex>
 <% endif %>
           ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
-${ products.scores_from_inputs(CPU_SROWS) }
+${ products.visible_scores(CPU_SROWS, CPU_SROWS_HALF) }
 ${ products.p_ds(false) }
 ${ products.dq_add(first, CPU_DQ_HEADS, CPU_DQ_COLS) }
         }
