@@ -5,7 +5,8 @@
 //   P = exp(S - lse[h]), DS = P * (dP - delta[h])       (0 on the keys the row does not see)
 // and with vectors along D:
 //   dq[h, :] += sum_j DS[h, j] * k[key j, :]            (CPU_DQ_HEADS heads x CPU_DQ_COLS elements in registers)
-// then dq = scale * dq, written once as each head's contiguous row. No tile is transposed. f32 throughout; bf16
+// then dq = scale * dq, written once as each head's contiguous row (streaming stores where the rows are whole cache
+// lines: CPU_DQ_STREAM). No tile is transposed. f32 throughout; bf16
 // and f16 inputs are extended as they are loaded. Skipped slots are never read, only keys <= pos(m) are, a block
 // listed twice counts twice; a row without visible keys gets dq = 0.
 <% import "common/dispatch.mlir" as dispatch %>
@@ -70,7 +71,14 @@ ${ products.dq_add(first, CPU_DQ_HEADS, CPU_DQ_COLS) }
         %out = arith.mulf %acc, %scale_d : vector<${D}xf32>
         %out_e = ${TRUNCF} %out : vector<${D}xf32> to vector<${D}x${E}>
         %head = arith.addi %h_first, %h : index
+<% if CPU_DQ_STREAM == "true" %>
+        // A streaming store (whole 64-byte lines, not read into the cache first): without it the stores of one
+        // row's dq, missing the caches, fill the store buffer that the next row's first stores wait on.
+        "vector.store"(%out_e, %dq, %b, %m, %head, %c0) <{nontemporal = true}>
+            : (vector<${D}x${E}>, memref<?x?x${H}x${D}x${E}>, index, index, index, index) -> ()
+<% else %>
         vector.store %out_e, %dq[%b, %m, %head, %c0] : memref<?x?x${H}x${D}x${E}>, vector<${D}x${E}>
+<% endif %>
       }
       return
     }
