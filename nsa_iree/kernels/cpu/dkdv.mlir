@@ -98,7 +98,7 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
 <% endif %>
             ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
 
-            // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
+            // S and dP over the visible keys (a whole or half block), their key vectors accumulating in registers.
 ${ products.visible_scores(CPU_SROWS, CPU_SROWS_HALF) | indent(2, true) }
             // P = w * exp(S - lse) on visible keys (0 elsewhere, never NaN), DS = P * (dP - delta): in place.
             %w_v = vector.broadcast %w : f32 to vector<${BS}xf32>

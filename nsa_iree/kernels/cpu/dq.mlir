@@ -73,7 +73,8 @@ ${ products.dq_add(first, CPU_DQ_HEADS, CPU_DQ_COLS) }
         %head = arith.addi %h_first, %h : index
 <% if CPU_DQ_STREAM == "true" %>
         // A streaming store (whole 64-byte lines, not read into the cache first): without it the stores of one
-        // row's dq, missing the caches, fill the store buffer that the next row's first stores wait on.
+        // row's dq, missing the caches, fill the store buffer that the next row's first stores wait on. (In the
+        // generic form: IREE 3.13's vector.store does not take the nontemporal property in its custom syntax.)
         "vector.store"(%out_e, %dq, %b, %m, %head, %c0) <{nontemporal = true}>
             : (vector<${D}x${E}>, memref<?x?x${H}x${D}x${E}>, index, index, index, index) -> ()
 <% else %>
