@@ -10,6 +10,11 @@ cannot pass one; IREE then allocates the transients itself). The inputs are the 
 (bench.bench.make_problem, realistic selection); lse, delta and the inverted block lists come from the
 package's own stages, so every dispatch sees the data it sees in a real call.
 
+With --branch compression the problem is the compression branch's instead (nsa_iree.compression): the
+compressed attention over mean_pooling of the benchmark's k and v, its tiles of compressed keys
+(compression.TILE) and key stride BS as the package runs them; the variant "pooling" profiles the pooling's
+forward and backward dispatches (kernels/common/pooling.mlir) on the same k.
+
 Times are wall-clock per dispatch (all workers of the task system; `tile_sum` adds the time of every
 workgroup on every worker). The table gives the median over --repeats calls of each function.
 """
@@ -29,7 +34,7 @@ import numpy as np
 import torch
 
 import nsa_iree
-from nsa_iree import api
+from nsa_iree import api, compression
 from nsa_iree.recipes import load_recipe
 from nsa_iree.render import render_module
 
@@ -45,6 +50,9 @@ def _tool(name: str) -> str:
 
 def _compile(spec, variant: str, where: Path) -> Path:
     from iree.compiler import compile_str
+    if variant == "pooling":     # compression._pooling_module's spec for the keys (G heads of D)
+        spec = spec.replace(heads=spec.kv_heads, value_dim=spec.head_dim, block_size=spec.key_stride, num_blocks=1,
+                            key_stride=1)
     text = _TRANSIENTS.sub(")", render_module(spec, variant))
     vmfb = where / f"{variant}.vmfb"
     vmfb.write_bytes(compile_str(text, extra_args=list(load_recipe("cpu").flags)))
@@ -68,6 +76,37 @@ def _inputs(cfg, seq, where: Path):
         files[name] = where / f"{name}.npy"
         np.save(files[name], t.contiguous().numpy())
     return spec, files, {name: tuple(t.shape) for name, t in arrays.items()}
+
+
+def _compression_inputs(cfg, seq, where: Path):
+    """spec, files and shapes of the compressed attention at `seq` tokens (compression._forward's call), and the
+    pooling's inputs (k, its block counts, the pooled k as its backward's dy)."""
+    q, k, v, do, _ = make_problem(cfg, seq, "realistic", torch.device("cpu"))
+    bs = cfg["block_size"]
+    k_cmp, v_cmp = nsa_iree.mean_pooling(k, bs), nsa_iree.mean_pooling(v, bs)
+    tile = compression._tile(q.device)
+    idx = compression._tile_indices(1, seq, 0, k_cmp.shape[2], k_cmp.shape[1], q.device)
+    o, lse = nsa_iree.compressed_attention(q, k_cmp, v_cmp, bs)
+    spec, _ = api.loaded_spec(api.describe(q, k_cmp, v_cmp, idx, tile, key_stride=bs), "two-pass")
+    module = api.kernels(spec, "two-pass", q.device)
+    host = module.device.copy_to_host
+    (delta,) = map(host, module.call("selection_attention_delta", o, do))
+    entries, piece_start, piece_count = map(host, module.call("invert_block_indices", idx, k_cmp.shape[1]))
+    counts = compression._block_counts((seq,), (seq,), bs)
+    arrays = dict(q=q, k=k_cmp, v=v_cmp, do=do, o=o, idx=idx, lse=lse, delta=delta, entries=entries,
+                  piece_start=piece_start, piece_count=piece_count, x=k, counts=counts, dy=k_cmp)
+    files = {}
+    for name, t in arrays.items():
+        files[name] = where / f"{name}.npy"
+        np.save(files[name], t.contiguous().numpy())
+    return spec, files, {name: tuple(t.shape) for name, t in arrays.items()}
+
+
+def _pooling_calls(files, shapes, seq, dtype):
+    f = {name: f"--input=@{path}" for name, path in files.items()}
+    return {"pooling": [("block_means", [f["x"], f["counts"], f"--input={_shape(shapes['dy'], dtype)}"]),
+                        ("block_means_grad", [f["dy"], f["counts"], f"--input={seq}",
+                                              f"--input={_shape(shapes['x'], dtype)}"])]}
 
 
 def _shape(shape, dtype="f32"):
@@ -123,17 +162,28 @@ def main(argv=None):
     parser.add_argument("--config", choices=CONFIGS, default="cpu")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--variant", nargs="+", default=["forward", "two-pass", "one-pass"])
+    parser.add_argument("--branch", choices=("selection", "compression"), default="selection")
+    parser.add_argument("--variant", nargs="+", default=None,
+                        help="default: forward two-pass one-pass (selection), forward two-pass pooling (compression)")
     parser.add_argument("--out", required=True, help="path stem: writes STEM.md and STEM.json")
     args = parser.parse_args(argv)
     cfg = CONFIGS[args.config]
-    record = {"config": {"name": args.config, **cfg}, "seq": args.seq, "load": os.getloadavg(),
+    variants = args.variant or (["forward", "two-pass", "pooling"] if args.branch == "compression"
+                                else ["forward", "two-pass", "one-pass"])
+    record = {"config": {"name": args.config, **cfg}, "branch": args.branch, "seq": args.seq,
+              "load": os.getloadavg(),
               "threads": os.environ.get("NSA_IREE_CPU_THREADS", "default"), "functions": {}}
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
-        spec, files, shapes = _inputs(cfg, args.seq, where)
-        calls = _calls(files, shapes, cfg["head_dim"] ** -0.5, args.seq, cfg["dtype"])
-        for variant in args.variant:
+        if args.branch == "compression":
+            spec, files, shapes = _compression_inputs(cfg, args.seq, where)
+            record["tile"], record["slots"] = spec.block_size, spec.num_blocks
+            calls = {**_calls(files, shapes, cfg["head_dim"] ** -0.5, shapes["k"][1], cfg["dtype"]),
+                     **_pooling_calls(files, shapes, args.seq, cfg["dtype"])}
+        else:
+            spec, files, shapes = _inputs(cfg, args.seq, where)
+            calls = _calls(files, shapes, cfg["head_dim"] ** -0.5, args.seq, cfg["dtype"])
+        for variant in variants:
             vmfb = _compile(spec, variant, where)
             for function, inputs in calls[variant]:
                 walls, dispatches = profile_function(vmfb, function, inputs, args.repeats, where)
@@ -149,9 +199,13 @@ def main(argv=None):
 
 def markdown(record) -> str:
     cfg = record["config"]
-    lines = [f"# Per-dispatch CPU profile: {cfg['name']} layout, M=N={record['seq']}, realistic selection", "",
+    problem = ("the compression branch (compressed attention, key stride BS)" if record.get("branch") == "compression"
+               else "realistic selection")
+    lines = [f"# Per-dispatch CPU profile: {cfg['name']} layout, M=N={record['seq']}, {problem}", "",
              f"H={cfg['heads']} G={cfg['kv_heads']} D={cfg['head_dim']} Dv={cfg['value_dim']} BS={cfg['block_size']} "
-             f"T={cfg['num_blocks']} {cfg['dtype']}; iree-benchmark-module with host-execution profiling; "
+             + (f"(tiles of {record['tile']} compressed keys, T={record['slots']}) " if "tile" in record
+                else f"T={cfg['num_blocks']} ") + f"{cfg['dtype']}; "
+             "iree-benchmark-module with host-execution profiling; "
              f"threads: {record['threads']}; load average at start: "
              + ", ".join(f"{x:.2f}" for x in record["load"]), "",
              "| function | wall ms (median) | dispatch | ms per call |", "|---|---|---|---|"]

@@ -14,6 +14,7 @@ CPU_VECTOR_REGISTERS = 16   # accumulator registers of one register block (of th
 # a lock is held for one row's dk/dv products of one block (microseconds), so this many failed attempts mean
 # a descheduled holder.
 CPU_LOCK_TRIES = 20000
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2}     # bytes of an element of each KernelSpec.dtype
 
 
 def cpu_stack_bytes(stage: str, spec: KernelSpec) -> int:
@@ -51,12 +52,15 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
     within CPU_VECTOR_REGISTERS. CPU_COLS and CPU_DCOLS divide Dv and D (the o, dq column steps)."""
     per_row = -(-spec.heads_per_group // 16)
     rows = max(1, CPU_VECTOR_REGISTERS // per_row)
-    # The dk/dv kernel: CPU_SROWS heads of S (each a vector of BS keys), and CPU_KROWS keys times CPU_VCOLS
+    # The dk/dv and dq kernels: CPU_SROWS heads of S (each a vector of BS keys), and CPU_KROWS keys times CPU_VCOLS
     # (CPU_KCOLS) elements of dv (dk), up to 64 floats (4 registers) a row.
     per_keys = -(-spec.block_size // 16)
     return {"CPU_ROWS": str(rows), "CPU_COLS": str(_largest_divisor(spec.value_dim, rows)),
             "CPU_DCOLS": str(_largest_divisor(spec.head_dim, rows)),
             "CPU_SROWS": str(_largest_divisor(spec.heads_per_group, max(1, CPU_VECTOR_REGISTERS // per_keys))),
+            # the same over half a block's keys (products.visible_scores)
+            "CPU_SROWS_HALF": str(_largest_divisor(spec.heads_per_group,
+                                                   max(1, CPU_VECTOR_REGISTERS // max(1, per_keys // 2)))),
             "CPU_VCOLS": str(_largest_divisor(spec.value_dim, 64)),
             "CPU_KCOLS": str(_largest_divisor(spec.head_dim, 64)),
             "CPU_KROWS": str(_largest_divisor(spec.block_size, 4)), "CPU_DKV": str(spec.head_dim + spec.value_dim),
@@ -65,6 +69,8 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
             # dq's sum over keys: CPU_DQ_HEADS heads times CPU_DQ_COLS elements of d (up to 4 x 64 floats).
             "CPU_DQ_HEADS": str(_largest_divisor(spec.heads_per_group, 4)),
             "CPU_DQ_COLS": str(_largest_divisor(spec.head_dim, 64)),
+            # dq's rows written with streaming stores: each head's row (D elements) whole 64-byte lines.
+            "CPU_DQ_STREAM": "true" if spec.head_dim * _BYTES[spec.dtype] % 64 == 0 else "false",
             "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES)}
 
 

@@ -29,7 +29,6 @@ ${ dispatch.layout("dkdv_cpu_layout", 5, inputs, outputs) }
       %one = arith.constant 1.0 : f32
 <% endcall %>
       %rows_per_piece = arith.constant ${ROWS_PER_PIECE} : index
-      %heads_step = arith.constant ${CPU_SROWS} : index
 ${ products.constants(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_SROWS) }
 
 ${ dispatch.ids(['piece']) }
@@ -43,7 +42,6 @@ ${ dispatch.ids(['piece']) }
       %pieces = arith.index_castui %pieces_i32 : i32 to index
       %scale_bits = hal.interface.constant.load layout(#dkdv_cpu_layout) ordinal(4) : i32
       %scale = arith.bitcast %scale_bits : i32 to f32
-      %scale_keys = vector.broadcast %scale : f32 to vector<${BS}xf32>
       %num_blocks = arith.ceildivui %n, %block_size : index
       %bg_count = arith.muli %batch, %kv_heads : index
       %flat_blocks = arith.muli %bg_count, %num_blocks : index
@@ -100,8 +98,8 @@ ${ dispatch.bindings("dkdv_cpu_layout", inputs, outputs) }
 <% endif %>
             ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
 
-            // S and dP, CPU_SROWS heads at a time (their key vectors accumulate in registers).
-${ products.scores_from_inputs(CPU_SROWS) | indent(2, true) }
+            // S and dP over the visible keys (a whole or half block), their key vectors accumulating in registers.
+${ products.visible_scores(CPU_SROWS, CPU_SROWS_HALF) | indent(2, true) }
             // P = w * exp(S - lse) on visible keys (0 elsewhere, never NaN), DS = P * (dP - delta): in place.
             %w_v = vector.broadcast %w : f32 to vector<${BS}xf32>
 ${ products.p_ds(true) | indent(2, true) }

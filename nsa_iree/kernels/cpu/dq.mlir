@@ -5,7 +5,8 @@
 //   P = exp(S - lse[h]), DS = P * (dP - delta[h])       (0 on the keys the row does not see)
 // and with vectors along D:
 //   dq[h, :] += sum_j DS[h, j] * k[key j, :]            (CPU_DQ_HEADS heads x CPU_DQ_COLS elements in registers)
-// then dq = scale * dq, written once as each head's contiguous row. No tile is transposed. f32 throughout; bf16
+// then dq = scale * dq, written once as each head's contiguous row (streaming stores where the rows are whole cache
+// lines: CPU_DQ_STREAM). No tile is transposed. f32 throughout; bf16
 // and f16 inputs are extended as they are loaded. Skipped slots are never read, only keys <= pos(m) are, a block
 // listed twice counts twice; a row without visible keys gets dq = 0.
 <% import "common/dispatch.mlir" as dispatch %>
@@ -23,7 +24,6 @@ ${ dispatch.layout("dq_cpu_layout", 4, inputs, outputs) }
 <% call rows.function("selection_attention_dq_cpu_row") %>
       %zero = arith.constant 0.0 : f32
 <% endcall %>
-      %heads_step = arith.constant ${CPU_SROWS} : index
       %dq_heads_step = arith.constant ${CPU_DQ_HEADS} : index
       %dq_cols_step = arith.constant ${CPU_DQ_COLS} : index
       %zero_keys = arith.constant dense<0.0> : vector<${BS}xf32>
@@ -35,7 +35,6 @@ ${ dispatch.push_constants("dq_cpu_layout", ['batch', 'm_rows', 'n', 'scale']) }
       %num_blocks = arith.ceildivui %n, %block_size : index
       %bg_count = arith.muli %batch, %kv_heads : index
       %flat_blocks = arith.muli %bg_count, %num_blocks : index
-      %scale_keys = vector.broadcast %scale : f32 to vector<${BS}xf32>
 
 ${ dispatch.bindings("dq_cpu_layout", inputs, outputs) }
 
@@ -59,7 +58,7 @@ ${ rows.block_extent() }
           %first_v = vector.broadcast %first_visible : index to vector<${BS}xindex>
 <% endif %>
           ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
-${ products.scores_from_inputs(CPU_SROWS) }
+${ products.visible_scores(CPU_SROWS, CPU_SROWS_HALF) }
 ${ products.p_ds(false) }
 ${ products.dq_add(first, CPU_DQ_HEADS, CPU_DQ_COLS) }
         }
@@ -72,7 +71,15 @@ ${ products.dq_add(first, CPU_DQ_HEADS, CPU_DQ_COLS) }
         %out = arith.mulf %acc, %scale_d : vector<${D}xf32>
         %out_e = ${TRUNCF} %out : vector<${D}xf32> to vector<${D}x${E}>
         %head = arith.addi %h_first, %h : index
+<% if CPU_DQ_STREAM == "true" %>
+        // A streaming store (whole 64-byte lines, not read into the cache first): without it the stores of one
+        // row's dq, missing the caches, fill the store buffer that the next row's first stores wait on. (In the
+        // generic form: IREE 3.13's vector.store does not take the nontemporal property in its custom syntax.)
+        "vector.store"(%out_e, %dq, %b, %m, %head, %c0) <{nontemporal = true}>
+            : (vector<${D}x${E}>, memref<?x?x${H}x${D}x${E}>, index, index, index, index) -> ()
+<% else %>
         vector.store %out_e, %dq[%b, %m, %head, %c0] : memref<?x?x${H}x${D}x${E}>, vector<${D}x${E}>
+<% endif %>
       }
       return
     }

@@ -33,37 +33,59 @@
           }
 <% endmacro %>
 
-<# %s_tile = S and %dp_tile = dP [HPG, BS] of row %m's heads, `srows` (CPU_SROWS) heads at a time, every element
-   of q and do read from the inputs as a scalar broadcast over the keys (no transposed copy of either):
-   S[h, :] = scale sum_d q[b, m, h, d] kT[f, d, :] and dP[h, :] = sum_e do[b, m, h, e] vT[f, e, :]. Reads %scale_keys
-   (scale broadcast over BS keys). #>
-<% macro scores_from_inputs(srows) %>
+<# %s_tile = S and %dp_tile = dP [HPG, BS] of row %m's heads over the block's first `keys` keys (default BS),
+   `srows` heads at a time, every element of q and do read from the inputs as a scalar broadcast over the keys (no
+   transposed copy of either): S[h, :] = scale sum_d q[b, m, h, d] kT[f, d, :] and dP[h, :] = sum_e do[b, m, h, e]
+   vT[f, e, :]. The tiles' columns from `keys` on keep what they held. Reads %scale. #>
+<% macro scores_from_inputs(srows, keys=BS) %>
 <% set heads = srows | int %>
-          scf.for %h0 = %c0 to %heads_per_group step %heads_step {
+<% set kv = "vector<" ~ keys ~ "xf32>" %>
+          %scale_v${keys} = vector.broadcast %scale : f32 to ${kv}
+          %zero_v${keys} = arith.constant dense<0.0> : ${kv}
+          %heads_step${srows} = arith.constant ${srows} : index
+          scf.for %h0 = %c0 to %heads_per_group step %heads_step${srows} {
             %head_base = arith.addi %h_first, %h0 : index
 <% for tile, x, blocks, index, bound, dim in [("s_tile", "q", "kT", "d", "head_dim", D), ("dp_tile", "do", "vT", "e", "value_dim", DV)] %>
-<% set types = (["vector<" ~ BS ~ "xf32>"] * heads) | join(", ") %>
-            %${tile}_acc:${heads} = scf.for %${index} = %c0 to %${bound} step %c1 iter_args(<% for i in range(heads) %>%a${i} = %zero_keys${ ", " if not loop.last }<% endfor %>) -> (${types}) {
-              %keys = vector.load %${blocks}[%f, %${index}, %c0] : memref<?x${dim}x${BS}x${E}>, vector<${BS}x${E}>
-              %keys32 = ${EXTF} %keys : vector<${BS}x${E}> to vector<${BS}xf32>
+<% set types = ([kv] * heads) | join(", ") %>
+            %${tile}_acc:${heads} = scf.for %${index} = %c0 to %${bound} step %c1 iter_args(<% for i in range(heads) %>%a${i} = %zero_v${keys}${ ", " if not loop.last }<% endfor %>) -> (${types}) {
+              %keys = vector.load %${blocks}[%f, %${index}, %c0] : memref<?x${dim}x${BS}x${E}>, vector<${keys}x${E}>
+              %keys32 = ${EXTF} %keys : vector<${keys}x${E}> to ${kv}
 <% for i in range(heads) %>
               %head${i} = affine.apply affine_map<(h) -> (h + ${i})>(%head_base)
               %x${i} = memref.load %${x}[%b, %m, %head${i}, %${index}] : memref<?x?x${H}x${dim}x${E}>
               %x${i}_32 = ${EXTF} %x${i} : ${E} to f32
-              %x${i}_keys = vector.broadcast %x${i}_32 : f32 to vector<${BS}xf32>
-              %a${i}_new = vector.fma %x${i}_keys, %keys32, %a${i} : vector<${BS}xf32>
+              %x${i}_keys = vector.broadcast %x${i}_32 : f32 to ${kv}
+              %a${i}_new = vector.fma %x${i}_keys, %keys32, %a${i} : ${kv}
 <% endfor %>
               scf.yield <% for i in range(heads) %>%a${i}_new${ ", " if not loop.last }<% endfor %> : ${types}
             }
 <% for i in range(heads) %>
             %${tile}_h${i} = affine.apply affine_map<(h) -> (h + ${i})>(%h0)
 <% if tile == "s_tile" %>
-            %${tile}_v${i} = arith.mulf %${tile}_acc#${i}, %scale_keys : vector<${BS}xf32>
+            %${tile}_v${i} = arith.mulf %${tile}_acc#${i}, %scale_v${keys} : ${kv}
 <% endif %>
-            vector.store %${ tile ~ "_v" ~ i if tile == "s_tile" else tile ~ "_acc#" ~ i }, %${tile}[%${tile}_h${i}, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
+            vector.store %${ tile ~ "_v" ~ i if tile == "s_tile" else tile ~ "_acc#" ~ i }, %${tile}[%${tile}_h${i}, %c0] : memref<${HPG}x${BS}xf32>, ${kv}
 <% endfor %>
 <% endfor %>
           }
+<% endmacro %>
+
+<# scores_from_inputs over the keys of the block row %m sees (%visible of them), rounded up to half a block when
+   BS / 2 is a whole number of 16-float vectors (`half_srows` heads at a time then, `srows` over the whole block):
+   a row's last tile of compressed keys is often less than half visible. The columns left unscored are past
+   %visible: p_ds masks them. #>
+<% macro visible_scores(srows, half_srows) %>
+<% if (BS | int) % 32 == 0 %>
+          %half_block = arith.constant ${ (BS | int) // 2 } : index
+          %whole_block = arith.cmpi sgt, %visible, %half_block : index
+          scf.if %whole_block {
+${ scores_from_inputs(srows) | indent(2, true) }
+          } else {
+${ scores_from_inputs(half_srows, (BS | int) // 2) | indent(2, true) }
+          }
+<% else %>
+${ scores_from_inputs(srows) }
+<% endif %>
 <% endmacro %>
 
 <# %dq_tile [HPG, D] += sum over the keys j = `first` .. %visible - 1 of DS[h, j] k[b, %key0 + j, g, :] (DS in

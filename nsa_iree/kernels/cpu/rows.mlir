@@ -32,7 +32,7 @@ ${ constants() }
             {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, ${index}) -> (h, ${index})>}
             : memref<?x?x${H}x${dim}x${E}>, vector<${HPG}x${cols}x${E}>
         %rows32 = ${EXTF} %rows : vector<${HPG}x${cols}x${E}> to vector<${HPG}x${cols}xf32>
-        %cols = vector.transpose %rows32, [1, 0] : vector<${HPG}x${cols}xf32> to vector<${cols}x${HPG}xf32>
+        ${ transpose_tile("rows32", "cols", HPG, cols) }
 <% if scaled %>
         %scaled = arith.mulf %cols, %scale_tile : vector<${cols}x${HPG}xf32>
 <% endif %>
@@ -50,13 +50,61 @@ ${ constants() }
         %cols = vector.transfer_read %${name}[%${index}0, %c0], %zero {in_bounds = [true, true]}
             : memref<${dim}x${HPG}xf32>, vector<${cols}x${HPG}xf32>
         %weighted = arith.mulf %cols, %${weight}_tile : vector<${cols}x${HPG}xf32>
-        %rows = vector.transpose %weighted, [1, 0] : vector<${cols}x${HPG}xf32> to vector<${HPG}x${cols}xf32>
+        ${ transpose_tile("weighted", "rows", cols, HPG) }
         %rows_e = ${TRUNCF} %rows : vector<${HPG}x${cols}xf32> to vector<${HPG}x${cols}x${E}>
         vector.transfer_write %rows_e, %${x}[%b, %m, %${h0}, %${index}0]
             {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, ${index}) -> (h, ${index})>}
             : vector<${HPG}x${cols}x${E}>, memref<?x?x${H}x${dim}x${E}>
       }
 <% endmacro %>
+
+<# %`dst` (vector<`cols` x `rows` x f32>) = %`src` (vector<`rows` x `cols` x f32>) transposed. A 16 x 16 tile (a
+   512-bit register a row) goes through four rounds of 16 shuffles of two rows each, which LLVM emits as one
+   instruction each (interleave single elements, then pairs, then exchange 128-bit lanes twice): IREE lowers a
+   vector.transpose to one shuffle of all 256 elements, emitted as many permutes per row. Other shapes:
+   vector.transpose. #>
+<% macro transpose_tile(src, dst, rows, cols) %>
+<% if (rows | int) == 16 and (cols | int) == 16 %>
+<% for i in range(16) %>
+        %${dst}_r${i} = vector.extract %${src}[${i}] : vector<16xf32> from vector<16x16xf32>
+<% endfor %>
+        // Round 1: a0 b0 a1 b1 | a2 b2 a3 b3 of rows 2k, 2k + 1 in every 128-bit lane.
+<% for k in range(8) %>
+        %${dst}_a${2 * k} = vector.shuffle %${dst}_r${2 * k}, %${dst}_r${2 * k + 1} [${ lane_mask([0, 16, 1, 17]) }] : vector<16xf32>, vector<16xf32>
+        %${dst}_a${2 * k + 1} = vector.shuffle %${dst}_r${2 * k}, %${dst}_r${2 * k + 1} [${ lane_mask([2, 18, 3, 19]) }] : vector<16xf32>, vector<16xf32>
+<% endfor %>
+        // Round 2: lane l of %<dst>_b<4a + p> holds element 4 l + p of rows 4a .. 4a + 3.
+<% for a in range(4) %>
+<% for p in range(4) %>
+        %${dst}_b${4 * a + p} = vector.shuffle %${dst}_a${4 * a + p // 2}, %${dst}_a${4 * a + 2 + p // 2} [${ lane_mask([0, 1, 16, 17] if p % 2 == 0 else [2, 3, 18, 19]) }] : vector<16xf32>, vector<16xf32>
+<% endfor %>
+<% endfor %>
+        // Rounds 3 and 4: row 4 l + p of the result is lane l of %<dst>_b<p>, <4 + p>, <8 + p>, <12 + p>.
+<% for p in range(4) %>
+<% for h in range(2) %>
+        %${dst}_x${p}_${h} = vector.shuffle %${dst}_b${p}, %${dst}_b${4 + p} [${ lane_picks([[0, h], [0, h + 2], [1, h], [1, h + 2]]) }] : vector<16xf32>, vector<16xf32>
+        %${dst}_y${p}_${h} = vector.shuffle %${dst}_b${8 + p}, %${dst}_b${12 + p} [${ lane_picks([[0, h], [0, h + 2], [1, h], [1, h + 2]]) }] : vector<16xf32>, vector<16xf32>
+<% endfor %>
+<% for l in range(4) %>
+        %${dst}_c${4 * l + p} = vector.shuffle %${dst}_x${p}_${l % 2}, %${dst}_y${p}_${l % 2} [${ lane_picks([[0, l // 2], [0, l // 2 + 2], [1, l // 2], [1, l // 2 + 2]]) }] : vector<16xf32>, vector<16xf32>
+<% endfor %>
+<% endfor %>
+        %${dst}_0 = ub.poison : vector<16x16xf32>
+<% for i in range(16) %>
+        %${dst}${ "_" ~ (i + 1) if not loop.last else "" } = vector.insert %${dst}_c${i}, %${dst}_${i}[${i}] : vector<16xf32> into vector<16x16xf32>
+<% endfor %>
+<% else %>
+        %${dst} = vector.transpose %${src}, [1, 0] : vector<${rows}x${cols}xf32> to vector<${cols}x${rows}xf32>
+<% endif %>
+<%- endmacro %>
+
+<# The mask of a shuffle of two 16-element vectors that takes, in each 128-bit lane l, elements 4 l + o for the
+   four `offsets` o (o + 16: of the second vector). #>
+<% macro lane_mask(offsets) %><% for l in range(4) %><% set last_lane = loop.last %><% for o in offsets %>${ 4 * l + o }${ "" if last_lane and loop.last else ", " }<% endfor %><% endfor %><% endmacro %>
+
+<# The mask of a shuffle of two 16-element vectors whose 128-bit lanes are `picks`: [v, l] is lane l of vector v
+   (0: the first, 1: the second). #>
+<% macro lane_picks(picks) %><% for v, l in picks %><% set last_pick = loop.last %><% for e in range(4) %>${ 16 * v + 4 * l + e }${ "" if last_pick and loop.last else ", " }<% endfor %><% endfor %><% endmacro %>
 
 <# %offset, %pos (row m's position) and %last_visible (the last block it may see), from %n and %m_rows. #>
 <% macro position() %>
