@@ -42,7 +42,7 @@ def wide_subgroups(spec: KernelSpec) -> tuple[int, int]:
 
 def lanes(stage: str, spec: KernelSpec, subgroup_size: int, recipe) -> int:
     """Lanes of one workgroup of `stage`'s kernel: the selection kernels' one subgroup per 16 keys of a block;
-    the dense forward's one per 16 rows."""
+    the dense forward's one per 16 rows; the wide forward's one per (16 heads, key split)."""
     if stage in DENSE_STAGES:
         return dense_subgroups(recipe) * subgroup_size
     if stage in WIDE_STAGES:

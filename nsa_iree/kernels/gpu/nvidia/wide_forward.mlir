@@ -1,6 +1,7 @@
-// Forward for wide groups (more query heads per kv head than one 16-row tile: HPG = 32, 64; kernels.WIDE) as a
-// hand-written matrix-unit kernel: one workgroup per (query row m, kv group g, batch b), one pass over the row's
-// selected blocks with an online softmax, each selected block's K and V staged once for all the group's heads.
+// Forward for wide groups (more query heads per kv head than one 16-row tile: HPG a multiple of 16 up to 128;
+// kernels.WIDE) as a hand-written matrix-unit kernel: one workgroup per (query row m, kv group g, batch b), one
+// pass over the row's selected blocks with an online softmax, each selected block's K and V staged once for all
+// the group's heads.
 //
 // The workgroup's WIDE_TILES x WIDE_SPLITS subgroups: subgroup w owns heads [16 u, 16 u + 16) of the group
 // (head tile u = w mod WIDE_TILES, one per 16 heads) and, of each staged block, the 16-key steps s, s + WIDE_SPLITS,
