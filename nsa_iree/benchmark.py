@@ -64,7 +64,7 @@ CONFIGS = {
     "hpg2": dict(heads=8, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     "hpg1": dict(heads=4, kv_heads=4, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     # More heads per group than the tile's 16 rows (fla's own tests' 32 heads over 1 or 2 kv heads; MQA-style 64):
-    # the kernels run them as 2 or 4 groups of 16 (kernels.group_split).
+    # the forward runs them on the wide kernel (kernels.WIDE), the backward as 2 or 4 groups of 16 (group_split).
     "hpg32": dict(heads=64, kv_heads=2, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     "hpg64": dict(heads=64, kv_heads=1, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     # fla's default NativeSparseAttention layer layout.

@@ -228,16 +228,17 @@ def test_a_layout_past_the_hand_written_kernels_warns_once_with_the_limit_and_th
 
 
 def test_nsa_iree_compile_builds_the_modules_the_operators_load(tmp_path, capsys):
-    """32 query heads per kv head on cuda run as two groups of 16 (kernels.loaded_spec): `nsa-iree compile` builds
-    those modules (the backward's with float32 dk/dv), which a machine without the compiler then loads."""
+    """32 query heads per kv head on cuda: the forward on the wide kernel (kernels.WIDE), the backward as two groups of
+    16 (kernels.loaded_spec): `nsa-iree compile` builds those modules (the backward's with float32 dk/dv), which a
+    machine without the compiler then loads."""
     from nsa_iree import cli
 
     layout = ["--target", "cuda", "--heads", "32", "--kv-heads", "1", "--head-dim", "64", "--value-dim", "64",
               "--block-size", "64", "--num-blocks", "4", "--dtype", "bf16"]
     assert cli.main(["compile", *layout, "-o", str(tmp_path)]) == 0
     names = sorted(path.name.rsplit("_", 1)[0] for path in tmp_path.glob("*.vmfb"))
-    assert names == ["forward_h32g2_d64dv64_bs64t4_bf16_cuda", "two-pass_h32g2_d64dv64_bs64t4_bf16_dkdvf32_cuda"]
-    assert capsys.readouterr().out.count("each kv head's query heads as 2 groups") == 2
+    assert names == ["forward_h32g1_d64dv64_bs64t4_bf16_cuda", "two-pass_h32g2_d64dv64_bs64t4_bf16_dkdvf32_cuda"]
+    assert capsys.readouterr().out.count("each kv head's query heads as 2 groups") == 1
 
 
 def test_compile_lines_go_to_stderr_until_the_application_configures_logging():
