@@ -149,8 +149,8 @@ GROUP_SPLIT = [
     ("cuda_hpg16", ANCHORS_CUDA, (1, 1, 1)),
     ("cuda_hpg32", ANCHORS_CUDA.replace(kv_heads=2), (1, 2, 2)),                      # the wide forward
     ("cuda_hpg64", ANCHORS_CUDA.replace(kv_heads=1), (1, 4, 4)),
-    ("cuda_hpg128", ANCHORS_CUDA.replace(heads=128, kv_heads=1), (1, 8, 8)),
-    ("cuda_hpg256", ANCHORS_CUDA.replace(heads=256, kv_heads=1), (2, 16, 16)),        # past the wide forward's 128
+    ("cuda_hpg128", ANCHORS_CUDA.replace(heads=128, kv_heads=1), (2, 8, 8)),          # past the wide forward's 64
+    ("cuda_hpg256", ANCHORS_CUDA.replace(heads=256, kv_heads=1), (4, 16, 16)),
     ("cuda_hpg24", ANCHORS_CUDA.replace(heads=48, kv_heads=2), (2, 2, 2)),           # two groups of 12 (no wide form)
     ("cuda_hpg64_f32", ANCHORS_CUDA.replace(kv_heads=1, dtype="f32"), (1, 1, 1)),        # no kernel takes f32
     ("cuda_compressed_hpg64", COMPRESSED_CUDA.replace(kv_heads=1), (1, 4, 4)),         # the dense forward: any HPG
@@ -180,6 +180,9 @@ WIDE_CHOICE = [
     ("cuda_hpg48_d64", ANCHORS_CUDA.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64),
      ("wide_forward", "linalg", "linalg")),
     ("cuda_hpg64", ANCHORS_CUDA.replace(kv_heads=1), ("wide_forward", "linalg", "linalg")),
+    ("cuda_hpg128", ANCHORS_CUDA.replace(heads=128, kv_heads=1), (None, "linalg", "linalg")),   # past 4 head tiles
+    ("cuda_hpg64_window", ANCHORS_CUDA.replace(kv_heads=1, num_blocks=9, window=512), ("dense_forward", "nvidia",
+                                                                                         "linalg")),
     ("cuda_hpg24", ANCHORS_CUDA.replace(heads=48, kv_heads=2), (None, "linalg", "linalg")),      # not a multiple of 16
     ("cuda_hpg64_compressed", COMPRESSED_CUDA.replace(kv_heads=1), ("dense_forward", "nvidia", "linalg")),
     ("cuda_hpg64_linalg", ANCHORS_CUDA.replace(kv_heads=1, kernels="linalg"), (None, "linalg", "linalg")),
@@ -194,6 +197,20 @@ def test_wide_kernel_choice(case, spec, expected):
     forward = choose("forward", spec, recipe)
     assert (forward.template, choose("dq", spec, recipe).family, choose("dkdv", spec, recipe).family) == expected
     assert forward.family != "linalg" or expected[0] is None
+
+
+# The wide forward's subgroups: (head tiles, key splits), four subgroups where the tiles and the block's 16-key
+# steps allow.
+WIDE_SUBGROUPS = [("hpg32_bs64", 64, 2, 64, (2, 2)), ("hpg64_bs64", 64, 1, 64, (4, 1)),
+                  ("hpg48_bs32", 48, 1, 32, (3, 1)), ("hpg32_bs16", 32, 1, 16, (2, 1)),
+                  ("hpg32_bs128", 32, 1, 128, (2, 2))]
+
+
+@pytest.mark.parametrize("case,heads,kv_heads,block_size,expected", WIDE_SUBGROUPS, ids=[c[0] for c in WIDE_SUBGROUPS])
+def test_wide_subgroups(case, heads, kv_heads, block_size, expected):
+    from nsa_iree.kernels.gpu.nvidia import wide_subgroups
+
+    assert wide_subgroups(ANCHORS_CUDA.replace(heads=heads, kv_heads=kv_heads, block_size=block_size)) == expected
 
 
 def test_compressed_cuda_modules_take_the_dense_templates():

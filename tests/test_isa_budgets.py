@@ -146,6 +146,8 @@ def test_portable_select_reads_workgroup_memory_16_bytes_at_a_time(case, spec):
 OCCUPANCY = [
     ("anchors_h64g4_d128", ANCHORS.replace(target="cuda"), {FORWARD: 3, DQ: 3, DKDV: 1}),
     ("paper_h64g4_d192", ANCHORS.replace(target="cuda", head_dim=192), {FORWARD: 2, DQ: 2, DKDV: 1}),
+    ("wide_hpg32_h64g2_d128", ANCHORS.replace(target="cuda", kv_heads=2), {WIDE_FORWARD: 3}),
+    ("wide_hpg64_h64g1_d128", ANCHORS.replace(target="cuda", kv_heads=1), {WIDE_FORWARD: 3}),
 ]
 
 

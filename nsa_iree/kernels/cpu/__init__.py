@@ -69,7 +69,9 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
             # dq's sum over keys: CPU_DQ_HEADS heads times CPU_DQ_COLS elements of d (up to 4 x 64 floats).
             "CPU_DQ_HEADS": str(_largest_divisor(spec.heads_per_group, 4)),
             "CPU_DQ_COLS": str(_largest_divisor(spec.head_dim, 64)),
-            # dq's rows written with streaming stores: each head's row (D elements) whole 64-byte lines.
+            # dq's rows written with streaming stores: each head's row (D elements) whole 64-byte lines. The aligned
+            # non-temporal stores need dq 64-byte aligned: IREE aligns bindings to 64 bytes, and the runtime copies
+            # a tensor whose data is not (runtime.importable).
             "CPU_DQ_STREAM": "true" if spec.head_dim * _BYTES[spec.dtype] % 64 == 0 else "false",
             "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES)}
 

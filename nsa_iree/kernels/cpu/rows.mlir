@@ -59,10 +59,10 @@ ${ constants() }
 <% endmacro %>
 
 <# %`dst` (vector<`cols` x `rows` x f32>) = %`src` (vector<`rows` x `cols` x f32>) transposed. A 16 x 16 tile (a
-   512-bit register a row) goes through four rounds of 16 shuffles of two rows each, which LLVM emits as one
-   instruction each (interleave single elements, then pairs, then exchange 128-bit lanes twice): IREE lowers a
-   vector.transpose to one shuffle of all 256 elements, emitted as many permutes per row. Other shapes:
-   vector.transpose. #>
+   512-bit register a row) goes through four rounds of 16 shuffles of two rows each (interleave single elements, then
+   pairs, then exchange 128-bit lanes twice), which LLVM emits as one instruction each on AVX-512 (on AVX2 each row
+   is two 256-bit halves: more instructions, the same result): IREE lowers a vector.transpose to one shuffle of all
+   256 elements, emitted as many permutes per row. Other shapes: vector.transpose. #>
 <% macro transpose_tile(src, dst, rows, cols) %>
 <% if (rows | int) == 16 and (cols | int) == 16 %>
 <% for i in range(16) %>

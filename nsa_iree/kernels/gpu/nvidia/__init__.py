@@ -20,8 +20,10 @@ INSTRUCTIONS = {"forward": ("ex2", "pack_pair", "vote_any"), "dq": ("ex2", "pack
 # The kernels whose subgroups each take 16 rows (the dense forward and dq: any group's rows; select_blocks: one
 # query row's 16 heads), DENSE_SUBGROUPS to a workgroup.
 DENSE_STAGES = ("dense_forward", "dense_dq", "select_blocks")
-# The kernels of wide groups (more heads per group than one 16-row tile: kernels.WIDE), one subgroup per 16 heads.
+# The kernels of wide groups (more heads per group than one 16-row tile: kernels.WIDE), one subgroup per 16 heads,
+# up to WIDE_MAX_TILES subgroups (the layouts checked on the H200; more heads go as groups of them: group_split).
 WIDE_STAGES = ("wide_forward",)
+WIDE_MAX_TILES = 4
 STAGES = tuple(INSTRUCTIONS)
 
 
@@ -83,8 +85,8 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     if stage in WIDE_STAGES:
         if spec.heads_per_group <= HEAD_ROWS or spec.heads_per_group % HEAD_ROWS:
             why.append(f"{stage}.mlir takes a multiple of {HEAD_ROWS} heads per group above {HEAD_ROWS}")
-        elif spec.heads_per_group // HEAD_ROWS > 8:
-            why.append(f"more than {8 * HEAD_ROWS} heads per group (a subgroup per {HEAD_ROWS})")
+        elif spec.heads_per_group // HEAD_ROWS > WIDE_MAX_TILES:
+            why.append(f"more than {WIDE_MAX_TILES * HEAD_ROWS} heads per group (a subgroup per {HEAD_ROWS})")
         if spec.key_stride > 1 or spec.window:
             why.append(f"{stage}.mlir serves the selection (block lists), not dense attention")
     if spec.head_dim % 16 or spec.value_dim % 16:
@@ -98,6 +100,12 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     return why
 
 
+def parts_bytes(parts: int, rows: int, dv: int) -> dict[str, int]:
+    """Offsets of a forward's combine inputs after its loop (gpu/forward_combine.mlir): o [parts, rows, Dv] f32,
+    then max and sum [parts, rows] f32; "end" is their size."""
+    return {"max": parts * rows * dv * 4, "sum": parts * rows * (dv + 1) * 4, "end": parts * rows * (dv + 2) * 4}
+
+
 def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
     """Bytes of workgroup memory the kernel of `stage` allocates for spec (16-bit elements)."""
     d, dv, bs = spec.head_dim + PAD, spec.value_dim + PAD, spec.block_size
@@ -108,13 +116,14 @@ def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
     if stage in WIDE_STAGES:         # the forward's K/V pipeline, then (key splits) the splits' partial o and stats
         kv_bytes = int(recipe.kernel_settings.get("dq_stages", 2)) * bs * (spec.head_dim + spec.value_dim) * 2
         splits = wide_subgroups(spec)[1]
-        return kv_bytes if splits == 1 else max(kv_bytes, splits * spec.heads_per_group * (spec.value_dim + 2) * 4)
+        parts = parts_bytes(splits, spec.heads_per_group, spec.value_dim)["end"]
+        return kv_bytes if splits == 1 else max(kv_bytes, parts)
     if stage in ("dq", "forward"):
         stages = int(recipe.kernel_settings.get("dq_stages", 2))
         kv_bytes = stages * bs * (spec.head_dim + spec.value_dim) * 2      # swizzled, unpadded rows
         if stage == "forward":
             subgroups = bs // KEYS_PER_SUBGROUP
-            return max(kv_bytes, subgroups * HEAD_ROWS * (spec.value_dim + 2) * 4)
+            return max(kv_bytes, parts_bytes(subgroups, HEAD_ROWS, spec.value_dim)["end"])
         return kv_bytes + HEAD_ROWS * dv * 2
     stages = int(recipe.kernel_settings.get("dkdv_stages", 2))
     rows = stages * HEAD_ROWS * (spec.head_dim + spec.value_dim) * 2            # swizzled q and do rows
@@ -162,8 +171,8 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "DQ_K_BYTES": dq_k_bytes, "DQ_KV_BYTES": dq_k_bytes + dq_v_bytes,
         "DQ_SMEM_BYTES": workgroup_memory("dq", spec, recipe),       # (the size the kernel choice checks)
         # The forward kernel: after its loop the K/V bytes hold each subgroup's o [16, Dv], max and sum.
-        "FWD_O_PARTS_BYTES": subgroups * HEAD_ROWS * dv * 4,
-        "FWD_O_PARTS_STATS_BYTES": subgroups * HEAD_ROWS * (dv + 1) * 4,
+        "FWD_O_PARTS_BYTES": parts_bytes(subgroups, HEAD_ROWS, dv)["max"],
+        "FWD_O_PARTS_STATS_BYTES": parts_bytes(subgroups, HEAD_ROWS, dv)["sum"],
         "FWD_SMEM_BYTES": workgroup_memory("forward", spec, recipe),
         "FWD_O_ITEMS": spec.heads_per_group * dv,
         # Cache hint of the 16-byte asynchronous copies ("bypassL1": cp.async.cg, L2 only; "": cp.async.ca).
@@ -214,8 +223,8 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
     values.update({
         "WIDE_LANES": wide_lanes, "WIDE_SMEM_BYTES": workgroup_memory("wide_forward", spec, recipe),
         "WIDE_TILES": wide_tiles, "WIDE_SPLITS": wide_splits,
-        "WIDE_O_PARTS_BYTES": wide_splits * spec.heads_per_group * dv * 4,
-        "WIDE_O_PARTS_STATS_BYTES": wide_splits * spec.heads_per_group * (dv + 1) * 4,
+        "WIDE_O_PARTS_BYTES": parts_bytes(wide_splits, spec.heads_per_group, dv)["max"],
+        "WIDE_O_PARTS_STATS_BYTES": parts_bytes(wide_splits, spec.heads_per_group, dv)["sum"],
         "WIDE_K_STAGE_PER_LANE": -(-values["K_STAGE_ITEMS"] // wide_lanes),
         "WIDE_V_STAGE_PER_LANE": -(-values["V_STAGE_ITEMS"] // wide_lanes),
     })

@@ -1,5 +1,5 @@
-// Forward for wide groups (more query heads per kv head than one 16-row tile: HPG a multiple of 16 up to 128;
-// kernels.WIDE) as a hand-written matrix-unit kernel: one workgroup per (query row m, kv group g, batch b), one
+// Forward for wide groups (more query heads per kv head than one 16-row tile: HPG a multiple of 16 up to 64,
+// kernels.gpu.nvidia.WIDE_MAX_TILES tiles; kernels.WIDE) as a hand-written matrix-unit kernel: one workgroup per (query row m, kv group g, batch b), one
 // pass over the row's selected blocks with an online softmax, each selected block's K and V staged once for all
 // the group's heads.
 //
@@ -77,6 +77,7 @@ ${ nv.lane_ids() }
 <% for i, lane_row in [("0", "%r"), ("1", "%r8")] %>
       %head_in_group_${i} = arith.addi %subgroup_heads, ${lane_row} : index
       %head_${i} = arith.addi %h0, %head_in_group_${i} : index
+      // (always true: HPG is a multiple of 16; the q loads and the stores test it as the other kernels do)
       %head_valid_${i} = arith.cmpi ult, %head_in_group_${i}, %heads_per_group : index
 <% endfor %>
 
