@@ -105,7 +105,8 @@ def _problem(cfg, batch, m_rows, n, selection, bad, seed):
     idx = pick(batch, m_rows, n, g, cfg["num_blocks"], cfg["block_size"], generator=gen, device="cuda")
     if bad:
         nb = -(-n // cfg["block_size"])
-        idx[:, :, :, -1] = -1
+        if cfg["num_blocks"] > 2:       # (with two slots, one stays a selected block: the rows are not all empty)
+            idx[:, :, :, -1] = -1
         idx[:, ::3, :, 0] = nb + 5
         idx[:, 1::3, :, 0] = -(2**31)
         idx[:, 2::3, :, 0] = nb - 1
