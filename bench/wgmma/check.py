@@ -1,4 +1,5 @@
-"""Run one of bench/wgmma's modules on an NVIDIA GPU with sm_90a (H100, H200) and compare c = scale a b^T with torch.
+"""Run a wgmma probe (bench/wgmma/probe.mlir, or a variant of it: bench/wgmma/run_h200.sh) on an NVIDIA GPU with
+sm_90a (H100, H200) and compare c = scale a b^T with torch.
 
     python3 -m bench.wgmma.check probe.vmfb                      # a, b [64, 16] bf16 -> c [64, 64] f32
     python3 -m bench.wgmma.check loop.vmfb --scale 4

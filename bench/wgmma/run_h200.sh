@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# bench/wgmma's modules on the H200 (through the device tool, carry .whl .dev/wgmma): each run against torch by
-# bench/wgmma/check.py. Compile them first where iree-compile is:
-#   mkdir -p .dev/wgmma && for f in probe loop bulk registers_a; do
-#     iree-compile bench/wgmma/$f.mlir --iree-opt-level=O2 -o .dev/wgmma/$f.vmfb; done
+# wgmma probes on the H200 (through the device tool, carry .whl .dev/wgmma), each against torch by bench/wgmma/check.py:
+# bench/wgmma/probe.mlir, and the scratch variants of it a helper wrote (.dev/wgmma: the accumulator through scf.for,
+# operands by cp.async.bulk with an mbarrier, A from registers at m64n128k16), outside the package until a kernel
+# takes them up. Compile them first where iree-compile is:
+#   iree-compile bench/wgmma/probe.mlir --iree-opt-level=O2 -o .dev/wgmma/probe.vmfb
+#   for f in loop bulk registers_a; do iree-compile .dev/wgmma/$f.mlir --iree-opt-level=O2 -o .dev/wgmma/$f.vmfb; done
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/iree_base_runtime*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

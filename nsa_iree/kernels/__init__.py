@@ -67,16 +67,12 @@ def choose(stage: str, spec, recipe) -> Choice:
     linalg template (select_blocks) gets the recipe's family or raises NotImplementedError naming the target.
     Reads nothing but its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made,
     nsa_iree.api.describe)."""
-    dense = DENSE.get(stage) if (spec.key_stride > 1 or spec.window) and spec.kernels != "linalg" else None
-    if dense and recipe.kernel_settings.get(dense) in FAMILIES:
-        family = recipe.kernel_settings[dense]
-        if not FAMILIES[family].limits(dense, spec, recipe):
-            return Choice(family, family, template=dense)
-    wide = WIDE.get(stage) if spec.heads_per_group > HEAD_ROWS and spec.kernels != "linalg" else None
-    if wide and recipe.kernel_settings.get(wide) in FAMILIES:
-        family = recipe.kernel_settings[wide]
-        if not FAMILIES[family].limits(wide, spec, recipe):
-            return Choice(family, family, template=wide)
+    # the stage's other forms, in order: dense (compressed attention, the window), then wide (more heads than a tile)
+    for forms, applies in ((DENSE, spec.key_stride > 1 or spec.window), (WIDE, spec.heads_per_group > HEAD_ROWS)):
+        form = forms.get(stage) if applies and spec.kernels != "linalg" else None
+        family = recipe.kernel_settings.get(form) if form else None
+        if family in FAMILIES and not FAMILIES[family].limits(form, spec, recipe):
+            return Choice(family, family, template=form)
     wanted = recipe.kernel_settings.get(stage)
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.
