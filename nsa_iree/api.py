@@ -165,6 +165,15 @@ def loaded_spec(spec: KernelSpec, variant: str) -> tuple[KernelSpec, int]:
     return loaded(spec, variant, load_recipe(spec.target))
 
 
+@functools.lru_cache(maxsize=None)
+def dense_backward(spec: KernelSpec) -> bool:
+    """kernels.dense_backward on spec's target's recipe (once per spec)."""
+    from .kernels import dense_backward as dense
+    from .recipes import load_recipe
+
+    return dense(spec, load_recipe(spec.target))
+
+
 def _repeat_groups(x: Tensor, split: int) -> Tensor:
     """x [B, N, G, ...] as [B, N, G * split, ...]: each kv head's slice repeated for its `split` groups of query
     heads (group g * split + i reads kv head g)."""
@@ -228,6 +237,17 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         spec = spec.replace(dkdv_dtype="f32")          # dk and dv left unrounded (nsa_iree.distributed)
     module = kernels(spec, variant, q.device)
     (delta,) = module.call("selection_attention_delta", o, do)
+    if variant == "two-pass" and dense_backward(spec):
+        # One dispatch writes all three, needed or not (the compressed attention on the CPU: kernels.dense_backward).
+        module.call("selection_attention_backward", q, k, v, idx, lse, delta, do, scale,
+                    dq if dq is not None else _empty(q.shape, q), dk if dk is not None else _empty(k.shape, k),
+                    dv if dv is not None else _empty(v.shape, v), wait_for_torch=False)
+        if dk is None:
+            return dq, dk, dv
+        dk, dv = _sum_groups(dk_out, dk, split), _sum_groups(dv_out, dv, split)
+        if after_dkdv is not None:
+            after_dkdv()
+        return dq, dk, dv
     if variant == "two-pass":
         if dk is not None:
             entries, piece_start, piece_count = module.call("invert_block_indices", idx, n, wait_for_torch=False)
@@ -329,9 +349,15 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, o, lse, block_indices, cu_seqlens)
     ctx.block_size, ctx.scale, ctx.variant = block_size, scale, variant
     ctx.mark_non_differentiable(lse)
+    # lse is not differentiable: autograd would make it a zeros gradient every backward, a parallel torch op after
+    # which torch's threads spin on the cores the next kernel needs (docs/runtime.md, 'CPU threads'). do is None
+    # where o has no gradient either.
+    ctx.set_materialize_grads(False)
 
 
 def _fwd_backward(ctx, do, _dlse):
+    if do is None:
+        return (None,) * 8
     q, k, v, o, lse, block_indices, cu_seqlens = ctx.saved_tensors
     need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
     dq, dk, dv = _SelectionAttentionBackward.apply(

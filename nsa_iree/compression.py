@@ -239,9 +239,12 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k_cmp, v_cmp, *output, cu_seqlens)
     ctx.block_size, ctx.scale, ctx.seq_len = block_size, scale, seq_len
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)     # no zeros made for lse (api.py: _fwd_setup_context)
 
 
 def _fwd_backward(ctx, do, _dlse):
+    if do is None:
+        return (None,) * 7
     q, k_cmp, v_cmp, o, lse, cu_seqlens = ctx.saved_tensors
     dq, dk, dv = torch.ops.nsa_iree.compressed_attention_bwd(do, q, k_cmp, v_cmp, o, lse, ctx.block_size, ctx.scale,
                                                              ctx.seq_len, cu_seqlens)

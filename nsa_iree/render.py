@@ -20,7 +20,7 @@ import threading
 import jinja2
 import jinja2.meta
 
-from .kernels import template_for
+from .kernels import covered, template_for
 from .kernels.family import Family
 from .recipes import PIPELINES_DIR, Recipe, load_recipe
 from .spec import KernelSpec
@@ -205,7 +205,8 @@ def render_template(name: str, spec: KernelSpec, recipe: Recipe | None = None, f
 def module_templates(spec: KernelSpec, variant: str, recipe: Recipe | None = None) -> list[tuple[str, Family]]:
     """The templates of (spec, variant)'s module, in order, each with the family that renders it."""
     recipe = recipe or _package_recipe(spec.target)
-    chosen = [template_for(stage, spec, recipe) for stage in STAGES[variant]]
+    skipped = covered(STAGES[variant], spec, recipe)
+    chosen = [template_for(stage, spec, recipe) for stage in STAGES[variant] if stage not in skipped]
     helpers = []
     for _, family in chosen:
         helpers += [(family.template(helper), family) for helper in family.helpers

@@ -96,9 +96,12 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, *output, cu_seqlens)
     ctx.window_size, ctx.scale = window_size, scale
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)     # no zeros made for lse (api.py: _fwd_setup_context)
 
 
 def _fwd_backward(ctx, do, _dlse):
+    if do is None:
+        return (None,) * 6
     q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
     dq, dk, dv = torch.ops.nsa_iree.sliding_window_bwd(do, q, k, v, o, lse, ctx.window_size, ctx.scale, cu_seqlens)
     return dq, dk, dv, None, None, None

@@ -26,6 +26,7 @@ SHAPES = {
     "one_head_per_group": (1, 129, None, 4, 4, 32, 32, 16),
     "three_heads_per_group": (1, 97, None, 6, 2, 16, 32, 8),
     "sixty_four_heads_per_group": (1, 70, None, 64, 1, 16, 16, 16),
+    "sixty_four_heads_per_group_d128": (1, 90, None, 64, 1, 128, 128, 16),     # the CPU's as 2 groups of 32
     "more_keys_than_a_tile": (1, 300, None, 4, 1, 16, 16, 4),
 }
 

@@ -13,7 +13,7 @@ import pytest
 
 from nsa_iree.fragments import LAYOUTS, Unit, covers_tile, element_position, evaluate_map
 from nsa_iree.recipes import load_recipe
-from nsa_iree.kernels import choose, group_split
+from nsa_iree.kernels import choose, dense_backward, group_split
 from nsa_iree.render import module_templates, render_module
 from nsa_iree.spec import KernelSpec
 
@@ -141,6 +141,37 @@ def test_dense_kernel_choice(case, spec, forward, dq):
     recipe = load_recipe(spec.target)
     chosen = [choose(stage, spec, recipe) for stage in ("forward", "dq")]
     assert [(c.family, c.template) for c in chosen] == [forward, dq]
+
+
+# The dk/dv stage's dense form: on the CPU the whole backward of the compressed attention (dense_backward: dq with
+# dk and dv, one dispatch); no GPU recipe names one. (the family, the template, whether the backward is the one
+# call: kernels.dense_backward)
+COMPRESSED_CPU = ANCHORS_CUDA.replace(target="cpu", dtype="f32", key_stride=64)
+DENSE_BACKWARD_CHOICE = [
+    ("cpu_compressed", COMPRESSED_CPU, ("cpu", "dense_backward", True)),
+    ("cpu_compressed_bf16_hpg1", COMPRESSED_CPU.replace(heads=4, dtype="bf16"), ("cpu", "dense_backward", True)),
+    ("cpu_compressed_hpg64_d128", COMPRESSED_CPU.replace(kv_heads=1), ("cpu", None, False)),     # stack tiles
+    ("cpu_window", COMPRESSED_CPU.replace(key_stride=1, num_blocks=9, window=512), ("cpu", None, False)),
+    ("cpu_selection", COMPRESSED_CPU.replace(key_stride=1), ("cpu", None, False)),
+    ("cpu_linalg", COMPRESSED_CPU.replace(kernels="linalg"), ("linalg", None, False)),
+    ("cuda_compressed", COMPRESSED_CUDA, ("nvidia", None, False)),
+    ("gfx950_compressed", COMPRESSED_CUDA.replace(target="gfx950"), ("portable", None, False)),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", DENSE_BACKWARD_CHOICE, ids=[c[0] for c in DENSE_BACKWARD_CHOICE])
+def test_dense_backward_choice(case, spec, expected):
+    recipe = load_recipe(spec.target)
+    chosen = choose("dkdv", spec, recipe)
+    assert (chosen.family, chosen.template, dense_backward(spec, recipe)) == expected
+
+
+def test_the_dense_backward_module_renders_neither_dq_nor_the_inversion():
+    """Its dispatch writes dq and each item's dk/dv partials: the module has no dq pass and no block lists to
+    invert; the partials are summed by the piece sums."""
+    names = [name for name, _ in module_templates(COMPRESSED_CPU, "two-pass")]
+    assert "cpu/dense_backward.mlir" in names and "common/piece_sums.mlir" in names
+    assert not {"cpu/dq.mlir", "cpu/dkdv.mlir", "common/inversion.mlir"} & set(names)
 
 
 # kernels.group_split: the groups of query heads a kv head's run as, per variant's stages (forward; dq and dk/dv;

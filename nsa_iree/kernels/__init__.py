@@ -50,7 +50,13 @@ class Choice:
 # their position, and the sliding window (KernelSpec.window), whose rows see a band of keys, run the forward and dq
 # as dense attention (query tiles against key tiles, no block lists) where the recipe names a family for the dense
 # stage and it serves spec; the stage's own kernel otherwise.
-DENSE = {"forward": "dense_forward", "dq": "dense_dq"}
+# On the CPU the dk/dv stage's dense form is the whole backward (dense_backward: dq written beside dk and dv, from
+# one making of each row's scores; COVERS).
+DENSE = {"forward": "dense_forward", "dq": "dense_dq", "dkdv": "dense_backward"}
+
+# Forms that compute other stages' results as well: a module rendering one renders neither of those stages, and
+# the backward is one call of its function (nsa_iree.api.backward_into: dense_backward).
+COVERS = {"dense_backward": ("dq", "inversion")}
 
 
 # Stages with a form for wide groups: more query heads per kv head than the hand-written kernels' 16-row tiles,
@@ -126,6 +132,18 @@ def loaded_spec(spec, variant: str, recipe):
     if variant != "forward" and spec.dtype != "f32":
         run = run.replace(dkdv_dtype="f32")
     return run, split
+
+
+def covered(stages: tuple[str, ...], spec, recipe) -> frozenset[str]:
+    """The stages of `stages` whose results another's chosen form computes (COVERS): not rendered."""
+    return frozenset(other for stage in stages if stage not in COMMON.stages
+                     for other in COVERS.get(choose(stage, spec, recipe).template, ()))
+
+
+def dense_backward(spec, recipe) -> bool:
+    """Whether the two-pass backward of spec is one call of the dense backward (choose()'s form of its dk/dv stage):
+    selection_attention_backward(q, k, v, block_indices, lse, delta, do, scale) -> dq, dk, dv."""
+    return choose("dkdv", spec, recipe).template == "dense_backward"
 
 
 def template_for(stage: str, spec, recipe) -> tuple[str, Family]:

@@ -32,8 +32,10 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
     -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
 <% endmacro %>
 
-<% macro onepass_signature() %>
-func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+<# The one-pass backward's signature (dq, dk and dv from one call), also that of the CPU's dense backward
+   (`name` selection_attention_backward: cpu/dense_backward.mlir). #>
+<% macro onepass_signature(name="selection_attention_onepass") %>
+func.func @${name}(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},

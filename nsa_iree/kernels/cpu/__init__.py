@@ -14,6 +14,9 @@ CPU_VECTOR_REGISTERS = 16   # accumulator registers of one register block (of th
 # a lock is held for one row's dk/dv products of one block (microseconds), so this many failed attempts mean
 # a descheduled holder.
 CPU_LOCK_TRIES = 20000
+# Work items of the dense backward (dense_backward.mlir), each with an f32 dk/dv partial of every key block: enough
+# for the workers of a large CPU to share a (batch, kv head), few enough that the partials stay small next to q.
+CPU_ITEMS = 64
 _BYTES = {"f32": 4, "bf16": 2, "f16": 2}     # bytes of an element of each KernelSpec.dtype
 
 
@@ -22,7 +25,7 @@ def cpu_stack_bytes(stage: str, spec: KernelSpec) -> int:
     hpg, d, dv, bs = spec.heads_per_group, spec.head_dim, spec.value_dim, spec.block_size
     if stage == "forward":                       # qT, oT, sT (p in place)
         return (d + dv + bs) * hpg * 4
-    if stage == "dq":                            # S (P), dP (DS), dq
+    if stage in ("dq", "dense_backward"):       # S (P), dP (DS), dq
         return (2 * bs + d) * hpg * 4
     if stage == "select_blocks":                 # the scores of one step's candidates, the kept ids
         return 16 * 4 + spec.num_blocks * 4
@@ -37,6 +40,10 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         return [f"no CPU kernel for stage {stage!r}"]
     window = spec.window and stage in ("onepass", "select_blocks")
     why = [f"{stage}.mlir has no sliding-window mask (the linalg stages take it)"] if window else []
+    if stage == "dense_backward" and spec.window:
+        # each work item's partial covers every key block: few for the compressed keys' tiles, items x K and V for
+        # a window's keys
+        why.append("dense_backward.mlir serves the compressed attention (a window's rows read 2 of N / BS blocks)")
     need = cpu_stack_bytes(stage, spec)
     return why + ([f"needs {need} bytes of stack tiles, more than {CPU_STACK_BYTES}"] if need > CPU_STACK_BYTES
                   else [])
@@ -73,12 +80,13 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
             # non-temporal stores need dq 64-byte aligned: IREE aligns bindings to 64 bytes, and the runtime copies
             # a tensor whose data is not (runtime.importable).
             "CPU_DQ_STREAM": "true" if spec.head_dim * _BYTES[spec.dtype] % 64 == 0 else "false",
-            "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES)}
+            "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES),
+            "CPU_ITEMS": str(CPU_ITEMS)}
 
 
 
 
 # Every CPU kernel reads K and V as transposed blocks (blocks.mlir), made once per call.
-FAMILY = Family("cpu", "cpu", stages=("forward", "dq", "dkdv", "onepass", "select_blocks"),
+FAMILY = Family("cpu", "cpu", stages=("forward", "dq", "dkdv", "onepass", "select_blocks", "dense_backward"),
                 limits=limits, values=values,
                 helpers=("blocks",))

@@ -109,13 +109,7 @@ ${ products.add_to_acc(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_DKV, at="piece") }
           }
         }
 
-        // dk's partial times scale (q is unscaled in its products).
-        %scale_k = vector.broadcast %scale : f32 to vector<${D}xf32>
-        scf.for %j = %c0 to %block_size step %c1 {
-          %x = vector.load %acc[%piece, %j, %c0] : memref<?x${BS}x${CPU_DKV}xf32>, vector<${D}xf32>
-          %x_scaled = arith.mulf %x, %scale_k : vector<${D}xf32>
-          vector.store %x_scaled, %acc[%piece, %j, %c0] : memref<?x${BS}x${CPU_DKV}xf32>, vector<${D}xf32>
-        }
+${ products.scale_dk("piece", CPU_DKV) }
       }
       return
     }

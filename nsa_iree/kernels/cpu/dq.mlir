@@ -64,23 +64,7 @@ ${ products.dq_add(first, CPU_DQ_HEADS, CPU_DQ_COLS) }
         }
       }
 
-      // dq = scale * dq_tile, each head's row contiguous.
-      %scale_d = vector.broadcast %scale : f32 to vector<${D}xf32>
-      scf.for %h = %c0 to %heads_per_group step %c1 {
-        %acc = vector.load %dq_tile[%h, %c0] : memref<${HPG}x${D}xf32>, vector<${D}xf32>
-        %out = arith.mulf %acc, %scale_d : vector<${D}xf32>
-        %out_e = ${TRUNCF} %out : vector<${D}xf32> to vector<${D}x${E}>
-        %head = arith.addi %h_first, %h : index
-<% if CPU_DQ_STREAM == "true" %>
-        // A streaming store (whole 64-byte lines, not read into the cache first): without it the stores of one
-        // row's dq, missing the caches, fill the store buffer that the next row's first stores wait on. (In the
-        // generic form: IREE 3.13's vector.store does not take the nontemporal property in its custom syntax.)
-        "vector.store"(%out_e, %dq, %b, %m, %head, %c0) <{nontemporal = true}>
-            : (vector<${D}x${E}>, memref<?x?x${H}x${D}x${E}>, index, index, index, index) -> ()
-<% else %>
-        vector.store %out_e, %dq[%b, %m, %head, %c0] : memref<?x?x${H}x${D}x${E}>, vector<${D}x${E}>
-<% endif %>
-      }
+${ products.dq_out(CPU_DQ_STREAM) }
       return
     }
 <% endcall %>

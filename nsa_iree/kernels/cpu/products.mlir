@@ -119,6 +119,28 @@ ${ scores_from_inputs(srows) }
           }
 <% endmacro %>
 
+<# dq[b, m, heads of group g, :] = scale * %dq_tile [HPG, D], each head's row contiguous, with streaming stores
+   when `stream` is "true" (CPU_DQ_STREAM: each row whole 64-byte lines). Reads %scale, %h_first, %b, %m. #>
+<% macro dq_out(stream) %>
+      // dq = scale * dq_tile, each head's row contiguous.
+      %scale_d = vector.broadcast %scale : f32 to vector<${D}xf32>
+      scf.for %h = %c0 to %heads_per_group step %c1 {
+        %dq_sum = vector.load %dq_tile[%h, %c0] : memref<${HPG}x${D}xf32>, vector<${D}xf32>
+        %out = arith.mulf %dq_sum, %scale_d : vector<${D}xf32>
+        %out_e = ${TRUNCF} %out : vector<${D}xf32> to vector<${D}x${E}>
+        %head = arith.addi %h_first, %h : index
+<% if stream == "true" %>
+        // A streaming store (whole 64-byte lines, not read into the cache first): without it the stores of one
+        // row's dq, missing the caches, fill the store buffer that the next row's first stores wait on. (In the
+        // generic form: IREE 3.13's vector.store does not take the nontemporal property in its custom syntax.)
+        "vector.store"(%out_e, %dq, %b, %m, %head, %c0) <{nontemporal = true}>
+            : (vector<${D}x${E}>, memref<?x?x${H}x${D}x${E}>, index, index, index, index) -> ()
+<% else %>
+        vector.store %out_e, %dq[%b, %m, %head, %c0] : memref<?x?x${H}x${D}x${E}>, vector<${D}x${E}>
+<% endif %>
+      }
+<% endmacro %>
+
 <# In place: %s_tile = P = exp(S - lse) on visible keys (0 elsewhere; times %w_v when `weighted`), %dp_tile =
    DS = P * (dP - delta). #>
 <% macro p_ds(weighted) %>
@@ -190,4 +212,15 @@ ${ head_sum("old", p, krows) }
               }
 <% endcall %>
             }
+<% endmacro %>
+
+<# dk's columns [0, D) of the partial row block %acc[%`piece`] [BS, `dkv`] times scale (q is unscaled in dk's
+   products). #>
+<% macro scale_dk(piece, dkv) %>
+        %scale_k = vector.broadcast %scale : f32 to vector<${D}xf32>
+        scf.for %j = %c0 to %block_size step %c1 {
+          %x = vector.load %acc[%${piece}, %j, %c0] : memref<?x${BS}x${dkv}xf32>, vector<${D}xf32>
+          %x_scaled = arith.mulf %x, %scale_k : vector<${D}xf32>
+          vector.store %x_scaled, %acc[%${piece}, %j, %c0] : memref<?x${BS}x${dkv}xf32>, vector<${D}xf32>
+        }
 <% endmacro %>
