@@ -47,7 +47,10 @@ def main(argv=None) -> bool:
     b = torch.randn(args.n, 16, generator=gen, device="cuda").to(torch.bfloat16)
     a_in = core_matrix_layout(a) if args.laid_out and args.n == 64 else a
     b_in = core_matrix_layout(b) if args.laid_out else b
-    c = device_for(torch.device("cuda")).module(vmfb).call(args.function, a_in, b_in)[0].float()
+    device = device_for(torch.device("cuda"))
+    result = device.module(vmfb).call(args.function, a_in, b_in)[0]     # an IREE buffer (IREE allocated it)
+    c = device.copy_to_host(result).float().to(a.device)
+    del result
     torch.cuda.synchronize()
     ref = args.scale * (a.float() @ b.float().T)
     row = {"vmfb": vmfb.name, "shape": list(c.shape)}
