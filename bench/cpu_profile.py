@@ -91,10 +91,11 @@ def _compression_inputs(cfg, seq, where: Path):
     module = api.kernels(spec, "two-pass", q.device)
     host = module.device.copy_to_host
     (delta,) = map(host, module.call("selection_attention_delta", o, do))
-    entries, piece_start, piece_count = map(host, module.call("invert_block_indices", idx, k_cmp.shape[1]))
     counts = compression._block_counts((seq,), (seq,), bs)
-    arrays = dict(q=q, k=k_cmp, v=v_cmp, do=do, o=o, idx=idx, lse=lse, delta=delta, entries=entries,
-                  piece_start=piece_start, piece_count=piece_count, x=k, counts=counts, dy=k_cmp)
+    arrays = dict(q=q, k=k_cmp, v=v_cmp, do=do, o=o, idx=idx, lse=lse, delta=delta, x=k, counts=counts, dy=k_cmp)
+    if not api.dense_backward(spec):        # the two-pass's dk/dv pass reads the inverted lists
+        arrays["entries"], arrays["piece_start"], arrays["piece_count"] = map(
+            host, module.call("invert_block_indices", idx, k_cmp.shape[1]))
     files = {}
     for name, t in arrays.items():
         files[name] = where / f"{name}.npy"
@@ -113,22 +114,29 @@ def _shape(shape, dtype="f32"):
     return "x".join(str(s) for s in shape) + "x" + dtype
 
 
-def _calls(files, shapes, scale, seq, dtype):
+def _calls(files, shapes, scale, seq, dtype, dense_backward=False):
+    """The functions each variant's module is profiled with, and their inputs; dense_backward: the two-pass module
+    is the dense backward's (api.dense_backward: one call, delta made inside, for dq, dk and dv)."""
     f = {name: f"--input=@{path}" for name, path in files.items()}
     zeros = lambda name, typ=dtype: f"--input={_shape(shapes[name], typ)}"   # noqa: E731 - output buffers
+    backward = [f["q"], f["k"], f["v"], f["idx"], f["lse"], f["delta"], f["do"], f"--input={scale}", zeros("q"),
+                zeros("k"), zeros("v")]
+    if dense_backward:
+        two_pass = [("selection_attention_backward", [*backward[:5], f["o"], *backward[6:]])]
+    else:
+        two_pass = [("selection_attention_delta", [f["o"], f["do"]]),
+                    ("selection_attention_dq", [f["q"], f["k"], f["v"], f["idx"], f["lse"], f["delta"], f["do"],
+                                                f"--input={scale}", zeros("q")]),
+                    ("invert_block_indices", [f["idx"], f"--input={seq}"]),
+                    ("selection_attention_dkdv", [f["q"], f["k"], f["v"], f["idx"], f["lse"], f["delta"], f["do"],
+                                                  f["entries"], f["piece_start"], f["piece_count"],
+                                                  f"--input={scale}", zeros("k"), zeros("v")])]
     return {
         "forward": [("selection_attention_fwd",
                      [f["q"], f["k"], f["v"], f["idx"], f"--input={scale}", zeros("o"),
                       f"--input={_shape(shapes['lse'], 'f32')}"])],
-        "two-pass": [("selection_attention_delta", [f["o"], f["do"]]),
-                     ("selection_attention_dq", [f["q"], f["k"], f["v"], f["idx"], f["lse"], f["delta"], f["do"],
-                                                 f"--input={scale}", zeros("q")]),
-                     ("invert_block_indices", [f["idx"], f"--input={seq}"]),
-                     ("selection_attention_dkdv", [f["q"], f["k"], f["v"], f["idx"], f["lse"], f["delta"], f["do"],
-                                                   f["entries"], f["piece_start"], f["piece_count"],
-                                                   f"--input={scale}", zeros("k"), zeros("v")])],
-        "one-pass": [("selection_attention_onepass", [f["q"], f["k"], f["v"], f["idx"], f["lse"], f["delta"], f["do"],
-                                                      f"--input={scale}", zeros("q"), zeros("k"), zeros("v")])],
+        "two-pass": two_pass,
+        "one-pass": [("selection_attention_onepass", backward)],
     }
 
 
@@ -178,7 +186,8 @@ def main(argv=None):
         if args.branch == "compression":
             spec, files, shapes = _compression_inputs(cfg, args.seq, where)
             record["tile"], record["slots"] = spec.block_size, spec.num_blocks
-            calls = {**_calls(files, shapes, cfg["head_dim"] ** -0.5, shapes["k"][1], cfg["dtype"]),
+            calls = {**_calls(files, shapes, cfg["head_dim"] ** -0.5, shapes["k"][1], cfg["dtype"],
+                              api.dense_backward(spec)),
                      **_pooling_calls(files, shapes, args.seq, cfg["dtype"])}
         else:
             spec, files, shapes = _inputs(cfg, args.seq, where)

@@ -167,7 +167,8 @@ def loaded_spec(spec: KernelSpec, variant: str) -> tuple[KernelSpec, int]:
 
 @functools.lru_cache(maxsize=None)
 def dense_backward(spec: KernelSpec) -> bool:
-    """kernels.dense_backward on spec's target's recipe (once per spec)."""
+    """kernels.dense_backward on spec's target's recipe (once per spec): the backward is one call,
+    selection_attention_backward(q, k, v, block_indices, lse, o, do, scale) -> dq, dk, dv."""
     from .kernels import dense_backward as dense
     from .recipes import load_recipe
 
@@ -236,10 +237,10 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     if dk is not None and dk.dtype == torch.float32 != q.dtype:
         spec = spec.replace(dkdv_dtype="f32")          # dk and dv left unrounded (nsa_iree.distributed)
     module = kernels(spec, variant, q.device)
-    (delta,) = module.call("selection_attention_delta", o, do)
     if variant == "two-pass" and dense_backward(spec):
-        # One dispatch writes all three, needed or not (the compressed attention on the CPU: kernels.dense_backward).
-        module.call("selection_attention_backward", q, k, v, idx, lse, delta, do, scale,
+        # One call makes delta and writes all three, needed or not (the compressed attention on the CPU:
+        # kernels.dense_backward).
+        module.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale,
                     dq if dq is not None else _empty(q.shape, q), dk if dk is not None else _empty(k.shape, k),
                     dv if dv is not None else _empty(v.shape, v), wait_for_torch=False)
         if dk is None:
@@ -248,6 +249,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         if after_dkdv is not None:
             after_dkdv()
         return dq, dk, dv
+    (delta,) = module.call("selection_attention_delta", o, do)
     if variant == "two-pass":
         if dk is not None:
             entries, piece_start, piece_count = module.call("invert_block_indices", idx, n, wait_for_torch=False)

@@ -142,7 +142,7 @@ def covered(stages: tuple[str, ...], spec, recipe) -> frozenset[str]:
 
 def dense_backward(spec, recipe) -> bool:
     """Whether the two-pass backward of spec is one call of the dense backward (choose()'s form of its dk/dv stage):
-    selection_attention_backward(q, k, v, block_indices, lse, delta, do, scale) -> dq, dk, dv."""
+    selection_attention_backward(q, k, v, block_indices, lse, o, do, scale) -> dq, dk, dv, delta made inside."""
     return choose("dkdv", spec, recipe).template == "dense_backward"
 
 

@@ -32,12 +32,23 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
     -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
 <% endmacro %>
 
-<# The one-pass backward's signature (dq, dk and dv from one call), also that of the CPU's dense backward
-   (`name` selection_attention_backward: cpu/dense_backward.mlir). #>
-<% macro onepass_signature(name="selection_attention_onepass") %>
-func.func @${name}(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+<% macro onepass_signature() %>
+func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
+    %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
+<% endmacro %>
+
+<# The dense backward's signature (cpu/dense_backward.mlir): dq, dk and dv from q, k, v, the block lists, lse, o and
+   do (delta made inside, by @selection_attention_delta). #>
+<% macro backward_signature() %>
+func.func @selection_attention_backward(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+    %o: tensor<?x?x${H}x${DV}x${E}>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
     %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
     %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},

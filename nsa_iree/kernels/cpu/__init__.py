@@ -14,9 +14,11 @@ CPU_VECTOR_REGISTERS = 16   # accumulator registers of one register block (of th
 # a lock is held for one row's dk/dv products of one block (microseconds), so this many failed attempts mean
 # a descheduled holder.
 CPU_LOCK_TRIES = 20000
-# Work items of the dense backward (dense_backward.mlir), each with an f32 dk/dv partial of every key block: enough
-# for the workers of a large CPU to share a (batch, kv head), few enough that the partials stay small next to q.
+# Work items of the dense backward (dense_backward.mlir), each with an f32 dk/dv partial of every key block: one per
+# CPU_ITEM_ROWS rows, at most CPU_ITEMS (enough for the workers of a large CPU to share a (batch, kv head), few
+# enough that the partials, and their sums, stay small next to q).
 CPU_ITEMS = 64
+CPU_ITEM_ROWS = 256
 _BYTES = {"f32": 4, "bf16": 2, "f16": 2}     # bytes of an element of each KernelSpec.dtype
 
 
@@ -81,7 +83,7 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
             # a tensor whose data is not (runtime.importable).
             "CPU_DQ_STREAM": "true" if spec.head_dim * _BYTES[spec.dtype] % 64 == 0 else "false",
             "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES),
-            "CPU_ITEMS": str(CPU_ITEMS)}
+            "CPU_ITEMS": str(CPU_ITEMS), "CPU_ITEM_ROWS": str(CPU_ITEM_ROWS)}
 
 
 

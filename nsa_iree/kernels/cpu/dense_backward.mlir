@@ -1,8 +1,9 @@
 // The compressed attention's backward on CPUs in one pass (kernels.DENSE: the dense form of the dk/dv stage, which
-// writes dq as well: kernels.COVERS), deterministic and without atomics. One work item per (item, kv group g, batch
-// b), item i taking the rows m = i, i + ITEMS, i + 2 ITEMS, ... (ITEMS = min(M, CPU_ITEMS), so that every item has
-// about the same work under the staircase). For each of a row's selected blocks (the tiles of compressed keys it
-// sees), S, dP, P and DS are made once (cpu/products.mlir, the layout of dq.mlir and dkdv.mlir):
+// writes dq as well: kernels.COVERS), deterministic and without atomics. One work item per (item, kv group g,
+// batch b), item i taking the rows m = i, i + ITEMS, i + 2 ITEMS, ... (ITEMS = min(ceil(M / CPU_ITEM_ROWS),
+// CPU_ITEMS): every item has about the same work under the staircase). For each of a row's selected blocks (the
+// tiles of compressed keys it sees), S, dP, P and DS are made once (cpu/products.mlir, the layout of dq.mlir and
+// dkdv.mlir):
 //   dq[h, :]          += sum_j DS[h, j] * k[key j, :]                 (in registers, the row's dq written once)
 //   dv[block, j, :]   += sum_h P[h, j] * do[m, h, :]                  (into the item's f32 partial of the block)
 //   dk[block, j, :]   += sum_h DS[h, j] * q[m, h, :]
@@ -11,6 +12,7 @@
 // (bitwise reproducible, whatever the number of threads) and rounds them once. The partials take
 // B G NB ITEMS BS (D + Dv) 4 bytes: few for the compressed keys' tiles (NB = ceil(C / BS)), which is why the
 // sliding window, whose rows each read two blocks of N / BS, keeps the two-pass (kernels/cpu/__init__.py: limits).
+// The host function makes delta first (@selection_attention_delta, common/delta.mlir): one call for the backward.
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/host.mlir" as host %>
 <% import "cpu/host.mlir" as cpu %>
@@ -91,18 +93,22 @@ ${ products.scale_dk("scaled", CPU_DKV) }
     }
 <% endcall %>
 
-${ host.onepass_signature("selection_attention_backward") }
+${ host.backward_signature() }
 <% call host.sizes() %>
   %kv_heads = arith.constant ${G} : index
   %block_size = arith.constant ${BS} : index
   %items_most = arith.constant ${CPU_ITEMS} : index
+  %item_rows = arith.constant ${CPU_ITEM_ROWS} : index
 <% endcall %>
-  %items = arith.minui %m_rows, %items_most : index
+  %items_wanted = arith.ceildivui %m_rows, %item_rows : index
+  %items = arith.minui %items_wanted, %items_most : index
   %items_i32 = arith.index_cast %items : index to i32
 ${ cpu.flat_blocks() }
   %pieces = arith.muli %flat_blocks, %items : index
 ${ host.push_constants() }
 ${ cpu.blocks_t() }
+  %delta = func.call @selection_attention_delta(%o, %do, %transients)
+      : (tensor<?x?x${H}x${DV}x${E}>, tensor<?x?x${H}x${DV}x${E}>, !hal.buffer) -> tensor<?x?x${H}xf32>
   %dq, %partials = flow.dispatch @selection_attention_backward_cpu_exe::@selection_attention_backward_cpu_item[%items, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %items_i32, %scale_bits, %q, %key_blocks_t, %value_blocks_t, %k,
       %block_indices, %lse, %delta, %do)
