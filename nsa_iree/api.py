@@ -188,12 +188,15 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
 
     two-pass: the block lists inverted and dk/dv block-major (no atomics), then dq query-major. dq=None skips
     the dq pass; dk=dv=None skips the inversion and the dk/dv pass (the gradients autograd does not need).
-    one-pass: a single dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics; it
-    needs all three buffers. cu_seqlens: as for forward_into.
+    Where the two-pass is the dense backward (the compressed attention on the CPU: kernels.dense_backward), one
+    call writes all three, the ones passed as None into scratch. one-pass: a single dispatch over (query row,
+    kv group) writes dq and adds dk/dv with f32 atomics; it needs all three buffers. cu_seqlens: as for
+    forward_into.
     after_dkdv: called (no arguments) as soon as dk and dv are written, before the dq pass of two-pass runs,
-    so that a caller can start sending them while dq is computed (nsa_iree.distributed). Not called when
-    dk/dv are not computed; with packed sequences that need padding, called at the end (dk and dv are copied
-    out of the padded layout last). key_stride, window: as for forward_into.
+    so that a caller can start sending them while dq is computed (nsa_iree.distributed); after the one call of
+    the dense backward and of the one-pass. Not called when dk/dv are not computed; with packed sequences that
+    need padding, called at the end (dk and dv are copied out of the padded layout last). key_stride, window: as
+    for forward_into.
     """
     check_variant(variant)
     if (dk is None) != (dv is None) or (variant == "one-pass" and None in (dq, dk, dv)):
@@ -237,20 +240,8 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     if dk is not None and dk.dtype == torch.float32 != q.dtype:
         spec = spec.replace(dkdv_dtype="f32")          # dk and dv left unrounded (nsa_iree.distributed)
     module = kernels(spec, variant, q.device)
-    if variant == "two-pass" and dense_backward(spec):
-        # One call makes delta and writes all three, needed or not (the compressed attention on the CPU:
-        # kernels.dense_backward).
-        module.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale,
-                    dq if dq is not None else _empty(q.shape, q), dk if dk is not None else _empty(k.shape, k),
-                    dv if dv is not None else _empty(v.shape, v), wait_for_torch=False)
-        if dk is None:
-            return dq, dk, dv
-        dk, dv = _sum_groups(dk_out, dk, split), _sum_groups(dv_out, dv, split)
-        if after_dkdv is not None:
-            after_dkdv()
-        return dq, dk, dv
-    (delta,) = module.call("selection_attention_delta", o, do)
-    if variant == "two-pass":
+    if variant == "two-pass" and not dense_backward(spec):
+        (delta,) = module.call("selection_attention_delta", o, do)
         if dk is not None:
             entries, piece_start, piece_count = module.call("invert_block_indices", idx, n, wait_for_torch=False)
             module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start,
@@ -265,8 +256,20 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         if dq is not None:
             module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
         return dq, dk, dv
-    module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv,
-                wait_for_torch=False)
+    if variant == "two-pass":
+        # The dense backward (the compressed attention on the CPU: kernels.dense_backward): one call makes delta
+        # and writes all three, needed or not (the ones not asked for into scratch of the module's types).
+        dkdv_dtype = torch.float32 if spec.dkdv_dtype == "f32" else k.dtype
+        module.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale,
+                    dq if dq is not None else _empty(q.shape, q),
+                    dk if dk is not None else _empty(k.shape, k, dkdv_dtype),
+                    dv if dv is not None else _empty(v.shape, v, dkdv_dtype))
+        if dk is None:
+            return dq, dk, dv
+    else:
+        (delta,) = module.call("selection_attention_delta", o, do)
+        module.call("selection_attention_onepass", q, k, v, idx, lse, delta, do, scale, dq, dk, dv,
+                    wait_for_torch=False)
     dk, dv = _sum_groups(dk_out, dk, split), _sum_groups(dv_out, dv, split)
     if after_dkdv is not None:
         after_dkdv()

@@ -46,12 +46,12 @@ class Choice:
     template: str | None = None      # the family's template that renders it, if not the stage's own (DENSE)
 
 
-# Stages with a dense form: the compressed attention (KernelSpec.key_stride > 1), whose rows see every key up to
-# their position, and the sliding window (KernelSpec.window), whose rows see a band of keys, run the forward and dq
-# as dense attention (query tiles against key tiles, no block lists) where the recipe names a family for the dense
-# stage and it serves spec; the stage's own kernel otherwise.
-# On the CPU the dk/dv stage's dense form is the whole backward (dense_backward: dq written beside dk and dv, from
-# one making of each row's scores; COVERS).
+# Stages with a dense form: a kernel for the problems whose rows see a range of keys rather than a selection, the
+# compressed attention (KernelSpec.key_stride > 1: every key up to the row's position) and the sliding window
+# (KernelSpec.window: a band), where the recipe names a family for the dense stage and it serves spec; the stage's
+# own kernel otherwise. On NVIDIA the forward and dq as dense attention (query tiles against key tiles, no block
+# lists); on the CPU the dk/dv stage's dense form is the whole backward (dense_backward: dq written beside dk and
+# dv, from one making of each row's scores over its tiles; COVERS).
 DENSE = {"forward": "dense_forward", "dq": "dense_dq", "dkdv": "dense_backward"}
 
 # Forms that compute other stages' results as well: a module rendering one renders neither of those stages, and

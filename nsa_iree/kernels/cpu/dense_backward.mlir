@@ -19,6 +19,11 @@
 <% import "cpu/products.mlir" as products %>
 <% import "cpu/rows.mlir" as rows %>
 
+<# %`name` = the piece of this item's partial of flat block %`f`: f * ITEMS + item (@dkdv_piece_sums' lists below). #>
+<% macro piece(name, f) %>
+%${name}_f = arith.muli %${f}, %items : index
+        %${name} = arith.addi %${name}_f, %item : index<% endmacro %>
+
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (cpu/blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
 <% set outputs = ['dq', ("acc", "memref<?x" ~ BS ~ "x" ~ CPU_DKV ~ "xf32>{%pieces}", "f32 partials [B * G * NB * ITEMS, BS, D + Dv]: each item's dk (times scale), then dv, of every block")] %>
 ${ dispatch.layout("dense_backward_cpu_layout", 5, inputs, outputs) }
@@ -52,8 +57,7 @@ ${ dispatch.bindings("dense_backward_cpu_layout", inputs, outputs) }
       %group_f0 = arith.muli %group_g, %num_blocks : index
       scf.for %i = %c0 to %num_blocks step %c1 {
         %fi = arith.addi %group_f0, %i : index
-        %fi_items = arith.muli %fi, %items : index
-        %zeroed = arith.addi %fi_items, %item : index
+        ${ piece("zeroed", "fi") }
         scf.for %j = %c0 to %block_size step %c1 {
           vector.store %zero_row, %acc[%zeroed, %j, %c0] : memref<?x${BS}x${CPU_DKV}xf32>, vector<${CPU_DKV}xf32>
         }
@@ -68,8 +72,7 @@ ${ rows.position() | indent(2, true) }
 ${ rows.slot_block() | indent(2, true) }
           scf.if %selected {
 ${ rows.block_extent() | indent(2, true) }
-            %piece_f = arith.muli %f, %items : index
-            %piece = arith.addi %piece_f, %item : index
+            ${ piece("piece", "f") }
             %visible_v = vector.broadcast %visible : index to vector<${BS}xindex>
             %key_mask = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
             // S and dP over the visible keys (a whole or half block), P and DS in place; each slot once (a block
@@ -85,8 +88,7 @@ ${ products.dq_out(CPU_DQ_STREAM) | indent(2, true) }
 
       scf.for %i = %c0 to %num_blocks step %c1 {
         %fi = arith.addi %group_f0, %i : index
-        %fi_items = arith.muli %fi, %items : index
-        %scaled = arith.addi %fi_items, %item : index
+        ${ piece("scaled", "fi") }
 ${ products.scale_dk("scaled", CPU_DKV) }
       }
       return
@@ -125,12 +127,6 @@ ${ cpu.blocks_t() }
     %first_i32 = arith.index_cast %first : index to i32
     linalg.yield %first_i32, %items_i32 : i32, i32
   } -> (tensor<?xi32>, tensor<?xi32>)
-  %dk_pieces = tensor.extract_slice %partials[0, 0, 0] [%pieces, ${BS}, ${D}] [1, 1, 1]
-      : tensor<?x${BS}x${CPU_DKV}xf32> to tensor<?x${BS}x${D}xf32>
-  %dv_pieces = tensor.extract_slice %partials[0, 0, ${D}] [%pieces, ${BS}, ${DV}] [1, 1, 1]
-      : tensor<?x${BS}x${CPU_DKV}xf32> to tensor<?x${BS}x${DV}xf32>
-  %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
-      : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
-      -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)
+${ cpu.piece_sums("partials") }
   return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

@@ -131,12 +131,6 @@ ${ host.push_constants(pieces=true) }
       %block_indices, %lse, %delta, %entries)
       : (i32, i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
       -> ${ dispatch.tensor_types(outputs) }
-  %dk_pieces = tensor.extract_slice %partials[0, 0, 0] [%pieces, ${BS}, ${D}] [1, 1, 1]
-      : tensor<?x${BS}x${CPU_DKV}xf32> to tensor<?x${BS}x${D}xf32>
-  %dv_pieces = tensor.extract_slice %partials[0, 0, ${D}] [%pieces, ${BS}, ${DV}] [1, 1, 1]
-      : tensor<?x${BS}x${CPU_DKV}xf32> to tensor<?x${BS}x${DV}xf32>
-  %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
-      : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
-      -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)
+${ cpu.piece_sums("partials") }
   return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }

@@ -23,3 +23,16 @@
   %lse = linalg.transpose ins(%lse_rows : tensor<?x?x${H}xf32>) outs(%lse_empty : tensor<?x${H}x?xf32>)
       permutation = [0, 2, 1]
 <% endmacro %>
+
+<# %dk, %dv [B, N, G, D | Dv] in DKV_E: the f32 partial rows %`partials` [%pieces, BS, D + Dv] (dk's columns, then
+   dv's) summed per block in piece order by @dkdv_piece_sums (common/piece_sums.mlir) over %piece_start and
+   %piece_count. #>
+<% macro piece_sums(partials) %>
+  %dk_pieces = tensor.extract_slice %${partials}[0, 0, 0] [%pieces, ${BS}, ${D}] [1, 1, 1]
+      : tensor<?x${BS}x${ (D | int) + (DV | int) }xf32> to tensor<?x${BS}x${D}xf32>
+  %dv_pieces = tensor.extract_slice %${partials}[0, 0, ${D}] [%pieces, ${BS}, ${DV}] [1, 1, 1]
+      : tensor<?x${BS}x${ (D | int) + (DV | int) }xf32> to tensor<?x${BS}x${DV}xf32>
+  %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
+      : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
+      -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)
+<% endmacro %>

@@ -1,6 +1,7 @@
-// The backward products the CPU dq, dk/dv and one-pass kernels share, as macros: S and dP of one selected block
-// for the row's heads, P and DS from them in place, dq's sum over the block's keys, and the sum over heads that
-// adds a register block of dk or dv (the locked add into the accumulator whole). They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
+// The backward products the CPU dq, dk/dv, one-pass and dense backward kernels share, as macros: S and dP of one
+// selected block for the row's heads, P and DS from them in place, dq's sum over the block's keys and its rows'
+// stores, and the sum over heads that adds a register block of dk or dv (the locked add into the accumulator
+// whole), dk's scaling. They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
 
 <# The steps and constants the products read: %keys_step (`krows`), %vcols_step (`vcols`), %kcols_step (`kcols`),
    %zero_keys, %zero_s [`srows`, BS], and %key_iota (0 .. BS - 1, for the key masks). #>

@@ -1,6 +1,6 @@
-// The text the CPU row kernels (forward, dq, one-pass: one work item per (m, g, b)) share, as macros: the
-// constants every CPU kernel (dk/dv's too) starts from, the row's q or do transposed onto the stack, its
-// position, and the test and extent of one selected block.
+// The text the CPU row kernels (forward, dq, one-pass: one work item per (m, g, b); the dense backward's rows)
+// share, as macros: the constants every CPU kernel (dk/dv's too) starts from, the row's q or do transposed onto the
+// stack, its position, and the test and extent of one selected block.
 <% import "common/rules.mlir" as rules %>
 
 <# The opening of a CPU kernel's function @`name`: %c0, %c1, the kernel's own constants (the call block's
