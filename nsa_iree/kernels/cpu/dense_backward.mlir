@@ -64,26 +64,12 @@ ${ dispatch.bindings("dense_backward_cpu_layout", inputs, outputs) }
       }
 
       scf.for %m = %item to %m_rows step %items {
-        scf.for %h = %c0 to %heads_per_group step %c1 {
-          vector.store %zero_d, %dq_tile[%h, %c0] : memref<${HPG}x${D}xf32>, vector<${D}xf32>
-        }
-${ rows.position() | indent(2, true) }
-        scf.for %t = %c0 to %slots step %c1 {
-${ rows.slot_block() | indent(2, true) }
-          scf.if %selected {
-${ rows.block_extent() | indent(2, true) }
-            ${ piece("piece", "f") }
-            %visible_v = vector.broadcast %visible : index to vector<${BS}xindex>
-            %key_mask = arith.cmpi slt, %key_iota, %visible_v : vector<${BS}xindex>
-            // S and dP over the visible keys (a whole or half block), P and DS in place; each slot once (a block
-            // listed twice adds twice).
-${ products.visible_scores(CPU_SROWS, CPU_SROWS_HALF) | indent(2, true) }
-${ products.p_ds(false) | indent(2, true) }
-${ products.dq_add("%c0", CPU_DQ_HEADS, CPU_DQ_COLS) | indent(2, true) }
+<% call products.row_backward(CPU_SROWS, CPU_SROWS_HALF, CPU_DQ_HEADS, CPU_DQ_COLS, CPU_DQ_STREAM) %>
+          // dv and dk of the block's visible keys from the same P and DS, into this item's partial of it (each slot
+          // once: a block listed twice adds twice).
+          ${ piece("piece", "f") }
 ${ products.add_to_acc(CPU_KROWS, CPU_VCOLS, CPU_KCOLS, CPU_DKV, at="piece") }
-          }
-        }
-${ products.dq_out(CPU_DQ_STREAM) | indent(2, true) }
+<% endcall %>
       }
 
       scf.for %i = %c0 to %num_blocks step %c1 {

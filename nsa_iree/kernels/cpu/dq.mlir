@@ -14,7 +14,6 @@
 <% import "cpu/host.mlir" as cpu %>
 <% import "cpu/products.mlir" as products %>
 <% import "cpu/rows.mlir" as rows %>
-<% import "common/rules.mlir" as rules %>
 
 <% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (mlir/cpu_blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
 <% set outputs = ['dq'] %>
@@ -42,29 +41,7 @@ ${ dispatch.bindings("dq_cpu_layout", inputs, outputs) }
       %dp_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
       %dq_tile = memref.alloca() : memref<${HPG}x${D}xf32>
       %h_first = arith.muli %g, %heads_per_group : index
-      scf.for %h = %c0 to %heads_per_group step %c1 {
-        vector.store %zero_d, %dq_tile[%h, %c0] : memref<${HPG}x${D}xf32>, vector<${D}xf32>
-      }
-
-<# the keys of a block a row sees start at ${first} (rows.block_extent) #>
-<% set first = "%first_visible" if WINDOW != "0" else "%c0" %>
-${ rows.position() }
-      scf.for %t = %c0 to %slots step %c1 {
-${ rows.slot_block() }
-        scf.if %selected {
-${ rows.block_extent() }
-          %visible_v = vector.broadcast %visible : index to vector<${BS}xindex>
-<% if WINDOW != "0" %>
-          %first_v = vector.broadcast %first_visible : index to vector<${BS}xindex>
-<% endif %>
-          ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
-${ products.visible_scores(CPU_SROWS, CPU_SROWS_HALF) }
-${ products.p_ds(false) }
-${ products.dq_add(first, CPU_DQ_HEADS, CPU_DQ_COLS) }
-        }
-      }
-
-${ products.dq_out(CPU_DQ_STREAM) }
+${ products.row_backward(CPU_SROWS, CPU_SROWS_HALF, CPU_DQ_HEADS, CPU_DQ_COLS, CPU_DQ_STREAM) }
       return
     }
 <% endcall %>

@@ -1,7 +1,10 @@
 // The backward products the CPU dq, dk/dv, one-pass and dense backward kernels share, as macros: S and dP of one
 // selected block for the row's heads, P and DS from them in place, dq's sum over the block's keys and its rows'
 // stores, and the sum over heads that adds a register block of dk or dv (the locked add into the accumulator
-// whole), dk's scaling. They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
+// whole), dk's scaling, and the whole of one row's backward over its selected blocks (dq.mlir's and the dense
+// backward's). They read %kT, %vT, %f (the flat block), %h_first, %b, %m, %key_mask and the tiles.
+<% import "common/rules.mlir" as rules %>
+<% import "cpu/rows.mlir" as rows %>
 
 <# The steps and constants the products read: %keys_step (`krows`), %vcols_step (`vcols`), %kcols_step (`kcols`),
    %zero_keys, %zero_s [`srows`, BS], and %key_iota (0 .. BS - 1, for the key masks). #>
@@ -225,3 +228,33 @@ ${ head_sum("old", p, krows) }
           vector.store %x_scaled, %acc[%${piece}, %j, %c0] : memref<?x${BS}x${dkv}xf32>, vector<${D}xf32>
         }
 <% endmacro %>
+
+<# Row %m's dq: %dq_tile zeroed, then for each selected block of its slots the key mask, S and dP over the visible
+   keys (`srows`, `half_srows` heads at a time: visible_scores), P and DS in place and dq_tile += DS k (`dq_heads` x
+   `dq_cols` register blocks), then the call block's text, if any (what a kernel adds from the same tiles: the
+   dense backward's dk and dv), and last the row's dq written (`stream`: dq_out). #>
+<% macro row_backward(srows, half_srows, dq_heads, dq_cols, stream) %>
+<% set first = "%first_visible" if WINDOW != "0" else "%c0" %>
+      scf.for %h = %c0 to %heads_per_group step %c1 {
+        vector.store %zero_d, %dq_tile[%h, %c0] : memref<${HPG}x${D}xf32>, vector<${D}xf32>
+      }
+${ rows.position() }
+      scf.for %t = %c0 to %slots step %c1 {
+${ rows.slot_block() }
+        scf.if %selected {
+${ rows.block_extent() }
+          %visible_v = vector.broadcast %visible : index to vector<${BS}xindex>
+<% if WINDOW != "0" %>
+          %first_v = vector.broadcast %first_visible : index to vector<${BS}xindex>
+<% endif %>
+          ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
+${ visible_scores(srows, half_srows) }
+${ p_ds(false) }
+${ dq_add(first, dq_heads, dq_cols) }
+<% if caller is defined %>
+${ caller() }
+<% endif %>
+        }
+      }
+${ dq_out(stream) }
+<%- endmacro %>
