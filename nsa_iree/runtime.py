@@ -38,6 +38,11 @@ parallel copy inside a call would wait for the parent's threads): a child forked
 runs torch on one thread, as DataLoader workers do. At exit, the devices a process made are released and
 reference cycles collected before the interpreter tears down IREE's bindings (atexit): nothing is reported
 leaked, and nothing is freed after the bindings are gone (a crash).
+
+Threads (CUDA): IREE's CUDA driver loads a module's kernels into the context current on the calling thread, and
+a thread torch made for its own work (autograd's backward on a GPU runs on one per device) may have none until
+torch itself touches the GPU there. Before loading a module and before every call, the device's primary context
+(the one IREE's device and torch share) is made current on the calling thread if no context is.
 """
 
 from __future__ import annotations
@@ -60,6 +65,34 @@ _ALIGNMENT = 64
 def importable(t: torch.Tensor) -> bool:
     """Whether IREE can take t's memory as it is: contiguous, at the start of its storage, 64-byte aligned."""
     return t.is_contiguous() and t.storage_offset() == 0 and t.data_ptr() % _ALIGNMENT == 0
+
+
+def _cuda_context_current(index: int) -> None:
+    """Make CUDA device `index`'s primary context current on this thread if the thread has no current context
+    (the module docstring, 'Threads'). The driver API's own calls: cheap, and nothing is created but the
+    thread's binding."""
+    cuda = _libcuda()
+    current = ctypes.c_void_p()
+    if cuda.cuCtxGetCurrent(ctypes.byref(current)) == 0 and current.value:
+        return
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    for call, args in (("cuDeviceGet", (ctypes.byref(device), index)),
+                       ("cuDevicePrimaryCtxRetain", (ctypes.byref(context), device)),
+                       ("cuCtxSetCurrent", (context,)),
+                       ("cuDevicePrimaryCtxRelease", (device,))):   # torch and IREE hold it: the thread's
+        status = getattr(cuda, call)(*args)                          # binding needs no reference of its own
+        if status != 0:
+            raise RuntimeError(f"nsa_iree: {call} failed with CUDA error {status} on device {index}")
+
+
+_libcuda_handle = None
+
+
+def _libcuda():
+    global _libcuda_handle
+    if _libcuda_handle is None:
+        _libcuda_handle = ctypes.CDLL("libcuda.so.1")
+    return _libcuda_handle
 
 
 def _driver_for(device: torch.device) -> str:
@@ -86,15 +119,23 @@ class Device:
         # A driver of our own, not IREE's process-wide cached one: the local-task driver owns the worker
         # threads, and a cached driver made before a fork would be handed to the child without them.
         self.driver = create_hal_driver(self.driver_name)
+        self._cuda_index = None         # the CUDA device whose context a calling thread needs (bind_thread)
         if torch_device.type == "cpu":
             self.hal_device = self.driver.create_default_device()
         else:
             index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
             self.hal_device = self.driver.create_device(self.driver.query_available_devices()[index])
+            if self.driver_name == "cuda":
+                self._cuda_index = index
         self.hal_module = rt.create_hal_module(self.instance, self.hal_device)
         self._dlpack_type = _DLPACK_DEVICE["hip" if self.driver_name == "hip" else torch_device.type]
         self._modules: dict[Path, Module] = {}
         self._lock = threading.Lock()
+
+    def bind_thread(self) -> None:
+        """On CUDA, the device's context current on the calling thread (the module docstring, 'Threads')."""
+        if self._cuda_index is not None:
+            _cuda_context_current(self._cuda_index)
 
     def module(self, vmfb: Path, rebuild=None) -> "Module":
         """The module of `vmfb`, loaded once per device.
@@ -104,6 +145,7 @@ class Device:
         """
         with self._lock:
             if vmfb not in self._modules:
+                self.bind_thread()
                 try:
                     module = Module(self, vmfb)
                 except ArtifactError:
@@ -240,6 +282,7 @@ class Module:
         """
         import iree.runtime as rt
 
+        self.device.bind_thread()
         fn, size_fn = self._lookup(name)
         values = []
         for arg in args:

@@ -21,6 +21,8 @@
 |   each call still gets its own result    |   down and up again; four threads at once)                       |
 | no "leaked" line at exit                 | test_no_leak_report_at_exit (the README example), and the forked |
 |                                          |   child's exit in the first test                                 |
+| CUDA: a thread with no current context   | test_a_thread_without_a_cuda_context_gets_the_primary_one (the   |
+|   (autograd's) gets the primary one      |   driver faked; on the GPU: bench/thread_check.py)               |
 | CLI: one-line errors for bad values      | test_cli_bad_values_are_one_line_errors (BAD_CLI_VALUES), ...    |
 | CLI: bench writes under the cwd          | test_bench.py::test_bench_smoke_run_writes_table_and_record      |
 
@@ -225,6 +227,44 @@ def test_devices_belong_to_the_process_that_made_them():
     os.waitpid(pid, 0)
     assert answer == b"fresh"
     assert runtime.device_for(torch.device("cpu")) is parent
+
+
+class _FakeDriver:
+    """libcuda's calls that runtime._cuda_context_current makes, recorded; `current` the thread's context."""
+
+    def __init__(self, current):
+        self.current, self.calls = current, []
+
+    def __getattr__(self, name):
+        import ctypes
+
+        def call(*args):
+            self.calls.append(name)
+            if name == "cuCtxGetCurrent":
+                ctypes.cast(args[0], ctypes.POINTER(ctypes.c_void_p))[0] = self.current
+            if name == "cuDeviceGet":
+                ctypes.cast(args[0], ctypes.POINTER(ctypes.c_int))[0] = 10 + args[1]
+            if name == "cuDevicePrimaryCtxRetain":
+                assert args[1].value == 13                   # the device of index 3
+                ctypes.cast(args[0], ctypes.POINTER(ctypes.c_void_p))[0] = 0xC0
+            if name == "cuCtxSetCurrent":
+                self.current = args[0].value
+            return 0
+        return call
+
+
+@pytest.mark.parametrize("current, calls, after", [
+    (None, ["cuCtxGetCurrent", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
+            "cuDevicePrimaryCtxRelease"], 0xC0),
+    (0xAB, ["cuCtxGetCurrent"], 0xAB),                          # a context current already: left as it is
+], ids=["no_context", "context_current"])
+def test_a_thread_without_a_cuda_context_gets_the_primary_one(monkeypatch, current, calls, after):
+    from nsa_iree import runtime
+
+    fake = _FakeDriver(current)
+    monkeypatch.setattr(runtime, "_libcuda", lambda: fake)
+    runtime._cuda_context_current(3)
+    assert (fake.calls, fake.current) == (calls, after)
 
 
 # --- artifacts verified before loading --------------------------------------------------------------------
