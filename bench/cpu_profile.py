@@ -69,7 +69,7 @@ def _inputs(cfg, seq, where: Path):
     spec = api.describe(q, k, v, idx, bs)
     module = api.kernels(spec, "two-pass", q.device)
     host = module.device.copy_to_host
-    (delta,) = map(host, module.call("selection_attention_delta", o, do))
+    delta = (do.float() * o.float()).sum(-1)     # [B, M, H]: the input of the delta-reading stages
     entries, piece_start, piece_count = map(host, module.call("invert_block_indices", idx, seq))
     arrays = dict(q=q, k=k, v=v, do=do, o=o, idx=idx, lse=lse, delta=delta, entries=entries,
                   piece_start=piece_start, piece_count=piece_count)
@@ -92,7 +92,7 @@ def _compression_inputs(cfg, seq, where: Path):
     spec, _ = api.loaded_spec(api.describe(q, k_cmp, v_cmp, idx, tile, key_stride=bs), "two-pass")
     module = api.kernels(spec, "two-pass", q.device)
     host = module.device.copy_to_host
-    (delta,) = map(host, module.call("selection_attention_delta", o, do))
+    delta = (do.float() * o.float()).sum(-1)     # [B, M, H]: the input of the delta-reading stages
     counts = compression._block_counts((seq,), (seq,), bs)
     arrays = dict(q=q, k=k_cmp, v=v_cmp, do=do, o=o, idx=idx, lse=lse, delta=delta, x=k, counts=counts, dy=k_cmp)
     if not api.dense_backward(spec):        # the two-pass's dk/dv pass reads the inverted lists

@@ -56,7 +56,7 @@ DENSE = {"forward": "dense_forward", "dq": "dense_dq", "dkdv": "dense_backward"}
 
 # Forms that compute other stages' results as well: a module rendering one renders neither of those stages, and
 # the backward is one call of its function (nsa_iree.api.backward_into: dense_backward).
-COVERS = {"dense_backward": ("dq", "inversion")}
+COVERS = {"dense_backward": ("delta", "dq", "inversion")}
 
 
 # Stages with a form for wide groups: more query heads per kv head than the hand-written kernels' 16-row tiles,

@@ -78,6 +78,8 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
             # dq's sum over keys: CPU_DQ_HEADS heads times CPU_DQ_COLS elements of d (up to 4 x 64 floats).
             "CPU_DQ_HEADS": str(_largest_divisor(spec.heads_per_group, 4)),
             "CPU_DQ_COLS": str(_largest_divisor(spec.head_dim, 64)),
+            # the dense backward's delta of a row (products.delta_of_row): lanes along Dv
+            "CPU_DELTA_LANES": str(_largest_divisor(spec.value_dim, 16)),
             # dq's rows written with streaming stores: each head's row (D elements) whole 64-byte lines. The aligned
             # non-temporal stores need dq 64-byte aligned: IREE aligns bindings to 64 bytes, and the runtime copies
             # a tensor whose data is not (runtime.importable).

@@ -12,7 +12,8 @@
 // (bitwise reproducible, whatever the number of threads) and rounds them once. The partials take
 // B G NB ITEMS BS (D + Dv) 4 bytes: few for the compressed keys' tiles (NB = ceil(C / BS)), which is why the
 // sliding window, whose rows each read two blocks of N / BS, keeps the two-pass (kernels/cpu/__init__.py: limits).
-// The host function makes delta first (@selection_attention_delta, common/delta.mlir): one call for the backward.
+// delta = rowsum(do * o) is made for each row as its work starts (products.delta_of_row): no delta stage, one
+// dispatch and one call for the backward.
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/host.mlir" as host %>
 <% import "cpu/host.mlir" as cpu %>
@@ -24,7 +25,7 @@
 %${name}_f = arith.muli %${f}, %items : index
         %${name} = arith.addi %${name}_f, %item : index<% endmacro %>
 
-<% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (cpu/blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'delta', 'do'] %>
+<% set inputs = ['q', ("kT", "memref<?x" ~ D ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "key_blocks_t [B * G * NB, D, BS] (cpu/blocks.mlir)"), ("vT", "memref<?x" ~ DV ~ "x" ~ BS ~ "x" ~ E ~ ">{%flat_blocks}", "value_blocks_t [B * G * NB, Dv, BS]"), 'k', 'block_indices', 'lse', 'o', 'do'] %>
 <% set outputs = ['dq', ("acc", "memref<?x" ~ BS ~ "x" ~ CPU_DKV ~ "xf32>{%pieces}", "f32 partials [B * G * NB * ITEMS, BS, D + Dv]: each item's dk (times scale), then dv, of every block")] %>
 ${ dispatch.layout("dense_backward_cpu_layout", 5, inputs, outputs) }
 
@@ -50,6 +51,7 @@ ${ dispatch.bindings("dense_backward_cpu_layout", inputs, outputs) }
       %s_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
       %dp_tile = memref.alloca() : memref<${HPG}x${BS}xf32>
       %dq_tile = memref.alloca() : memref<${HPG}x${D}xf32>
+      %delta_tile = memref.alloca() : memref<${HPG}xf32>
       %h_first = arith.muli %g, %heads_per_group : index
       // This item's partials of the group's blocks start at 0 (a block no row of the item reads stays 0).
       %group = arith.muli %b, %kv_heads : index
@@ -64,7 +66,7 @@ ${ dispatch.bindings("dense_backward_cpu_layout", inputs, outputs) }
       }
 
       scf.for %m = %item to %m_rows step %items {
-<% call products.row_backward(CPU_SROWS, CPU_SROWS_HALF, CPU_DQ_HEADS, CPU_DQ_COLS, CPU_DQ_STREAM) %>
+<% call products.row_backward(CPU_SROWS, CPU_SROWS_HALF, CPU_DQ_HEADS, CPU_DQ_COLS, CPU_DQ_STREAM, CPU_DELTA_LANES) %>
           // dv and dk of the block's visible keys from the same P and DS, into this item's partial of it (each slot
           // once: a block listed twice adds twice).
           ${ piece("piece", "f") }
@@ -95,11 +97,9 @@ ${ cpu.flat_blocks() }
   %pieces = arith.muli %flat_blocks, %items : index
 ${ host.push_constants() }
 ${ cpu.blocks_t() }
-  %delta = func.call @selection_attention_delta(%o, %do, %transients)
-      : (tensor<?x?x${H}x${DV}x${E}>, tensor<?x?x${H}x${DV}x${E}>, !hal.buffer) -> tensor<?x?x${H}xf32>
   %dq, %partials = flow.dispatch @selection_attention_backward_cpu_exe::@selection_attention_backward_cpu_item[%items, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %items_i32, %scale_bits, %q, %key_blocks_t, %value_blocks_t, %k,
-      %block_indices, %lse, %delta, %do)
+      %block_indices, %lse, %o, %do)
       : (i32, i32, i32, i32, i32, ${ dispatch.tensor_types(inputs) })
       -> (${ dispatch.tensor_types(outputs) })
   // Block f's pieces are f * ITEMS .. f * ITEMS + ITEMS - 1 (@dkdv_piece_sums' lists).

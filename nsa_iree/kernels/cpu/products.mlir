@@ -146,12 +146,17 @@ ${ scores_from_inputs(srows) }
 <% endmacro %>
 
 <# In place: %s_tile = P = exp(S - lse) on visible keys (0 elsewhere; times %w_v when `weighted`), %dp_tile =
-   DS = P * (dP - delta). #>
-<% macro p_ds(weighted) %>
+   DS = P * (dP - delta), delta read from the delta stage's [B, M, H] output, or from the row's own %delta_tile
+   [HPG] when `row_delta` (delta_of_row() made it). #>
+<% macro p_ds(weighted, row_delta=false) %>
           scf.for %h = %c0 to %heads_per_group step %c1 {
             %head = arith.addi %h_first, %h : index
             %l = memref.load %lse[%b, %head, %m] : memref<?x${H}x?xf32>
+<% if row_delta %>
+            %dl = memref.load %delta_tile[%h] : memref<${HPG}xf32>
+<% else %>
             %dl = memref.load %delta[%b, %m, %head] : memref<?x?x${H}xf32>
+<% endif %>
             %l_v = vector.broadcast %l : f32 to vector<${BS}xf32>
             %dl_v = vector.broadcast %dl : f32 to vector<${BS}xf32>
             %s = vector.load %s_tile[%h, %c0] : memref<${HPG}x${BS}xf32>, vector<${BS}xf32>
@@ -229,15 +234,43 @@ ${ head_sum("old", p, krows) }
         }
 <% endmacro %>
 
+<# %delta_tile [HPG] = delta of row %m's heads: sum_e do[b, m, h, e] o[b, m, h, e] in f32, each head's products
+   added `n` (CPU_DELTA_LANES, a divisor of Dv) lanes at a time along Dv (lane l: elements l, l + n, ...), then the
+   lanes in order (an ordered reduction: the same bits whatever the vector width). Reads %o, %do, %h_first, %b,
+   %m. #>
+<% macro delta_of_row(n) %>
+<% set lanes = "vector<" ~ n ~ "xf32>" %>
+      %delta_lanes_step = arith.constant ${n} : index
+      %delta_zero = arith.constant dense<0.0> : ${lanes}
+      scf.for %h = %c0 to %heads_per_group step %c1 {
+        %head = arith.addi %h_first, %h : index
+        %sum = scf.for %e0 = %c0 to %value_dim step %delta_lanes_step iter_args(%delta_acc = %delta_zero) -> (${lanes}) {
+          %do_e = vector.load %do[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${n}x${E}>
+          %o_e = vector.load %o[%b, %m, %head, %e0] : memref<?x?x${H}x${DV}x${E}>, vector<${n}x${E}>
+          %do_e32 = ${EXTF} %do_e : vector<${n}x${E}> to ${lanes}
+          %o_e32 = ${EXTF} %o_e : vector<${n}x${E}> to ${lanes}
+          %delta_acc_new = vector.fma %do_e32, %o_e32, %delta_acc : ${lanes}
+          scf.yield %delta_acc_new : ${lanes}
+        }
+        %row_delta = vector.reduction <add>, %sum : ${lanes} into f32
+        memref.store %row_delta, %delta_tile[%h] : memref<${HPG}xf32>
+      }
+<% endmacro %>
+
 <# Row %m's dq: %dq_tile zeroed, then for each selected block of its slots the key mask, S and dP over the visible
    keys (`srows`, `half_srows` heads at a time: visible_scores), P and DS in place and dq_tile += DS k (`dq_heads` x
    `dq_cols` register blocks), then the call block's text, if any (what a kernel adds from the same tiles: the
-   dense backward's dk and dv), and last the row's dq written (`stream`: dq_out). #>
-<% macro row_backward(srows, half_srows, dq_heads, dq_cols, stream) %>
+   dense backward's dk and dv), and last the row's dq written (`stream`: dq_out). `delta_lanes`: when given, the
+   row's delta made first (delta_of_row), not read from the delta stage's output. #>
+<% macro row_backward(srows, half_srows, dq_heads, dq_cols, stream, delta_lanes=none) %>
+<% set row_delta = delta_lanes is not none %>
 <% set first = "%first_visible" if WINDOW != "0" else "%c0" %>
       scf.for %h = %c0 to %heads_per_group step %c1 {
         vector.store %zero_d, %dq_tile[%h, %c0] : memref<${HPG}x${D}xf32>, vector<${D}xf32>
       }
+<% if row_delta %>
+${ delta_of_row(delta_lanes) }
+<% endif %>
 ${ rows.position() }
       scf.for %t = %c0 to %slots step %c1 {
 ${ rows.slot_block() }
@@ -249,7 +282,7 @@ ${ rows.block_extent() }
 <% endif %>
           ${ rules.key_in_range("key_mask", "key_iota", "slt", "visible_v", "first_v", "vector<" ~ BS ~ "xindex>", "vector<" ~ BS ~ "xi1>") }
 ${ visible_scores(srows, half_srows) }
-${ p_ds(false) }
+${ p_ds(false, row_delta) }
 ${ dq_add(first, dq_heads, dq_cols) }
 <% if caller is defined %>
 ${ caller() }
