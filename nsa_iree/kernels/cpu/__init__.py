@@ -84,6 +84,10 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
             # non-temporal stores need dq 64-byte aligned: IREE aligns bindings to 64 bytes, and the runtime copies
             # a tensor whose data is not (runtime.importable).
             "CPU_DQ_STREAM": "true" if spec.head_dim * _BYTES[spec.dtype] % 64 == 0 else "false",
+            # the forward's o likewise, each head's run of CPU_COLS elements whole lines
+            "CPU_O_STREAM": "true" if (spec.value_dim * _BYTES[spec.dtype] % 64 == 0
+                                       and _largest_divisor(spec.value_dim, rows) * _BYTES[spec.dtype] % 64 == 0)
+            else "false",
             "CPU_SLOT_STRIDE": str(max(1, spec.num_blocks // 2)), "CPU_LOCK_TRIES": str(CPU_LOCK_TRIES),
             "CPU_ITEMS": str(CPU_ITEMS), "CPU_ITEM_ROWS": str(CPU_ITEM_ROWS)}
 

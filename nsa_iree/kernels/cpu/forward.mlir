@@ -114,7 +114,7 @@ ${ rows.whole_steps(CPU_ROWS) }
       %one_h = vector.broadcast %one : f32 to vector<${HPG}xf32>
       %inverse = arith.divf %one_h, %l_final : vector<${HPG}xf32>
       %weight = arith.select %empty_row, %zero_h, %inverse : vector<${HPG}xi1>, vector<${HPG}xf32>
-${ rows.transposed_store("oT", "o", DV, CPU_COLS, "e", "value_dim", "cols_step", "h0", "weight") }
+${ rows.transposed_store("oT", "o", DV, CPU_COLS, "e", "value_dim", "cols_step", "h0", "weight", CPU_O_STREAM) }
       %log_sum = math.log %l_final : vector<${HPG}xf32>
       %lse_sum = arith.addf %m_final, %log_sum : vector<${HPG}xf32>
       %lse_h = arith.select %empty_row, %neg_inf_h, %lse_sum : vector<${HPG}xi1>, vector<${HPG}xf32>

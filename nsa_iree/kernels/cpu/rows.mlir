@@ -43,8 +43,9 @@ ${ constants() }
 
 <# The inverse of transposed(): %`x` [b, m, %`h0` + heads, :] (type E) = %`name` [`dim`, HPG] f32 times
    %`weight` (vector<HPG>, one factor per head), `cols` elements of `index` at a time (%`step`, up to %`bound`):
-   each tile transposed in registers and written as HPG contiguous runs of `cols` elements. #>
-<% macro transposed_store(name, x, dim, cols, index, bound, step, h0, weight) %>
+   each tile transposed in registers and written as HPG contiguous runs of `cols` elements, with streaming stores
+   when `stream` is "true" (CPU_O_STREAM: each run whole 64-byte lines, as products.dq_out's). #>
+<% macro transposed_store(name, x, dim, cols, index, bound, step, h0, weight, stream) %>
       %${weight}_tile = vector.broadcast %${weight} : vector<${HPG}xf32> to vector<${cols}x${HPG}xf32>
       scf.for %${index}0 = %c0 to %${bound} step %${step} {
         %cols = vector.transfer_read %${name}[%${index}0, %c0], %zero {in_bounds = [true, true]}
@@ -52,9 +53,19 @@ ${ constants() }
         %weighted = arith.mulf %cols, %${weight}_tile : vector<${cols}x${HPG}xf32>
         ${ transpose_tile("weighted", "rows", cols, HPG) }
         %rows_e = ${TRUNCF} %rows : vector<${HPG}x${cols}xf32> to vector<${HPG}x${cols}x${E}>
+<% if stream == "true" %>
+        // Streaming stores (whole lines, not read into the cache first; the generic form: products.dq_out).
+<% for i in range(HPG | int) %>
+        %run${i} = vector.extract %rows_e[${i}] : vector<${cols}x${E}> from vector<${HPG}x${cols}x${E}>
+        %head${i} = affine.apply affine_map<(h) -> (h + ${i})>(%${h0})
+        "vector.store"(%run${i}, %${x}, %b, %m, %head${i}, %${index}0) <{nontemporal = true}>
+            : (vector<${cols}x${E}>, memref<?x?x${H}x${dim}x${E}>, index, index, index, index) -> ()
+<% endfor %>
+<% else %>
         vector.transfer_write %rows_e, %${x}[%b, %m, %${h0}, %${index}0]
             {in_bounds = [true, true], permutation_map = affine_map<(b, m, h, ${index}) -> (h, ${index})>}
             : vector<${HPG}x${cols}x${E}>, memref<?x?x${H}x${dim}x${E}>
+<% endif %>
       }
 <% endmacro %>
 
