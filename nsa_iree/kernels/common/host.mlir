@@ -44,7 +44,7 @@ func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tenso
 <% endmacro %>
 
 <# The dense backward's signature (cpu/dense_backward.mlir): dq, dk and dv from q, k, v, the block lists, lse, o and
-   do (delta made inside, by @selection_attention_delta). #>
+   do (delta made inside, each row's as its work starts: cpu/products.mlir delta_of_row). #>
 <% macro backward_signature() %>
 func.func @selection_attention_backward(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
