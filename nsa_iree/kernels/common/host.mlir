@@ -32,23 +32,18 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
     -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
 <% endmacro %>
 
-<% macro onepass_signature() %>
-func.func @selection_attention_onepass(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+<# The signature of a backward in one call (dq, dk and dv): the one-pass's (@selection_attention_onepass, reading
+   delta [B, M, H]), or, with `name` selection_attention_backward and `reads` "o", the CPU dense backward's
+   (cpu/dense_backward.mlir), which reads o [B, M, H, Dv] and makes each row's delta itself (cpu/products.mlir
+   delta_of_row). #>
+<% macro onepass_signature(name="selection_attention_onepass", reads="delta") %>
+func.func @${name}(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
-    %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-<% endmacro %>
-
-<# The dense backward's signature (cpu/dense_backward.mlir): dq, dk and dv from q, k, v, the block lists, lse, o and
-   do (delta made inside, each row's as its work starts: cpu/products.mlir delta_of_row). #>
-<% macro backward_signature() %>
-func.func @selection_attention_backward(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
+<% if reads == "o" %>
     %o: tensor<?x?x${H}x${DV}x${E}>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+<% else %>
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+<% endif %>
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
     %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
     %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},

@@ -83,7 +83,7 @@ ${ products.scale_dk("scaled", CPU_DKV) }
     }
 <% endcall %>
 
-${ host.backward_signature() }
+${ host.onepass_signature("selection_attention_backward", "o") }
 <% call host.sizes() %>
   %kv_heads = arith.constant ${G} : index
   %block_size = arith.constant ${BS} : index
