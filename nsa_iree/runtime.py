@@ -43,6 +43,13 @@ Threads (CUDA): IREE's CUDA driver loads a module's kernels into the context cur
 a thread torch made for its own work (autograd's backward on a GPU runs on one per device) may have none until
 torch itself touches the GPU there. Before loading a module and before every call, the device's primary context
 (the one IREE's device and torch share) is made current on the calling thread if no context is.
+
+Threads (CPU, Linux): a call's thread waits for IREE's workers on a timepoint of the call's semaphore, and the
+worker that signals it wakes the waiter before it marks the timepoint done; on waking, the waiter spins until it is
+marked. Where the waiter's wakeup preempts that worker (both on one core), it spins for a whole time slice: the call
+took twice its time in about a quarter of the calls on a 2-core machine (docs/runtime.md, 'CPU threads'). So the
+calling thread waits as SCHED_BATCH, whose wakeups do not preempt (:func:`_no_wakeup_preemption`); its own
+policy is back as the call returns.
 """
 
 from __future__ import annotations
@@ -295,12 +302,39 @@ class Module:
         if wait_for_torch and self.device.torch_device.type == "cuda":
             torch.cuda.current_stream(self.device.torch_device).synchronize()
         outputs = rt.VmVariantList(4)
-        self.context.invoke(fn, self._variants(values, storage), outputs)
+        if self.device.torch_device.type == "cpu":
+            with _no_wakeup_preemption():
+                self.context.invoke(fn, self._variants(values, storage), outputs)
+        else:
+            self.context.invoke(fn, self._variants(values, storage), outputs)
         if workspace is not None and self.device.torch_device.type == "cpu":
             del storage
             self._spare_workspaces.append(workspace)
         return [outputs.get_as_object(i, rt.HalBufferView) for i in range(outputs.size)]
 
+
+class _no_wakeup_preemption:
+    """The calling thread as SCHED_BATCH for the block, where it runs as SCHED_OTHER (the module docstring,
+    'Threads (CPU, Linux)'): a change of policy between the two normal ones needs no privilege, and keeps the
+    thread's nice value. Threads of any other policy, and systems without the call, are left as they are."""
+
+    def __enter__(self):
+        self.changed = False
+        if _BATCH is not None and os.sched_getscheduler(0) == os.SCHED_OTHER:
+            try:
+                os.sched_setscheduler(0, _BATCH, _NORMAL_PRIORITY)
+                self.changed = True
+            except OSError:           # a sandbox that forbids it: the call runs as before
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        if self.changed:
+            os.sched_setscheduler(0, os.SCHED_OTHER, _NORMAL_PRIORITY)
+
+
+_BATCH = getattr(os, "SCHED_BATCH", None) if hasattr(os, "sched_setscheduler") else None
+_NORMAL_PRIORITY = os.sched_param(0) if _BATCH is not None else None
 
 _devices: dict[torch.device, Device] = {}
 _devices_lock = threading.Lock()

@@ -267,6 +267,43 @@ def test_a_thread_without_a_cuda_context_gets_the_primary_one(monkeypatch, curre
     assert (fake.calls, fake.current) == (calls, after)
 
 
+class _PolicyRecorder:
+    """A module's VmContext, recording the calling thread's scheduling policy as each call runs."""
+
+    def __init__(self, context):
+        self.context, self.policies = context, []
+
+    def invoke(self, *args):
+        self.policies.append(os.sched_getscheduler(0))
+        return self.context.invoke(*args)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+@pytest.mark.parametrize("own", ["SCHED_OTHER", "SCHED_BATCH"])
+def test_a_cpu_call_waits_as_sched_batch_and_gives_the_thread_its_policy_back(own):
+    """A CPU call's thread waits for IREE's workers as SCHED_BATCH (runtime._no_wakeup_preemption), and has its own
+    policy back after; a thread the application made SCHED_BATCH (any but SCHED_OTHER) is left as it is."""
+    from nsa_iree import runtime
+
+    q, k, v, idx, _ = _problem(seed=2)
+    expected = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    modules = list(runtime.device_for(torch.device("cpu"))._modules.values())
+    recorders = [_PolicyRecorder(module.context) for module in modules]
+    policy = getattr(os, own)
+    try:
+        for module, recorder in zip(modules, recorders):
+            module.context = recorder
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+        got = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+        assert os.sched_getscheduler(0) == policy
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        for module, recorder in zip(modules, recorders):
+            module.context = recorder.context
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert {p for r in recorders for p in r.policies} == {os.SCHED_BATCH}
+
+
 # --- artifacts verified before loading --------------------------------------------------------------------
 
 def _garbage(path: Path) -> None:
