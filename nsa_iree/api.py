@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import sys
 import warnings
+import weakref
 from typing import Optional, Union
 
 import torch
@@ -175,6 +176,22 @@ def dense_backward(spec: KernelSpec) -> bool:
     return dense(spec, load_recipe(spec.target))
 
 
+def _inverted_blocks(module, idx: Tensor, n: int, fixed: bool):
+    """(entries, piece_start, piece_count): the two-pass's block -> rows lists of idx, made by the module, or, for a
+    fixed idx (backward_into's fixed_blocks), the ones the module made for this version of it before: kept by the
+    module (released with it, before IREE's bindings go at exit) until idx is freed."""
+    if not fixed:
+        return module.call("invert_block_indices", idx, n, wait_for_torch=False)
+    key = ("inverted", id(idx), n)
+    version, lists = module.kept.get(key, (None, None))
+    if version != idx._version:
+        if key not in module.kept:
+            weakref.finalize(idx, module.kept.pop, key, None)
+        lists = module.call("invert_block_indices", idx, n, wait_for_torch=False)
+        module.kept[key] = idx._version, lists
+    return lists
+
+
 def _repeat_groups(x: Tensor, split: int) -> Tensor:
     """x [B, N, G, ...] as [B, N, G * split, ...]: each kv head's slice repeated for its `split` groups of query
     heads (group g * split + i reads kv head g)."""
@@ -182,7 +199,7 @@ def _repeat_groups(x: Tensor, split: int) -> Tensor:
 
 
 def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None,
-                  after_dkdv=None, key_stride=1, window=0):
+                  after_dkdv=None, key_stride=1, window=0, fixed_blocks=False):
     """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype; dk and dv may
     be float32 for 16-bit inputs: their sums before the rounding to q's dtype).
 
@@ -196,7 +213,9 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     so that a caller can start sending them while dq is computed (nsa_iree.distributed); after the one call of
     the dense backward and of the one-pass. Not called when dk/dv are not computed; with packed sequences that
     need padding, called at the end (dk and dv are copied out of the padded layout last). key_stride, window: as
-    for forward_into.
+    for forward_into. fixed_blocks: idx is a tensor made once per shape and only read (the band of the sliding
+    window, the compressed attention's tiles): the two-pass's inversion of it is made once and kept as long as idx
+    lives (a change to idx in place makes it again).
     """
     check_variant(variant)
     if (dk is None) != (dv is None) or (variant == "one-pass" and None in (dq, dk, dv)):
@@ -243,7 +262,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     if variant == "two-pass" and not dense_backward(spec):
         (delta,) = module.call("selection_attention_delta", o, do)
         if dk is not None:
-            entries, piece_start, piece_count = module.call("invert_block_indices", idx, n, wait_for_torch=False)
+            entries, piece_start, piece_count = _inverted_blocks(module, idx, n, fixed_blocks and split == 1)
             module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start,
                         piece_count, scale, dk, dv, wait_for_torch=False)
             del entries, piece_start, piece_count

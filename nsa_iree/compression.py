@@ -329,7 +329,7 @@ def _backward(do, q, k_cmp, v_cmp, o, lse, block_size, scale, n):
     dk, dv = api.output_buffer(k_cmp.shape, k_cmp), api.output_buffer(v_cmp.shape, v_cmp)
     api.backward_into(dq, dk, dv, qp.contiguous(), k_cmp.contiguous(), v_cmp.contiguous(), op.contiguous(),
                       lsep.contiguous(), dop.contiguous(), idx, _tile(q.device), scale, "two-pass",
-                      key_stride=block_size)
+                      key_stride=block_size, fixed_blocks=True)
     return _from_positions(dq, p0, m_rows, 1, 0.0), dk, dv
 
 

@@ -217,10 +217,14 @@ class Module:
         self._transient_sizes = {}  # (function, argument shapes and integer scalars) -> bytes
         self._placeholder = None
         self._spare_workspaces: list[torch.Tensor] = []     # CPU: finished calls' workspaces, for the next ones
+        # Results of this module's calls that its callers keep for later calls (nsa_iree.api: the inverted block
+        # lists of a fixed block-index tensor), released with the module.
+        self.kept: dict = {}
 
     def close(self) -> None:
         self._functions.clear()
         self._spare_workspaces.clear()
+        self.kept.clear()
         self._placeholder = self.context = self.vm_module = None
 
     def _lookup(self, name: str):

@@ -157,5 +157,6 @@ def _backward(do, q, k, v, o, lse, window, scale):
     dq, dk, dv = api.output_buffer(q.shape, q), api.output_buffer(k.shape, k), api.output_buffer(v.shape, v)
     idx = _band_indices(batch, m_rows, k.shape[1], k.shape[2], window, q.device)
     api.backward_into(dq, dk, dv, q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), lse.contiguous(),
-                      do.contiguous(), idx, WINDOW_BLOCK, scale, "two-pass", window=window)
+                      do.contiguous(), idx, WINDOW_BLOCK, scale, "two-pass", window=window,
+                      fixed_blocks=True)
     return dq, dk, dv

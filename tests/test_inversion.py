@@ -41,3 +41,35 @@ def test_inversion_matches_the_direct_layout(case):
     want = block_lists_reference(idx, bs, n, ROWS_PER_PIECE)
     for name, a, e in zip(("entries", "piece_start", "piece_count"), got, want):
         assert a.shape == e.shape and torch.equal(a, e), name
+
+
+def test_a_fixed_block_list_is_inverted_once_per_version(monkeypatch):
+    """backward_into's fixed_blocks (the window's band, the compressed attention's tiles): the inversion of one
+    block-index tensor is made on its first backward, reused by the next (the same gradients, bit for bit, as a
+    backward that inverts it), and made again after the tensor changes in place."""
+    from nsa_iree import api, runtime
+
+    b, m, n, g, t, bs = 1, 96, 96, 1, 3, 16
+    gen = torch.Generator().manual_seed(3)
+    q, do = torch.randn(b, m, 2, 16, generator=gen), torch.randn(b, m, 2, 16, generator=gen)
+    k, v = torch.randn(b, n, g, 16, generator=gen), torch.randn(b, n, g, 16, generator=gen)
+    idx = realistic_block_indices(b, m, n, g, t, bs, generator=gen)
+    o, lse = api.selection_attention_fwd(q, k, v, idx, bs)
+    inversions = []
+    call = runtime.Module.call
+    monkeypatch.setattr(runtime.Module, "call", lambda self, name, *args, **kw: (
+        inversions.append(name) if name == "invert_block_indices" else None, call(self, name, *args, **kw))[1])
+
+    def grads(fixed):
+        out = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+        api.backward_into(*out, q, k, v, o, lse, do, idx, bs, q.shape[-1] ** -0.5, "two-pass", fixed_blocks=fixed)
+        return out
+
+    inverted_each_time = grads(False)
+    counts = []
+    for change in (False, False, True, False):
+        if change:
+            idx.add_(0)                    # written in place: a new version
+        assert all(torch.equal(a, e) for a, e in zip(grads(True), inverted_each_time))
+        counts.append(len(inversions))
+    assert counts == [2, 2, 3, 3]          # the first backward's own inversion, then one per version

@@ -589,6 +589,28 @@ def test_no_leak_report_at_exit(tmp_path, built):
     assert "leaked" not in result.stderr, result.stderr[:3000]
 
 
+def test_kept_results_are_released_before_exit(tmp_path):
+    """A sliding-window and a compressed-attention backward keep their block lists' inversion in the module
+    (nsa_iree.api: fixed_blocks), alive at exit with the cached block lists: the process exits cleanly, nothing
+    reported leaked."""
+    script = tmp_path / "kept.py"
+    script.write_text(textwrap.dedent("""
+        import torch, nsa_iree
+
+        q = torch.randn(1, 130, 4, 16, requires_grad=True)
+        k = torch.randn(1, 130, 2, 16, requires_grad=True)
+        v = torch.randn(1, 130, 2, 16, requires_grad=True)
+        nsa_iree.sliding_window_attention(q, k, v, 40).sum().backward()
+        k_cmp = nsa_iree.mean_pooling(k, 16)
+        nsa_iree.compressed_attention(q, k_cmp, k_cmp, 16)[0].sum().backward()
+        print("ran")
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                            env=_env(NSA_IREE_CACHE_DIR=str(tmp_path / "cache")))
+    assert_ok(result)
+    assert result.stdout.strip() == "ran" and "leaked" not in result.stderr, result.stderr[:3000]
+
+
 # --- command line -----------------------------------------------------------------------------------------
 
 BAD_CLI_VALUES = {
