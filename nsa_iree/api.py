@@ -179,8 +179,9 @@ def dense_backward(spec: KernelSpec) -> bool:
 def _inverted_blocks(module, idx: Tensor, n: int, fixed: bool):
     """(entries, piece_start, piece_count): the two-pass's block -> rows lists of idx, made by the module, or, for a
     fixed idx (backward_into's fixed_blocks), the ones the module made for this version of it before: kept by the
-    module (released with it, before IREE's bindings go at exit) until idx is freed."""
-    if not fixed:
+    module (released with it, before IREE's bindings go at exit) until idx is freed. An inference tensor (made
+    under torch.inference_mode, which counts no versions) is inverted every time."""
+    if not fixed or idx.is_inference():
         return module.call("invert_block_indices", idx, n, wait_for_torch=False)
     key = ("inverted", id(idx), n)
     version, lists = module.kept.get(key, (None, None))

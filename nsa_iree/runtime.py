@@ -324,11 +324,12 @@ class _no_wakeup_preemption:
 
     def __enter__(self):
         self.changed = False
-        if _BATCH is not None and os.sched_getscheduler(0) == os.SCHED_OTHER:
+        if _BATCH is not None:
             try:
-                os.sched_setscheduler(0, _BATCH, _NORMAL_PRIORITY)
-                self.changed = True
-            except OSError:           # a sandbox that forbids it: the call runs as before
+                if os.sched_getscheduler(0) == os.SCHED_OTHER:
+                    os.sched_setscheduler(0, _BATCH, _NORMAL_PRIORITY)
+                    self.changed = True
+            except OSError:           # a sandbox that forbids the calls: the call runs as before
                 pass
         return self
 

@@ -73,3 +73,8 @@ def test_a_fixed_block_list_is_inverted_once_per_version(monkeypatch):
         assert all(torch.equal(a, e) for a, e in zip(grads(True), inverted_each_time))
         counts.append(len(inversions))
     assert counts == [2, 2, 3, 3]          # the first backward's own inversion, then one per version
+    with torch.inference_mode():           # an inference tensor counts no versions: inverted every time
+        idx = idx.clone()
+    for _ in range(2):
+        assert all(torch.equal(a, e) for a, e in zip(grads(True), inverted_each_time))
+    assert len(inversions) == 5
