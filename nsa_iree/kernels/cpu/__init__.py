@@ -16,11 +16,11 @@ CPU_VECTOR_REGISTERS = 16   # accumulator registers of one register block (of th
 CPU_LOCK_TRIES = 20000
 # Work items of the dense backward (dense_backward.mlir), each with an f32 dk/dv partial of every key block: one per
 # CPU_ITEM_ROWS rows, at most CPU_ITEMS per (batch, kv head). IREE's workers claim a dispatch's workgroups one at a
-# time when it has fewer than 8 per worker and 8 at a time otherwise: a dispatch of fewer than 16 workgroups (one
-# batch and kv head: items x G x B < 16) is claimed one at a time on every machine of two or more workers, so a
-# worker that falls behind (its core shared for a while) leaves the items it has not started to the others. 16 items on two workers were two claims of 8: a backward took a third more
-# while one core was half taken (docs/performance.md, 'The CPU backward's work items'). The price: at most 15
-# workers share one (batch, kv head)'s rows.
+# time when it has fewer than 8 per worker and 8 at a time otherwise: a dispatch of fewer than 16 workgroups (items
+# x G x B < 16) is claimed one at a time on every machine of two or more workers, so a worker that falls behind (its
+# core shared for a while) leaves the items it has not started to the others. 16 items on two workers were two
+# claims of 8: a backward took a third more while one core was half taken (docs/performance.md, 'The CPU
+# backward's work items'). The price: at most 15 workers share one (batch, kv head)'s rows.
 CPU_ITEMS = 15
 CPU_ITEM_ROWS = 256
 _BYTES = {"f32": 4, "bf16": 2, "f16": 2}     # bytes of an element of each KernelSpec.dtype
