@@ -40,13 +40,16 @@
    keys; sle: it is the last visible offset) and, with a window, at or after the first_key %`first`. `type`: the
    operands' type (index, or a vector of them). With %`j_last` (>= j), whether some key of the run j .. j_last is
    visible: the visible keys are one range, so the run's first is below the upper bound and its last at or after
-   `first` (a kernel's test for skipping the products of a run of keys). #>
-<% macro key_in_range(name, j, predicate, upper, first, type="index", mask_type="i1", j_last=none) %>
+   `first` (a kernel's test for skipping the products of a run of keys); with `every` as well, whether every key of
+   the run is visible: its last below the upper bound and its first at or after `first` (a kernel's test for a run
+   that needs no mask). #>
+<% macro key_in_range(name, j, predicate, upper, first, type="index", mask_type="i1", j_last=none, every=false) %>
+<% set j_upper, j_lower = (j_last, j) if every else (j, j_last or j) %>
 <% if WINDOW != "0" %>
-%${name}_below = arith.cmpi ${predicate}, %${j}, %${upper} : ${type}
-                %${name}_above = arith.cmpi sge, %${j_last or j}, %${first} : ${type}
+%${name}_below = arith.cmpi ${predicate}, %${j_upper}, %${upper} : ${type}
+                %${name}_above = arith.cmpi sge, %${j_lower}, %${first} : ${type}
                 %${name} = arith.andi %${name}_below, %${name}_above : ${mask_type}<% else %>
-%${name} = arith.cmpi ${predicate}, %${j}, %${upper} : ${type}<% endif %>
+%${name} = arith.cmpi ${predicate}, %${j_upper}, %${upper} : ${type}<% endif %>
 <% endmacro %>
 
 <# %`name` (i32): which keys of a slot's block at %`key0` row position %`pos` sees, as the linalg regions compare

@@ -57,6 +57,65 @@ ${ dispatch.layout("dkdv_kernel_layout", 5, inputs, outputs) }
 
 #dkv_contraction = [affine_map<(i, j, k) -> (i, k)>, affine_map<(i, j, k) -> (k, j)>, affine_map<(i, j, k) -> (i, j)>]
 
+<# p^T and ds^T of a piece row as the lhs fragments %pt and %dst of dv += p^T do and dk += ds^T q, from the s^T and
+   dp^T accumulators %st, %dpt; with `masked`, 0 for keys past the row's %last (or before its %first) and padding
+   heads. #>
+<% macro p_and_ds_fragments(masked) %>
+            %lhs_zero = arith.constant dense<0.0> : !dkv_lhs
+            %zero_f32_pair = arith.constant dense<0.0> : vector<2xf32>
+            %pt, %dst = scf.for %tile = %c0 to %c2 step %c1 iter_args(%p_acc = %lhs_zero, %ds_acc = %lhs_zero)
+                -> (!dkv_lhs, !dkv_lhs) {
+              %p_o, %ds_o = scf.for %o = %c0 to %c2 step %c1 iter_args(%p_acc2 = %p_acc, %ds_acc2 = %ds_acc)
+                  -> (!dkv_lhs, !dkv_lhs) {
+                %o8 = arith.muli %o, %c8 : index
+                %j0 = arith.addi %key_base, %o8 : index
+                %j = arith.addi %j0, %r : index
+<% if masked %>
+                ${ rules.key_in_range("key_visible", "j", "sle", "last", "first") }
+<% endif %>
+                %p_f32, %ds_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pp = %zero_f32_pair, %dd = %zero_f32_pair)
+                    -> (vector<2xf32>, vector<2xf32>) {
+                  %tile8 = arith.muli %tile, %c8 : index
+                  %h1 = arith.addi %tile8, %c2x : index
+                  %h = arith.addi %h1, %e : index
+<% if masked %>
+                  %head_real = arith.cmpi ult, %h, %heads_per_group : index
+                  %live = arith.andi %key_visible, %head_real : i1
+<% else %>
+                  %live = arith.constant true
+<% endif %>
+                  %l = memref.load %lse_rows[%buffer, %h] : !dkv_stats
+                  %dl = memref.load %delta_rows[%buffer, %h] : !dkv_stats
+                  %sv = vector.extract %st[0, %tile, %o, %e] : f32 from !dkv_scores
+                  %dpv = vector.extract %dpt[0, %tile, %o, %e] : f32 from !dkv_scores
+${ nv.p_and_ds("sv", "dpv", "l", "dl", EX2, "p_raw", weight="weight") }
+                  %p_live = arith.select %live, %p_raw, %zero : f32
+                  %ds_live = arith.select %live, %ds_scaled, %zero : f32
+                  %pp_next = vector.insert %p_live, %pp[%e] : f32 into vector<2xf32>
+                  %dd_next = vector.insert %ds_live, %dd[%e] : f32 into vector<2xf32>
+                  scf.yield %pp_next, %dd_next : vector<2xf32>, vector<2xf32>
+                } {unroll_loop}
+                // each pair to the input type in one instruction (element 0 in the low half)
+                %p0 = vector.extract %p_f32[0] : f32 from vector<2xf32>
+                %p1 = vector.extract %p_f32[1] : f32 from vector<2xf32>
+                %ds0 = vector.extract %ds_f32[0] : f32 from vector<2xf32>
+                %ds1 = vector.extract %ds_f32[1] : f32 from vector<2xf32>
+                %p_packed = ${PACK_PAIR} %p1, %p0 : (f32, f32) -> i32
+                %ds_packed = ${PACK_PAIR} %ds1, %ds0 : (f32, f32) -> i32
+                %p_packed_v = vector.broadcast %p_packed : i32 to vector<1xi32>
+                %ds_packed_v = vector.broadcast %ds_packed : i32 to vector<1xi32>
+                %p_pair = vector.bitcast %p_packed_v : vector<1xi32> to vector<2x${E}>
+                %ds_pair = vector.bitcast %ds_packed_v : vector<1xi32> to vector<2x${E}>
+                %o2 = arith.muli %o, %c2 : index
+                %frag_row = arith.addi %o2, %tile : index
+                %p_next = vector.insert %p_pair, %p_acc2[0, 0, %frag_row] : vector<2x${E}> into !dkv_lhs
+                %ds_next = vector.insert %ds_pair, %ds_acc2[0, 0, %frag_row] : vector<2x${E}> into !dkv_lhs
+                scf.yield %p_next, %ds_next : !dkv_lhs, !dkv_lhs
+              } {unroll_loop}
+              scf.yield %p_o, %ds_o : !dkv_lhs, !dkv_lhs
+            } {unroll_loop}
+<% endmacro %>
+
 <% call dispatch.executable("selection_attention_dkdv_kernel_exe", "selection_attention_dkdv_piece", "dkdv_kernel_layout", ['pieces'], lanes=LANES) %>
 ${ nv.func_open("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE, DKDV_MIN_WORKGROUPS_PER_SM) }
       %c0 = arith.constant 0 : index
@@ -230,54 +289,22 @@ ${ nv.score_steps("%st", "%d_steps", "%scores_zero", "%k_frags", "!dkv_k_frags",
 ${ nv.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frags", "%do_rows", "!dkv_do_rows", "%buffer", "%hi_row", "%v_swizzle_high", "%lo8", "%hi_swizzle_v", dkv) }
 
             // p^T and ds^T element by element: [tile][o][e] is key key_base + 8 o + r, head 8 tile + 2 c + e,
-            // and goes to element [2 o + tile][e] of the lhs fragments.
-            %lhs_zero = arith.constant dense<0.0> : !dkv_lhs
-            %zero_f32_pair = arith.constant dense<0.0> : vector<2xf32>
-            %pt, %dst = scf.for %tile = %c0 to %c2 step %c1 iter_args(%p_acc = %lhs_zero, %ds_acc = %lhs_zero)
-                -> (!dkv_lhs, !dkv_lhs) {
-              %p_o, %ds_o = scf.for %o = %c0 to %c2 step %c1 iter_args(%p_acc2 = %p_acc, %ds_acc2 = %ds_acc)
-                  -> (!dkv_lhs, !dkv_lhs) {
-                %o8 = arith.muli %o, %c8 : index
-                %j0 = arith.addi %key_base, %o8 : index
-                %j = arith.addi %j0, %r : index
-                ${ rules.key_in_range("key_visible", "j", "sle", "last", "first") }
-                %p_f32, %ds_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pp = %zero_f32_pair, %dd = %zero_f32_pair)
-                    -> (vector<2xf32>, vector<2xf32>) {
-                  %tile8 = arith.muli %tile, %c8 : index
-                  %h1 = arith.addi %tile8, %c2x : index
-                  %h = arith.addi %h1, %e : index
-                  %head_real = arith.cmpi ult, %h, %heads_per_group : index
-                  %live = arith.andi %key_visible, %head_real : i1
-                  %l = memref.load %lse_rows[%buffer, %h] : !dkv_stats
-                  %dl = memref.load %delta_rows[%buffer, %h] : !dkv_stats
-                  %sv = vector.extract %st[0, %tile, %o, %e] : f32 from !dkv_scores
-                  %dpv = vector.extract %dpt[0, %tile, %o, %e] : f32 from !dkv_scores
-${ nv.p_and_ds("sv", "dpv", "l", "dl", EX2, "p_raw", weight="weight") }
-                  %p_live = arith.select %live, %p_raw, %zero : f32
-                  %ds_live = arith.select %live, %ds_scaled, %zero : f32
-                  %pp_next = vector.insert %p_live, %pp[%e] : f32 into vector<2xf32>
-                  %dd_next = vector.insert %ds_live, %dd[%e] : f32 into vector<2xf32>
-                  scf.yield %pp_next, %dd_next : vector<2xf32>, vector<2xf32>
-                } {unroll_loop}
-                // each pair to the input type in one instruction (element 0 in the low half)
-                %p0 = vector.extract %p_f32[0] : f32 from vector<2xf32>
-                %p1 = vector.extract %p_f32[1] : f32 from vector<2xf32>
-                %ds0 = vector.extract %ds_f32[0] : f32 from vector<2xf32>
-                %ds1 = vector.extract %ds_f32[1] : f32 from vector<2xf32>
-                %p_packed = ${PACK_PAIR} %p1, %p0 : (f32, f32) -> i32
-                %ds_packed = ${PACK_PAIR} %ds1, %ds0 : (f32, f32) -> i32
-                %p_packed_v = vector.broadcast %p_packed : i32 to vector<1xi32>
-                %ds_packed_v = vector.broadcast %ds_packed : i32 to vector<1xi32>
-                %p_pair = vector.bitcast %p_packed_v : vector<1xi32> to vector<2x${E}>
-                %ds_pair = vector.bitcast %ds_packed_v : vector<1xi32> to vector<2x${E}>
-                %o2 = arith.muli %o, %c2 : index
-                %frag_row = arith.addi %o2, %tile : index
-                %p_next = vector.insert %p_pair, %p_acc2[0, 0, %frag_row] : vector<2x${E}> into !dkv_lhs
-                %ds_next = vector.insert %ds_pair, %ds_acc2[0, 0, %frag_row] : vector<2x${E}> into !dkv_lhs
-                scf.yield %p_next, %ds_next : !dkv_lhs, !dkv_lhs
-              } {unroll_loop}
-              scf.yield %p_o, %ds_o : !dkv_lhs, !dkv_lhs
-            } {unroll_loop}
+            // and goes to element [2 o + tile][e] of the lhs fragments; without the masks where every key of the
+            // subgroup is visible to the row and its heads fill the tile (the same for all the subgroup's lanes).
+            %key_last_offset = arith.constant 15 : index
+            %key_last = arith.addi %key_base, %key_last_offset : index
+<% if (HPG | int) % 16 == 0 %>
+            ${ rules.key_in_range("row_interior", "key_base", "sle", "last", "first", j_last="key_last", every=true) }
+<% else %>
+            %row_interior = arith.constant false
+<% endif %>
+            %pt, %dst = scf.if %row_interior -> (!dkv_lhs, !dkv_lhs) {
+${ p_and_ds_fragments(masked=false) }
+              scf.yield %pt, %dst : !dkv_lhs, !dkv_lhs
+            } else {
+${ p_and_ds_fragments(masked=true) }
+              scf.yield %pt, %dst : !dkv_lhs, !dkv_lhs
+            }
 
             // dv += p^T do and dk += ds^T q, two column tiles per step: the rhs (heads x columns) is read
             // transposed (ldmatrix .trans: matrix q is column tile 2 s + q / 2, k' = q mod 2).

@@ -135,7 +135,7 @@ ${ nv.selected_block("%slot", "%selected_now") }
           %visible = arith.addi %to_pos, %c1 : index
           ${ rules.first_key("first_visible") }
 
-${ softmax.step(dqk, EX2, PACK_PAIR, VOTE_ANY) }
+${ softmax.checked_step(dqk, EX2, PACK_PAIR, VOTE_ANY) }
           scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
         } else {
           scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32

@@ -261,10 +261,27 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
       ${ rules.last_block("last_visible_block") }
 <% endmacro %>
 
+<# %interior (i1, the same in every lane of the subgroup, whose 16 rows are one position's heads): every key of the
+   16-key step at %key_base is below %visible and, with a window, from %first_visible on, and no row is padding (false
+   with fewer heads per group than the tile's 16), so the step can take score_element without its test
+   (masked=false). #>
+<% macro interior() %>
+          %step_last_offset = arith.constant 15 : index
+          %step_last = arith.addi %key_base, %step_last_offset : index
+<% if (HPG | int) % 16 == 0 %>
+          ${ rules.key_in_range("interior", "key_base", "slt", "visible", "first_visible", j_last="step_last", every=true) }
+<% else %>
+          %interior = arith.constant false
+<% endif %>
+<% endmacro %>
+
 <# Scores element [0][tile][i][e] (head 8 i + r, key j = key_base + 8 tile + 2 c + e): %j, %live (key j visible
    below %visible, or below the row's own %visible_0 / %visible_1 (by %is_row_1) when `per_row`; head real by
-   %head_valid) and its score %sv in %s_acc. #>
-<% macro score_element(per_row=false) %>
+   %head_valid) and its score %sv in %s_acc; without `masked` (a step where %interior holds) %live is true. #>
+<% macro score_element(per_row=false, masked=true) %>
+<% if not masked %>
+                %live = arith.constant true
+<% else %>
                 %tile8 = arith.muli %tile, %c8 : index
                 %j0 = arith.addi %key_base, %tile8 : index
                 %j1 = arith.addi %j0, %c2x : index
@@ -279,6 +296,7 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
                 ${ rules.key_in_range("key_visible", "j", "slt", "visible", "first_visible") }
 <% endif %>
                 %live = arith.andi %key_visible, %head_valid : i1
+<% endif %>
                 %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
 <% endmacro %>
 

@@ -17,8 +17,9 @@
    when `per_row`). Takes the running state %o_iter (!fwk_o_acc), %mx0, %mx1 (row maxes, base 2), %l0, %l1
    (the lane's parts of the row sums) and defines the next: %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new.
    `t` names the s = q k^T types (kernel.mlir's types, with kind); ex2, pack_pair and vote_any are the recipe's
-   instructions (the family's EX2, PACK_PAIR, VOTE_ANY). #>
-<% macro step(t, ex2, pack_pair, vote_any, per_row=false) %>
+   instructions (the family's EX2, PACK_PAIR, VOTE_ANY). Without `masked` no key or row is tested (a step where
+   kernel.mlir's %interior holds). #>
+<% macro step(t, ex2, pack_pair, vote_any, per_row=false, masked=true) %>
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
 ${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", t) }
           // Scores in base-2 units, x = s scale log2(e), -inf where the key is invisible or the head is
@@ -29,7 +30,7 @@ ${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frag
               %is_row_1 = arith.cmpi eq, %i, %c1 : index
               %head_valid = arith.select %is_row_1, %head_valid_1, %head_valid_0 : i1
               %acc_e = scf.for %e = %c0 to %c2 step %c1 iter_args(%acc3 = %acc2) -> (!dqk_scores) {
-${ nv.score_element(per_row) }
+${ nv.score_element(per_row, masked) }
                 %scaled = arith.mulf %sv, %scale_log2 : f32
                 %xv = arith.select %live, %scaled, %minus_inf : f32
                 %next = vector.insert %xv, %acc3[0, %tile, %i, %e] : f32 into !dqk_scores
@@ -129,6 +130,20 @@ ${ quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h, "arith.maximumf") }
 
           // o += p v with v read transposed (ldmatrix .trans), two e tiles per step.
 ${ nv.accumulate_steps("%o_new", "%dv_steps", "%o_ref", "!fwk_o_acc", "%p_frags", "!fwk_p_frags", "%scores_zero", "%v_rows", "!dqk_v_rows", "%buffer", "%pv_row", "%v_swizzle_high", "%hi8", "%pv_swizzle_v", t) }
+<% endmacro %>
+
+<# `step` as two copies under kernel.mlir's subgroup-uniform %interior test (rows of one position: the selection
+   forward's): the one without masks where every key of the step is visible to every row, the masked one at the
+   edges of the row's range. Takes and defines what `step` does. #>
+<% macro checked_step(t, ex2, pack_pair, vote_any) %>
+${ nv.interior() }
+          %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new = scf.if %interior -> (!fwk_o_acc, f32, f32, f32, f32) {
+${ step(t, ex2, pack_pair, vote_any, masked=false) }
+            scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
+          } else {
+${ step(t, ex2, pack_pair, vote_any) }
+            scf.yield %o_new, %max_ref_0, %max_ref_1, %l0_new, %l1_new : !fwk_o_acc, f32, f32, f32, f32
+          }
 <% endmacro %>
 
 <# The online softmax over the first `keys` keys of the staged tile or block in %buffer, 16 at a time (steps
