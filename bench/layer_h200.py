@@ -25,7 +25,9 @@ def specs(n):
     return branch_specs("anchors", "layer", n, WINDOW)
 
 
-def timing(n):
+def timing(n, baselines=True):
+    """Ours at n tokens, without and with the window, and fla's parallel_nsa beside them unless not `baselines` (an
+    A/B of builds: bench/ab_step.py)."""
     import nsa_iree
     from nsa_iree.benchmark import timed
 
@@ -49,6 +51,8 @@ def timing(n):
                                                     window_size=WINDOW)
     row["nsa_iree_window_forward_ms"] = ms(lambda: windowed(q, k, v, g_cmp, g_slc))
     row["nsa_iree_window_step_ms"] = ms(lambda: step(windowed))
+    if not baselines:
+        return row
     from fla.ops.nsa.parallel import parallel_nsa
 
     theirs = lambda q, k, v, gc, gs: parallel_nsa(q, k, v, gc, gs, block_counts=t, block_size=bs)  # noqa: E731
@@ -58,20 +62,22 @@ def timing(n):
     return row
 
 
-def profile(out: Path, n: int) -> None:
-    """One nsa_iree training step under torch.profiler (bench.lengths.profile_step)."""
+def profile(out: Path, n: int, window: int = 0) -> None:
+    """One nsa_iree training step under torch.profiler (bench.lengths.profile_step), with the window branch beside
+    the others when `window` > 0."""
     import nsa_iree
     from bench.lengths import profile_step
 
     h, g, d, bs, t = (ANCHORS[x] for x in ("heads", "kv_heads", "head_dim", "block_size", "block_counts"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, n, heads, d, device="cuda", generator=gen).to(torch.bfloat16) for heads in (h, g, g))
-    g_cmp, g_slc = (torch.rand(1, n, h, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+    g_cmp, g_slc, g_swa = (torch.rand(1, n, h, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
     do = torch.randn(1, n, h, d, device="cuda", generator=gen).to(torch.bfloat16)
+    gates = (g_cmp, g_slc, g_swa) if window else (g_cmp, g_slc)
 
     def step():
-        leaves = [x.detach().requires_grad_() for x in (q, k, v, g_cmp, g_slc)]
-        nsa_iree.nsa(*leaves, block_counts=t, block_size=bs).backward(do)
+        leaves = [x.detach().requires_grad_() for x in (q, k, v, *gates)]
+        nsa_iree.nsa(*leaves, block_counts=t, block_size=bs, window_size=window).backward(do)
 
     profile_step(out, step)
 

@@ -21,7 +21,8 @@ def specs(n):
     return branch_specs("anchors", "window", n, ANCHORS["window"])
 
 
-def timing(n):
+def timing(n, baselines=True):
+    """Ours at n tokens, and FlexAttention's beside it unless not `baselines` (an A/B of builds: bench/ab_step.py)."""
     import nsa_iree
     from nsa_iree.benchmark import flex_window, timed
 
@@ -38,6 +39,8 @@ def timing(n):
     ours = lambda q, k, v: nsa_iree.sliding_window_attention(q, k, v, w)  # noqa: E731
     row = {"n": n, "window": w, "nsa_iree_forward_ms": ms(lambda: ours(q, k, v)),
            "nsa_iree_fwd_bwd_ms": ms(lambda: step(ours, q, k, v))}
+    if not baselines:
+        return row
 
     theirs = flex_window(w, n, torch.device("cuda"))
     row["flex_forward_ms"] = ms(lambda: theirs(q, k, v))
