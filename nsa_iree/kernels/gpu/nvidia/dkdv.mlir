@@ -291,14 +291,8 @@ ${ nv.score_steps("%dpt", "%dv_steps", "%scores_zero", "%v_frags", "!dkv_v_frags
             // p^T and ds^T element by element: [tile][o][e] is key key_base + 8 o + r, head 8 tile + 2 c + e,
             // and goes to element [2 o + tile][e] of the lhs fragments; without the masks where every key of the
             // subgroup is visible to the row and its heads fill the tile (the same for all the subgroup's lanes).
-            %key_last_offset = arith.constant 15 : index
-            %key_last = arith.addi %key_base, %key_last_offset : index
-<% if (HPG | int) % 16 == 0 %>
-            ${ rules.key_in_range("row_interior", "key_base", "sle", "last", "first", j_last="key_last", every=true) }
-<% else %>
-            %row_interior = arith.constant false
-<% endif %>
-            %pt, %dst = scf.if %row_interior -> (!dkv_lhs, !dkv_lhs) {
+${ nv.interior("last", "sle", "first") }
+            %pt, %dst = scf.if %interior -> (!dkv_lhs, !dkv_lhs) {
 ${ p_and_ds_fragments(masked=false) }
               scf.yield %pt, %dst : !dkv_lhs, !dkv_lhs
             } else {

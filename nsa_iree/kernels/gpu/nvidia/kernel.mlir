@@ -261,15 +261,16 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
       ${ rules.last_block("last_visible_block") }
 <% endmacro %>
 
-<# %interior (i1, the same in every lane of the subgroup, whose 16 rows are one position's heads): every key of the
-   16-key step at %key_base is below %visible and, with a window, from %first_visible on, and no row is padding (false
-   with fewer heads per group than the tile's 16), so the step can take score_element without its test
-   (masked=false). #>
-<% macro interior() %>
+<# %interior (i1, the same in every lane of the subgroup, whose rows are one position's heads): every key of the
+   16-key run at %key_base is visible to the rows, key_in_range's `every` form against %`upper` (`predicate` slt: the
+   count of visible keys; sle: the last visible offset) and, with a window, %`first`; false with fewer heads per group
+   than the tile's 16 (padding rows). A step where it holds can take its products without masks (score_element's
+   masked=false). #>
+<% macro interior(upper="visible", predicate="slt", first="first_visible") %>
           %step_last_offset = arith.constant 15 : index
           %step_last = arith.addi %key_base, %step_last_offset : index
 <% if (HPG | int) % 16 == 0 %>
-          ${ rules.key_in_range("interior", "key_base", "slt", "visible", "first_visible", j_last="step_last", every=true) }
+          ${ rules.key_in_range("interior", "key_base", predicate, upper, first, j_last="step_last", every=true) }
 <% else %>
           %interior = arith.constant false
 <% endif %>
