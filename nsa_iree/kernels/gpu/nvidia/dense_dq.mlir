@@ -45,6 +45,7 @@ ${ nv.constants([("do_items", DO_STAGE_ITEMS), ("d_steps", D_STEPS), ("dv_steps"
 
 ${ dispatch.ids(['row_tile', 'g', 'b']) }
 ${ dispatch.push_constants("dense_dq_layout", ['batch', 'm_rows', 'n', 'scale']) }
+${ nv.p_and_ds_constants() }
 
 ${ dispatch.bindings("dense_dq_layout", inputs, outputs) }
 
@@ -67,6 +68,7 @@ ${ nv.lane_ids() }
       } else {
         scf.yield %zero, %zero : f32, f32
       }
+${ nv.p_and_ds_row("row_" ~ i, "lse_" ~ i, "delta_" ~ i) }
 <% endfor %>
 
       // q as lhs fragments over all of D, loaded once: element [2 i + k'][e] of step s is row 8 i + r,
@@ -98,7 +100,8 @@ ${ nv.lane_ids() }
       // dq (k read transposed: matrix q = (d tile q / 2, key half q mod 2)).
 ${ nv.ldmatrix_lanes() }
       %lhs_row = arith.addi %hi8, %matrix_row : index
-      %dq_lane_row = arith.addi %lo8, %matrix_row : index
+      // (the lane's row of dq's transposed k read and of do's read, gpu/nvidia/dq_step.mlir)
+      %do_lane_row = arith.addi %lo8, %matrix_row : index
 
       // Iteration t stages tile t into buffer t mod STAGES and computes tile t - STAGES + 1 meanwhile.
       %dq_init = arith.constant dense<0.0> : !dqk_dq_acc
@@ -122,7 +125,7 @@ ${ nv.dense_row_bounds() }
             %score_swizzle_k = arith.muli %score_row_bits_k, %c8 : index
             %score_row_bits_v = arith.andi %score_row, %v_swizzle_mask : index
             %score_swizzle_v = arith.muli %score_row_bits_v, %c8 : index
-            %dq_row = arith.addi %key_base, %dq_lane_row : index
+            %dq_row = arith.addi %key_base, %do_lane_row : index
             %dq_row_bits = arith.andi %dq_row, %k_swizzle_mask : index
             %dq_swizzle_k = arith.muli %dq_row_bits, %c8 : index
 ${ dq_step.step(dqk, EX2, PACK_PAIR, "%subgroup, ", per_row=true) }

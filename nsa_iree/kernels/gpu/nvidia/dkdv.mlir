@@ -84,11 +84,12 @@ ${ dispatch.layout("dkdv_kernel_layout", 5, inputs, outputs) }
 <% else %>
                   %live = arith.constant true
 <% endif %>
-                  %l = memref.load %lse_rows[%buffer, %h] : !dkv_stats
-                  %dl = memref.load %delta_rows[%buffer, %h] : !dkv_stats
+                  %lse_h = memref.load %lse_rows[%buffer, %h] : !dkv_stats
+                  %delta_h = memref.load %delta_rows[%buffer, %h] : !dkv_stats
+${ nv.p_and_ds_row("head", "lse_h", "delta_h") }
                   %sv = vector.extract %st[0, %tile, %o, %e] : f32 from !dkv_scores
                   %dpv = vector.extract %dpt[0, %tile, %o, %e] : f32 from !dkv_scores
-${ nv.p_and_ds("sv", "dpv", "l", "dl", EX2, "p_raw", weight="weight") }
+${ nv.p_and_ds("sv", "dpv", "head_lse2", "head_delta", EX2, "p_raw", weight="weight") }
                   %p_live = arith.select %live, %p_raw, %zero : f32
                   %ds_live = arith.select %live, %ds_scaled, %zero : f32
                   %pp_next = vector.insert %p_live, %pp[%e] : f32 into vector<2xf32>
@@ -156,6 +157,7 @@ ${ nv.func_open("selection_attention_dkdv_piece", LANES, SUBGROUP_SIZE, DKDV_MIN
 
 ${ dispatch.ids(['piece']) }
 ${ dispatch.push_constants("dkdv_kernel_layout", ['batch', 'm_rows', 'n', 'scale', 'pieces']) }
+${ nv.p_and_ds_constants() }
 
 ${ dispatch.bindings("dkdv_kernel_layout", inputs, outputs) }
 

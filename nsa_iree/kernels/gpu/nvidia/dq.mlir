@@ -81,6 +81,7 @@ ${ nv.copy_constants(LANES, SUBGROUP_SIZE, D_CHUNKS, DV_CHUNKS, K_STAGE_ITEMS, V
 
 ${ dispatch.ids(['m', 'g', 'b']) }
 ${ dispatch.push_constants("dq_kernel_layout", ['batch', 'm_rows', 'n', 'scale']) }
+${ nv.p_and_ds_constants() }
 
 ${ dispatch.bindings("dq_kernel_layout", inputs, outputs) }
 
@@ -128,6 +129,8 @@ ${ nv.lane_ids() }
       } else {
         scf.yield %zero : f32
       }
+${ nv.p_and_ds_row("row_0", "lse_0", "delta_0") }
+${ nv.p_and_ds_row("row_1", "lse_1", "delta_1") }
 
       // q and do as lhs fragments over all of D (Dv), loaded once: element [2 i + k'][e] of step s is
       // row 8 i + r, column 16 s + 8 k' + 2 c + e.
@@ -156,7 +159,7 @@ ${ nv.positions() }
       // ldmatrix: lanes 8 q .. 8 q + 7 give the row addresses of 8x8 matrix q of the four.
 ${ nv.ldmatrix_lanes() }
       // s, dp: matrix q = (key tile q / 2, d half q mod 2) of a 16-key x 16-d step.
-      %lhs_row = arith.addi %hi8, %matrix_row : index
+      %do_lane_row = arith.addi %lo8, %matrix_row : index
       %sd_row = arith.addi %key_base, %hi8 : index
       %score_row = arith.addi %sd_row, %matrix_row : index
       // dq (transposed): matrix q = (d tile q / 2, key half q mod 2).

@@ -4,9 +4,10 @@
 
 <# dq += ds k over 16 keys (key_base .. key_base + 15 of the staged rows in %buffer: read at %score_row for s and
    dp, swizzled by %score_swizzle_k / %score_swizzle_v, and at %dq_row, swizzled by %dq_swizzle_k, for ds k) for
-   the subgroup's 16 rows: q (%q_frags), do (%do_tile[do_index %lhs_row, col], do_index "" or the subgroup's
-   "%subgroup, "), each row's %lse_0/_1 and %delta_0/_1, heads %head_valid_0/_1, keys below %visible (or below
-   %visible_0/_1 per row when `per_row`). Takes %dq_iter (!dqk_dq_acc) and defines %dq_new. `t` names the s = q k^T
+   the subgroup's 16 rows: q (%q_frags), do (%do_tile[do_index %do_lane_row, col], do_index "" or the subgroup's
+   "%subgroup, "; %do_lane_row = 8 (q mod 2) + the lane's row in matrix q), each row's p_and_ds terms (kernel.mlir's
+   p_and_ds_row: %row_0_lse2, %row_0_delta, %row_1_lse2, %row_1_delta), heads %head_valid_0/_1, keys below %visible
+   (or below %visible_0/_1 per row when `per_row`). Takes %dq_iter (!dqk_dq_acc) and defines %dq_new. `t` names the s = q k^T
    types (kernel.mlir's types, with kind); ex2 and pack_pair are the recipe's instructions (EX2, PACK_PAIR). #>
 <% macro step(t, ex2, pack_pair, do_index="", per_row=false) %>
           // s and dp over this subgroup's 16 keys: per 16-d step one ldmatrix (two rhs fragments: matrix q
@@ -15,7 +16,6 @@
 ${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", t) }
           %dp_acc = scf.for %s = %c0 to %dv_steps step %c1 iter_args(%acc = %scores_zero) -> (!dqk_scores) {
             %col0 = arith.muli %s, %c16 : index
-            %col = arith.addi %col0, %lo8 : index
             %v_col_high = arith.andi %col0, %v_swizzle_high : index
             %v_col_low = arith.subi %col0, %v_col_high : index
             %v_col_lane = arith.addi %v_col_low, %lo8 : index
@@ -24,8 +24,16 @@ ${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frag
             %x = nvgpu.ldmatrix %v_rows[%buffer, %score_row, %v_col] numTiles = 4 transpose = false
                 : !dqk_v_rows -> vector<4x2x${E}>
             %rhs = vector.shape_cast %x : vector<4x2x${E}> to !dqk_rhs_step
-            %lhs0 = nvgpu.ldmatrix %do_tile[${do_index}%lhs_row, %col] numTiles = 4 transpose = false
+            // do as the lhs: ldmatrix gives the matrices in the mma instruction's register order (matrix q =
+            // (row half q mod 2, d half q / 2)); the lhs fragment's element [2 i + k'] is (row half i, d half k'),
+            // so elements 1 and 2 trade places here and the lowering's reorder cancels it: no register copies.
+            %do_col = arith.addi %col0, %hi8 : index
+            %lhs_mma = nvgpu.ldmatrix %do_tile[${do_index}%do_lane_row, %do_col] numTiles = 4 transpose = false
                 : !dqk_do_tile -> vector<4x2x${E}>
+            %do_m1 = vector.extract %lhs_mma[1] : vector<2x${E}> from vector<4x2x${E}>
+            %do_m2 = vector.extract %lhs_mma[2] : vector<2x${E}> from vector<4x2x${E}>
+            %lhs_12 = vector.insert %do_m2, %lhs_mma[1] : vector<2x${E}> into vector<4x2x${E}>
+            %lhs0 = vector.insert %do_m1, %lhs_12[2] : vector<2x${E}> into vector<4x2x${E}>
             %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to !dqk_lhs_step
             %next = iree_codegen.inner_tiled ins(%lhs, %rhs) outs(%acc) <
               indexing_maps = #dqk_contraction,
@@ -44,8 +52,8 @@ ${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frag
             %acc_i = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc2 = %acc) -> (!dqk_ds_frags) {
               %is_row_1 = arith.cmpi eq, %i, %c1 : index
               %head_valid = arith.select %is_row_1, %head_valid_1, %head_valid_0 : i1
-              %l = arith.select %is_row_1, %lse_1, %lse_0 : f32
-              %dl = arith.select %is_row_1, %delta_1, %delta_0 : f32
+              %l = arith.select %is_row_1, %row_1_lse2, %row_0_lse2 : f32
+              %dl = arith.select %is_row_1, %row_1_delta, %row_0_delta : f32
               %pair_f32 = scf.for %e = %c0 to %c2 step %c1 iter_args(%pair_acc = %zero_f32_pair) -> (vector<2xf32>) {
 ${ nv.score_element(per_row) }
                 %dpv = vector.extract %dp_acc[0, %tile, %i, %e] : f32 from !dqk_scores

@@ -161,15 +161,34 @@
 
 <# result = sum over `steps` 16-column steps of lhs fragment [0, s] of `frags` (frags_type) times the rhs of
    rhs_step (rows, rows_type, buffer, row, high, lane, swizzle, not transposed), from `zero`; one step's fragments
-   live at a time. `t` names the kernel's types: t.lhs, t.rhs, t.acc, t.contraction, t.kind. #>
-<% macro score_steps(result, steps, zero, frags, frags_type, rows, rows_type, buffer, row, high, lane, swizzle, t) %>
+   live at a time. `t` names the kernel's types: t.lhs, t.rhs, t.acc, t.contraction, t.kind. With `chains` 2 the
+   even and the odd steps go to two accumulators summed at the end (the unrolled selects fold): two chains of
+   dependent mma half as long, for kernels whose step waits on them (the forward's online softmax). #>
+<% macro score_steps(result, steps, zero, frags, frags_type, rows, rows_type, buffer, row, high, lane, swizzle, t, chains=1) %>
+<% if chains == 2 %>
+          ${result}_even, ${result}_odd = scf.for %s = %c0 to ${steps} step %c1 iter_args(%acc_even = ${zero}, %acc_odd = ${zero}) -> (${t.acc}, ${t.acc}) {
+<% else %>
           ${result} = scf.for %s = %c0 to ${steps} step %c1 iter_args(%acc = ${zero}) -> (${t.acc}) {
+<% endif %>
 ${ rhs_step(rows, rows_type, buffer, row, high, lane, swizzle, "false", t.rhs) }
             %lhs0 = vector.extract ${frags}[0, %s] : vector<4x2x${E}> from ${frags_type}
             %lhs = vector.shape_cast %lhs0 : vector<4x2x${E}> to ${t.lhs}
+<% if chains == 2 %>
+            %s_bit = arith.andi %s, %c1 : index
+            %odd = arith.cmpi ne, %s_bit, %c0 : index
+            %acc = arith.select %odd, %acc_odd, %acc_even : ${t.acc}
+<% endif %>
 ${ mma("%next", "%lhs", "%rhs", "%acc", t.contraction, t.kind, t.lhs, t.rhs, t.acc) }
+<% if chains == 2 %>
+            %even_next = arith.select %odd, %acc_even, %next : ${t.acc}
+            %odd_next = arith.select %odd, %next, %acc_odd : ${t.acc}
+            scf.yield %even_next, %odd_next : ${t.acc}, ${t.acc}
+          } {unroll_loop}
+          ${result} = arith.addf ${result}_even, ${result}_odd : ${t.acc}
+<% else %>
             scf.yield %next : ${t.acc}
           } {unroll_loop}
+<% endif %>
 <% endmacro %>
 
 <# result = init + lhs (lhs_type) times rows read transposed, two column tiles of the accumulator (acc_type)
@@ -301,19 +320,32 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
                 %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
 <% endmacro %>
 
-<# One element of the backward's softmax gradient: %`p` = [%`weight` *] exp(scale %`s` - %`lse`) (base 2, by the
-   recipe's `ex2` instruction) and %ds_scaled = scale p (%`dp` - %`delta`). #>
-<% macro p_and_ds(s, dp, lse, delta, ex2, p, weight=none) %>
-                %scaled = arith.mulf %${s}, %scale : f32
-                %shifted = arith.subf %scaled, %${lse} : f32
-                %shifted_l2 = arith.mulf %shifted, %log2e : f32
+<# The backward's per-kernel terms of p_and_ds, from the push constant %scale: %scale_log2 = scale log2(e) and
+   %minus_scale, %minus_log2e. #>
+<% macro p_and_ds_constants() %>
+      %minus_log2e = arith.constant -1.44269504 : f32
+      %scale_log2 = arith.mulf %scale, %log2e : f32
+      %minus_scale = arith.negf %scale : f32
+<% endmacro %>
+
+<# A row's terms of p_and_ds, from its `lse` and `delta` (f32 values): %`prefix`_lse2 = -lse log2(e) and
+   %`prefix`_delta = -scale delta. #>
+<% macro p_and_ds_row(prefix, lse, delta) %>
+      %${prefix}_lse2 = arith.mulf %${lse}, %minus_log2e : f32
+      %${prefix}_delta = arith.mulf %${delta}, %minus_scale : f32
+<% endmacro %>
+
+<# One element of the backward's softmax gradient: %`p` = [%`weight` *] exp(scale %`s` - lse) and %ds_scaled =
+   scale p (%`dp` - delta), from the row's terms %`lse2` and %`delta` (p_and_ds_row): p = 2^(s scale log2(e) -
+   lse log2(e)) by the recipe's `ex2` instruction, each term one fused multiply-add. #>
+<% macro p_and_ds(s, dp, lse2, delta, ex2, p, weight=none) %>
+                %exponent = math.fma %${s}, %scale_log2, %${lse2} : f32
 <% if weight %>
-                %ex = ${ex2} %shifted_l2 : (f32) -> f32
+                %ex = ${ex2} %exponent : (f32) -> f32
                 %${p} = arith.mulf %${weight}, %ex : f32
 <% else %>
-                %${p} = ${ex2} %shifted_l2 : (f32) -> f32
+                %${p} = ${ex2} %exponent : (f32) -> f32
 <% endif %>
-                %dp_minus_delta = arith.subf %${dp}, %${delta} : f32
-                %ds_raw = arith.mulf %${p}, %dp_minus_delta : f32
-                %ds_scaled = arith.mulf %ds_raw, %scale : f32
+                %dp_scaled = math.fma %${dp}, %scale, %${delta} : f32
+                %ds_scaled = arith.mulf %${p}, %dp_scaled : f32
 <% endmacro %>

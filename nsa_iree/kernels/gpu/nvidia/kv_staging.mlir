@@ -24,26 +24,56 @@ ${ staged_block("%t", "%selected") }
             <% for x, col, width in staged %>
             %${x}_block = memref.subview %${x}[%b, %key0, %g, 0] [1, ${BS}, 1, ${width}] [1, 1, 1, 1] : !dqk_${x} to !dqk_${x}_block
             <% endfor %>
-            // Item = (key j, chunk of 8 elements); lanes run along a row (coalesced).
+            // Item = (key j, chunk of 8 elements); lanes run along a row (coalesced). Where every row of the block
+            // is visible and the lanes cover whole rows in a multiple of the swizzle's row period per pass (the
+            // constants below fold), a lane's copies differ by constant offsets on both sides and take no test;
+            // otherwise each copy tests its row (rows past the last visible key zero-filled, not read).
+            %whole_block = arith.cmpi sge, %visible, %block_size : index
             <% for x, col, width in staged %>
-            scf.for %i = %c0 to %${x}_per_lane step %c1 {
-             %i_lanes = arith.muli %i, %lanes : index
-             %item = arith.addi %tid, %i_lanes : index
-             %in_tile = arith.cmpi ult, %item, %${x}_items : index
-             scf.if %in_tile {
-              %chunk = arith.remui %item, %${x}_chunks : index
-              %j = arith.divui %item, %${x}_chunks : index
-              ${col} = arith.muli %chunk, %c8 : index
-              %is_visible = arith.cmpi slt, %j, %visible : index
-              %count = arith.select %is_visible, %c8, %c0 : index
-              %row = arith.select %is_visible, %j, %c0 : index
-              %j_bits = arith.andi %j, %${x}_swizzle_mask : index
-              %swizzle = arith.muli %j_bits, %c8 : index
-              ${col}_stored = arith.xori ${col}, %swizzle : index
-              %copy = nvgpu.device_async_copy %${x}_block[%row, ${col}], %${x}_rows[%stage_buffer, %j, ${col}_stored], 8, %count ${ASYNC_COPY_HINT}
-                  : !dqk_${x}_block to !dqk_${x}_rows
-             }
-            } {unroll_loop}
+            %${x}_rows_per_pass = arith.divui %lanes, %${x}_chunks : index
+            %${x}_lanes_rem = arith.remui %lanes, %${x}_chunks : index
+            %${x}_items_rem = arith.remui %${x}_items, %lanes : index
+            %${x}_period_rem = arith.andi %${x}_rows_per_pass, %${x}_swizzle_mask : index
+            %${x}_rem_01 = arith.ori %${x}_lanes_rem, %${x}_items_rem : index
+            %${x}_rem_all = arith.ori %${x}_rem_01, %${x}_period_rem : index
+            %${x}_regular = arith.cmpi eq, %${x}_rem_all, %c0 : index
+            %${x}_untested = arith.andi %whole_block, %${x}_regular : i1
+            scf.if %${x}_untested {
+             %lane_j = arith.divui %tid, %${x}_chunks : index
+             %lane_chunk = arith.remui %tid, %${x}_chunks : index
+             ${col} = arith.muli %lane_chunk, %c8 : index
+             %lane_bits = arith.andi %lane_j, %${x}_swizzle_mask : index
+             %lane_swizzle = arith.muli %lane_bits, %c8 : index
+             ${col}_stored = arith.xori ${col}, %lane_swizzle : index
+             // The lane's chunks of the block as a view with one base address: copy i reads at a constant offset.
+             %lane_src = memref.subview %${x}_block[%lane_j, ${col}] [%${x}_per_lane, 8] [%${x}_rows_per_pass, 1]
+                 : !dqk_${x}_block to memref<?x8x${E}, strided<[?, 1], offset: ?>>
+             scf.for %i = %c0 to %${x}_per_lane step %c1 {
+              %i_rows = arith.muli %i, %${x}_rows_per_pass : index
+              %j = arith.addi %lane_j, %i_rows : index
+              %copy = nvgpu.device_async_copy %lane_src[%i, %c0], %${x}_rows[%stage_buffer, %j, ${col}_stored], 8 ${ASYNC_COPY_HINT}
+                  : memref<?x8x${E}, strided<[?, 1], offset: ?>> to !dqk_${x}_rows
+             } {unroll_loop}
+            } else {
+             scf.for %i = %c0 to %${x}_per_lane step %c1 {
+              %i_lanes = arith.muli %i, %lanes : index
+              %item = arith.addi %tid, %i_lanes : index
+              %in_tile = arith.cmpi ult, %item, %${x}_items : index
+              scf.if %in_tile {
+               %chunk = arith.remui %item, %${x}_chunks : index
+               %j = arith.divui %item, %${x}_chunks : index
+               ${col} = arith.muli %chunk, %c8 : index
+               %is_visible = arith.cmpi slt, %j, %visible : index
+               %count = arith.select %is_visible, %c8, %c0 : index
+               %row = arith.select %is_visible, %j, %c0 : index
+               %j_bits = arith.andi %j, %${x}_swizzle_mask : index
+               %swizzle = arith.muli %j_bits, %c8 : index
+               ${col}_stored = arith.xori ${col}, %swizzle : index
+               %copy = nvgpu.device_async_copy %${x}_block[%row, ${col}], %${x}_rows[%stage_buffer, %j, ${col}_stored], 8, %count ${ASYNC_COPY_HINT}
+                   : !dqk_${x}_block to !dqk_${x}_rows
+              }
+             } {unroll_loop}
+            }
             <% endfor %>
           }
         }

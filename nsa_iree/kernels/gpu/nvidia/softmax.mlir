@@ -21,7 +21,7 @@
    kernel.mlir's %interior holds). #>
 <% macro step(t, ex2, pack_pair, vote_any, per_row=false, masked=true) %>
           %scores_zero = arith.constant dense<0.0> : !dqk_scores
-${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", t) }
+${ nv.score_steps("%s_acc", "%d_steps", "%scores_zero", "%q_frags", "!dqk_q_frags", "%k_rows", "!dqk_k_rows", "%buffer", "%score_row", "%k_swizzle_high", "%lo8", "%score_swizzle_k", t, chains=2) }
           // Scores in base-2 units, x = s scale log2(e), -inf where the key is invisible or the head is
           // padding: [tile][i][e] is head 8 i + r, key key_base + 8 tile + 2 c + e.
           %x_init = arith.constant dense<0.0> : !dqk_scores
