@@ -320,10 +320,10 @@ ${ mma("%out", lhs, "%rhs", "%pair", t.contraction, t.kind, lhs_type, t.rhs, t.a
                 %sv = vector.extract %s_acc[0, %tile, %i, %e] : f32 from !dqk_scores
 <% endmacro %>
 
-<# The backward's per-kernel terms of p_and_ds, from the push constant %scale: %scale_log2 = scale log2(e) and
-   %minus_scale, %minus_log2e. #>
+<# The backward's per-kernel terms of p_and_ds, from the push constant %scale and the kernel's %log2e:
+   %scale_log2 = scale log2(e), %minus_scale and %minus_log2e. #>
 <% macro p_and_ds_constants() %>
-      %minus_log2e = arith.constant -1.44269504 : f32
+      %minus_log2e = arith.negf %log2e : f32
       %scale_log2 = arith.mulf %scale, %log2e : f32
       %minus_scale = arith.negf %scale : f32
 <% endmacro %>
