@@ -408,10 +408,57 @@ def test_acc_column_origins_and_lanes(name, k_tiles):
         assert len(offsets) == 1
 
 
+# The one-pass's dk and dv (kernels/gpu/portable/onepass.mlir: column_units, key_contributions, add_keys): the unit's K
+# holds K / 16 slices of the group's 16 heads; rhs unit x holds, in slice s, the heads of columns K x + 16 s .. of q
+# transposed, the lhs of slice s the heads of p^T in slice s and zeros elsewhere, so lhs slice s times rhs unit x is
+# p^T q's columns K x + 16 s ... Emulated from the templates' read maps, the products from the placement tables.
+@pytest.mark.parametrize("name,k_tiles", UNITS, ids=UNIT_IDS)
+def test_onepass_slices_share_rhs_units(name, k_tiles):
+    import numpy as np
+
+    unit = Unit(LAYOUTS[name], k_tiles)
+    major_map, k_map = unit.run_maps("lhs")         # the template reads both operands with these (values())
+    rng = np.random.default_rng(0)
+    units = 2
+    pt, q = rng.standard_normal((16, 16)), rng.standard_normal((16, units * unit.k))    # [key][head], [head][col]
+
+    def read(lane, j):
+        """(key or column, slice, first head) of read j of lane: k = run_k = 16 slice + head."""
+        major, k = evaluate_map(major_map, lane, j), evaluate_map(k_map, lane, j)
+        assert k % unit.run == 0 and 16 % unit.run == 0             # a read of `run` elements lies in one slice
+        return major, k // 16, k % 16
+
+    def operand(which, values):
+        """The [16 x K] (lhs) or [K x 16] (rhs) matrix whose fragments hold values(lane, j) as read j."""
+        matrix = np.full((16, unit.k) if which == "lhs" else (unit.k, 16), np.nan)
+        for lane in range(unit.kind.subgroup_size):
+            for j in range(unit.runs(which)):
+                for e, value in enumerate(values(lane, j)):
+                    matrix[unit.position(which, lane, j * unit.run + e)] = value
+        assert not np.isnan(matrix).any()
+        return matrix
+
+    def lhs_read(s):
+        def values(lane, j):
+            key, slice_, head = read(lane, j)
+            return pt[key, head:head + unit.run] if slice_ == s else np.zeros(unit.run)
+        return values
+
+    for x in range(units):
+        def rhs_read(lane, j, x=x):
+            col, slice_, head = read(lane, j)
+            return q[head:head + unit.run, unit.k * x + 16 * slice_ + col]
+        rhs = operand("rhs", rhs_read)
+        for s in range(unit.k // 16):
+            columns = unit.k * x + 16 * s
+            np.testing.assert_allclose(operand("lhs", lhs_read(s)) @ rhs, pt @ q[:, columns:columns + 16])
+
+
 ONEPASS_CHOICE = [
     ("gfx950_anchors", ANCHORS_CUDA.replace(target="gfx950"), "portable"),
-    # D = 192: the dq tiles, p^T and ds^T need 83 KB, over the 80 KB that keep 2 waves per SIMD.
-    ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), "linalg"),
+    # D = 192: the dq tiles alone (p^T and ds^T written in the K and V rows'), 71.25 KB, within the 80 KB that keep 2
+    # waves per SIMD.
+    ("gfx950_paper_d192", ANCHORS_CUDA.replace(target="gfx950", head_dim=192), "portable"),
     ("cpu", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), "cpu"),
     # HPG 64 at D 192: the row's tiles (q, do, S, dP, DS^T, dq) exceed 48 KiB of stack.
     ("cpu_tiles_over_the_stack", ANCHORS_CUDA.replace(target="cpu", heads=64, kv_heads=1, head_dim=192), "linalg"),

@@ -52,9 +52,10 @@ def test_gfx950_fused_regions_within_budget(monkeypatch, config, variant):
 # memory is 32 bits or wider (ldmatrix / 16-byte reads, transposed copies written while staging), at most 1.5 such
 # reads per matrix instruction, atomics only in the one-pass and never a compare-and-swap loop. On gfx950 also: 2 or
 # more waves per SIMD, no scratch, LDS within 160 KB. Static counts of the PTX / .rocmasm (nsa-iree inspect). The one-
-# pass kernel does not serve D = 192 on gfx950 (its tiles need 83 KB); on cuda it is the portable text with mma.sync's
-# 4-byte fragment reads (2.3 per mma.sync), outside these budgets (its native atomics:
-# tests/lit/atomics_one_pass.test).
+# pass kernel serves D = 192 on gfx950 too: p^T and ds^T live in the K and V rows' tiles (71.25 KB, within the
+# recipe's 80 KB) and each rhs unit of q and do serves two column tiles (234 VGPRs: 2 waves per SIMD). On cuda it is
+# the portable text with mma.sync's 4-byte fragment reads (2.3 per mma.sync), outside these budgets (its native
+# atomics: tests/lit/atomics_one_pass.test).
 DENSE_FORWARD, DENSE_DQ, SELECT, SELECT_PORTABLE = ("dense_attention_fwd_tile", "dense_attention_dq_tile",
                                                    "select_blocks_nvidia_rows", "select_blocks_portable_rows")
 # select_blocks' portable kernel on the AMD targets (gfx942: units of two 16x16x16 MFMAs): the anchors layout, and
@@ -76,6 +77,7 @@ HAND_WRITTEN = [
                          ("paper_h64g4_d192", ANCHORS.replace(target=target, head_dim=192)))
       for variant, kernels in (("forward", (FORWARD,)), ("two-pass", (DQ, DKDV)))],
     ("gfx950_anchors_h64g4_d128_one-pass", ANCHORS, "one-pass", (ONEPASS,)),
+    ("gfx950_paper_h64g4_d192_one-pass", ANCHORS.replace(head_dim=192), "one-pass", (ONEPASS,)),
     # the compressed attention's (nsa_iree.compression, key_stride 64): on cuda the dense forward and dq
     # (kernels.DENSE), on gfx950 the selection kernels
     ("cuda_compressed_anchors_forward", ANCHORS.replace(target="cuda", key_stride=64), "forward", (DENSE_FORWARD,)),

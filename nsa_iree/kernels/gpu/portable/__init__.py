@@ -52,13 +52,13 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         why.append(f"rows_per_piece not a multiple of {k // UNIT}")
     if stage == "onepass":
         # q and do transposed are staged once, in the bytes the K and V tiles take later.
-        staged = (spec.head_dim + spec.value_dim) * (k + PAD) * 2
+        staged = (spec.head_dim + spec.value_dim) * (HEAD_ROWS + PAD) * 2
         if staged > _dq_memory(spec)["DQP_DS_OFFSET"]:
             why.append("q and do transposed do not fit the K and V tiles")
     need = {"dq": lambda: _dq_memory(spec)["DQP_SMEM_BYTES"],
             "dkdv": lambda: _dkdv_memory(spec, k, recipe.rows_per_piece)["DKP_SMEM_BYTES"],
             "forward": lambda: _forward_memory(spec, k)["FWP_SMEM_BYTES"],
-            "onepass": lambda: _onepass_memory(spec, k)["OPP_SMEM_BYTES"]}[stage]()
+            "onepass": lambda: _onepass_memory(spec)["OPP_SMEM_BYTES"]}[stage]()
     return why + _memory_limits(need, recipe)
 
 
@@ -140,14 +140,16 @@ def _forward_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
         ("SUM", subgroups * HEAD_ROWS * 4)])
 
 
-def _onepass_memory(spec: KernelSpec, unit_k: int) -> dict[str, int]:
-    """Byte offsets of the portable one-pass kernel's tiles: the dq kernel's, then p^T and ds^T ([BS][K heads]);
-    q and do transposed ([D][K heads], [Dv][K heads]) live at the start until their fragments are loaded."""
+def _onepass_memory(spec: KernelSpec) -> dict[str, int]:
+    """Byte offsets of the portable one-pass kernel's tiles: the dq kernel's and no more. p^T and ds^T of a block
+    ([BS keys][16 heads]) are written in the K rows' and V rows' tiles (rows of D + PAD and Dv + PAD elements, key j
+    in row j): a subgroup writes and reads only the rows of its own 16 keys, which nothing reads between its
+    s = q k^T and dp = do v^T and the next block's staging (after a barrier). q and do transposed ([D][16 heads],
+    [Dv][16 heads], rows padded by PAD) live at the start until their fragments are loaded."""
     dq = _dq_memory(spec)
-    key_heads = spec.block_size * (unit_k + PAD) * 2
-    q_cols = spec.head_dim * (unit_k + PAD) * 2      # fits before DQP_DS_OFFSET with do's (limits)
-    return {"OPP_PT_OFFSET": dq["DQP_SMEM_BYTES"], "OPP_DST_OFFSET": dq["DQP_SMEM_BYTES"] + key_heads,
-            "OPP_QT_OFFSET": 0, "OPP_DOT_OFFSET": q_cols, "OPP_SMEM_BYTES": dq["DQP_SMEM_BYTES"] + 2 * key_heads}
+    q_cols = spec.head_dim * (HEAD_ROWS + PAD) * 2      # fits before DQP_DS_OFFSET with do's (limits)
+    return {"OPP_PT_OFFSET": dq["DQP_K_OFFSET"], "OPP_DST_OFFSET": dq["DQP_V_OFFSET"],
+            "OPP_QT_OFFSET": 0, "OPP_DOT_OFFSET": q_cols, "OPP_SMEM_BYTES": dq["DQP_SMEM_BYTES"]}
 
 
 def values(spec: KernelSpec, recipe) -> dict[str, str]:
@@ -192,11 +194,13 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "ROW_SHUFFLES": kind.acc.thread[1].bit_length() - 1, "ROW_SHUFFLE_STRIDE": kind.acc.tstrides[1],
         "FWD_V_ITEMS_PER_LANE": -(-(bs * dv // 8) // (bs // unit.k * kind.subgroup_size)),
         **_forward_memory(spec, unit.k),
-        # The one-pass: the dq kernel's values, and the [key][head] and [d][head] tiles of K heads.
-        "UNIT_K_PADDED_CHUNKS": (unit.k + PAD) // 8, "OPP_KEY_HEADS_CHUNKS": bs * (unit.k + PAD) // 8,
-        "OPP_Q_COLS_CHUNKS": d * (unit.k + PAD) // 8, "OPP_DO_COLS_CHUNKS": dv * (unit.k + PAD) // 8,
+        # The one-pass: the dq kernel's values, the [d][head] tiles of 16 heads, and the slices of 16 heads in the
+        # intrinsic's K (one rhs unit of q or do serves that many column tiles).
+        "OPP_SLICES": unit.k // HEAD_ROWS, "OPP_HEADS_PADDED": HEAD_ROWS + PAD,
+        "OPP_HEADS_PADDED_CHUNKS": (HEAD_ROWS + PAD) // 8,
+        "OPP_Q_COLS_CHUNKS": d * (HEAD_ROWS + PAD) // 8, "OPP_DO_COLS_CHUNKS": dv * (HEAD_ROWS + PAD) // 8,
         "OPP_Q_ITEMS": HEAD_ROWS * d // 8, "OPP_DO_ITEMS": HEAD_ROWS * dv // 8,
-        **_onepass_memory(spec, unit.k),
+        **_onepass_memory(spec),
     }
     # select_blocks: SELECT_SUBGROUPS rows per workgroup, a tile of SELECT_TILE_KEYS compressed keys staged as rows
     # [key][d] in 16-byte chunks (chunk c: key c / (D / 8), elements 8 (c mod (D / 8)) ..); a score is summed over

@@ -13,6 +13,11 @@
         %compute = arith.cmpi sge, %previous, %c0 : index
         %dq_next = scf.if %compute -> (!dqp_dq_units) {
           <% include "gpu/portable/dq_scores.mlir" %>
+<% if onepass %>
+          // p^T and ds^T go into the K and V rows just read (onepass.mlir): every lane's reads before any write,
+          // stated as a barrier (the order through the matrix instruction's operands is one no checker sees).
+          gpu.barrier
+<% endif %>
           // ds (one-pass: and p), element by element: element i is head acc_row(l, i), key key_base + acc_col(l, i).
           ${ units.ds_elements(u, onepass) }
           gpu.barrier

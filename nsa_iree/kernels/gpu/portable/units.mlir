@@ -263,8 +263,8 @@ func.func @${name}() attributes {translation_info = #iree_codegen.translation_in
 
 <# dq and one-pass, slot t - 1: ds of each element of %s_acc and %dp_acc (head acc_row(l, i), key key_base +
    acc_col(l, i); 0 where the key is invisible, below %p_visible and with a window from %p_first_visible on, or the
-   head padding) into %ds_tile [head][key]; with key_heads, also p and ds into %pt_tile and %dst_tile [key][head]
-   (!opp_key_heads). #>
+   head padding) into %ds_tile [head][key]; with key_heads, also p and ds into %pt_tile (!opp_pt) and %dst_tile
+   (!opp_dst) [key][head]. #>
 <% macro ds_elements(u, key_heads) %>
 %s_flat = vector.shape_cast %s_acc : !${u.p}_acc to !${u.p}_acc_flat
 %dp_flat = vector.shape_cast %dp_acc : !${u.p}_acc to !${u.p}_acc_flat
@@ -290,8 +290,8 @@ ${ p_ds(none) }
   %ds_e = ${TRUNCF} %ds_live : f32 to ${E}
   memref.store %ds_e, %ds_tile[%h, %j] : !${u.p}_ds
 <% if key_heads %>
-  memref.store %p_e, %pt_tile[%j, %h] : !opp_key_heads
-  memref.store %ds_e, %dst_tile[%j, %h] : !opp_key_heads
+  memref.store %p_e, %pt_tile[%j, %h] : !opp_pt
+  memref.store %ds_e, %dst_tile[%j, %h] : !opp_dst
 <% endif %>
 } {unroll_loop}
 <% endmacro %>
