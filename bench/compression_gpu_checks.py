@@ -30,6 +30,8 @@ from nsa_iree.reference import (compressed_attention_backward_reference, compres
                                 mean_pooling_reference)
 from nsa_iree.testing import TOLERANCE, relative_rms_error
 
+from .branches_h200 import H200
+
 BLOCK_SIZE = 64
 # name: (H, G, D, Dv, dtype, M, N): the anchors layout (HPG 16), M < N, every group size the dense forward takes
 # (HPG 1, 4, 32, 64: one 16-row tile holds several positions, or a position's heads span tiles), D != Dv, f16.
@@ -99,7 +101,7 @@ def _compressed_spec(h, g, d, dv, dtype, n, kernels="auto"):
     keys = -(-n // BLOCK_SIZE)
     return KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=compression.DEFAULT_TILE,
                       num_blocks=compression.tile_slots(keys, compression.DEFAULT_TILE),
-                      dtype=_DTYPE_NAME[dtype], target="cuda", kernels=kernels, key_stride=BLOCK_SIZE)
+                      dtype=_DTYPE_NAME[dtype], target=H200, kernels=kernels, key_stride=BLOCK_SIZE)
 
 
 def _select_spec(h, g, d, dtype, slots):
@@ -107,7 +109,7 @@ def _select_spec(h, g, d, dtype, slots):
     from nsa_iree.spec import KernelSpec
 
     return KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=BLOCK_SIZE, num_blocks=slots,
-                      dtype=_DTYPE_NAME[dtype], target="cuda")
+                      dtype=_DTYPE_NAME[dtype], target=H200)
 
 
 def _select_kernel_missing(spec) -> str | None:
@@ -117,7 +119,7 @@ def _select_kernel_missing(spec) -> str | None:
     from nsa_iree.recipes import load_recipe
 
     try:
-        choose("select_blocks", spec, load_recipe("cuda"))
+        choose("select_blocks", spec, load_recipe(H200))
     except NotImplementedError as err:
         return str(err)
     return None
@@ -155,7 +157,7 @@ def _specs(groups):
         for layout in dict.fromkeys(layout for layout, _, _ in GATE_CASES.values()):
             h, _, _, dv, dtype, _, _ = LAYOUTS[layout]
             yield KernelSpec(heads=h, kv_heads=1, head_dim=dv, value_dim=dv, dtype=_DTYPE_NAME[dtype],
-                             target="cuda"), "gates"
+                             target=H200), "gates"
 
 
 def _window_spec(case, kernels="auto"):
@@ -166,7 +168,7 @@ def _window_spec(case, kernels="auto"):
     layout, w = WINDOW_CASES[case]
     h, g, d, dv, dtype, _, _ = _layout(layout)
     return KernelSpec(heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=window.WINDOW_BLOCK,
-                      num_blocks=window.window_slots(w), dtype=_DTYPE_NAME[dtype], target="cuda", kernels=kernels,
+                      num_blocks=window.window_slots(w), dtype=_DTYPE_NAME[dtype], target=H200, kernels=kernels,
                       window=w)
 
 
@@ -311,7 +313,7 @@ def _window_kernels(case) -> dict:
     from nsa_iree.recipes import load_recipe
 
     spec = _window_spec(case)
-    recipe = load_recipe("cuda")
+    recipe = load_recipe(H200)
     chosen = {stage: choose(stage, spec, recipe) for stage in ("forward", "dq", "dkdv")}
     return {stage: c.family + (f" {c.template}" if c.template else "") for stage, c in chosen.items()}
 

@@ -47,12 +47,15 @@ BlockCounts = Optional[Union[int, Tensor]]
 # --- running the compiled kernels (real tensors, eager) ------------------------------------------------
 
 def _target_for(device: torch.device) -> str:
+    """The recipe a device's tensors run with: cpu; the AMD GPU's architecture; hopper for an NVIDIA GPU of compute
+    capability 9.0 (H100, H200: cuda's kernels plus those on sm_90a's warpgroup MMA); cuda for the other NVIDIA
+    GPUs."""
     if device.type == "cpu":
         return "cpu"
     if getattr(torch.version, "hip", None):
         arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
         return arch
-    return "cuda"
+    return "hopper" if torch.cuda.get_device_capability(device) == (9, 0) else "cuda"
 
 
 def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int,

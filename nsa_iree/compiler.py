@@ -25,7 +25,7 @@ from .cache import ArtifactError, atomic_write, cache_dir, describe_dir, fallbac
 from .kernels import choose
 from .recipes import HOST_CPU_FLAG, load_recipe
 from .render import render_module
-from .spec import KernelSpec
+from .spec import TARGETS, KernelSpec
 
 
 LOG = logging.getLogger("nsa_iree")
@@ -36,6 +36,7 @@ LINALG_COST = {"cpu": "14x (forward, dq) to 34x (dk/dv) the time of the CPU kern
                "cuda": "on an H200 at 64k tokens the forward takes 3.4x and the backward 2.3x the time",
                "gfx950": "unmeasured on gfx950 (no MI350 here); on an H200 the forward takes 3.4x and the backward "
                          "2.3x the time"}
+LINALG_COST["hopper"] = LINALG_COST["cuda"]
 
 
 class _UnlessConfigured(logging.StreamHandler):
@@ -144,6 +145,23 @@ def compile_loaded(spec: KernelSpec, variant: str, out_dir: Path | None = None) 
     return compile_artifact(run, variant, out_dir), split
 
 
+def shared_spec(spec: KernelSpec, variant: str) -> KernelSpec:
+    """spec, or spec on its recipe's base target where that is a target whose module of `variant` is the same text
+    under the same flags (a hopper module that holds no Hopper kernel is cuda's): one artifact serves both."""
+    recipe = load_recipe(spec.target)
+    if recipe.base not in TARGETS:
+        return spec
+    base = spec.replace(target=recipe.base)
+    base_recipe = load_recipe(recipe.base)
+    same_text = _body(render_module(spec, variant, recipe)) == _body(render_module(base, variant, base_recipe))
+    return base if same_text and recipe.flags_for(spec) == base_recipe.flags_for(base) else spec
+
+
+def _body(text: str) -> str:
+    """A rendered module without its first line (render_module's header, which names the spec)."""
+    return text.split("\n", 1)[1]
+
+
 def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None,
                      rebuild: bool = False) -> Artifact:
     """The vmfb for (spec, variant), from the cache or freshly compiled into it (or into out_dir).
@@ -154,6 +172,7 @@ def compile_artifact(spec: KernelSpec, variant: str, out_dir: Path | None = None
     directory (cache.writable_dir, with a warning); out_dir must be writable.
     """
     check_supported(spec)
+    spec = shared_spec(spec, variant)
     recipe = load_recipe(spec.target)
     text = render_module(spec, variant, recipe)
     flags = recipe.flags_for(spec)

@@ -187,7 +187,7 @@ def inspect_spec(spec: KernelSpec, variant: str, dump_dir: Path | None = None) -
     dump = dump_executables(spec, variant, dump_dir)
     if spec.target in ("gfx950", "gfx942"):
         return _rocm(dump, spec.target)
-    if spec.target == "cuda":
+    if spec.target in ("cuda", "hopper"):
         return _cuda(dump)
     return _cpu(dump)
 

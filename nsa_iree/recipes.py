@@ -87,6 +87,7 @@ class Recipe:
     onepass_templates: dict = dataclasses.field(default_factory=dict)
     kernel_settings: dict = dataclasses.field(default_factory=dict)
     values: dict = dataclasses.field(default_factory=dict)      # [values]: ${NAME}s the recipe's own text uses
+    base: str | None = None     # the recipe it states its differences from (base = "..."), if any
 
     def flags_for(self, spec: KernelSpec) -> tuple[str, ...]:
         """The iree-compile flags of spec: the recipe's, with the CPU named by spec.target_cpu (cpu target)."""
@@ -165,7 +166,8 @@ def load_recipe(target: str, directory=None) -> Recipe:
     elsewhere; the renderer's own default is the package's recipes, so rendering reads no environment)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    data = _read(target, pipelines_dir() if directory is None else directory)
+    directory = pipelines_dir() if directory is None else directory
+    data = _read(target, directory)
     unknown = set(data.get("attributes", {})) - set(ATTRIBUTE_SLOTS)
     if unknown:
         raise ValueError(f"pipelines/{target}.toml: unknown attribute slots {sorted(unknown)}")
@@ -173,7 +175,8 @@ def load_recipe(target: str, directory=None) -> Recipe:
     unknown = set(onepass) - set(ONEPASS_SLOTS)
     if unknown:
         raise ValueError(f"pipelines/{target}.toml: unknown [onepass] keys {sorted(unknown)}")
-    return Recipe(target=target, driver=data["driver"], flags=tuple(data["flags"]),
+    base = tomllib.loads((directory / f"{target}.toml").read_text()).get("base")
+    return Recipe(target=target, driver=data["driver"], flags=tuple(data["flags"]), base=base,
                   rows_per_piece=int(data["rows_per_piece"]),
                   attribute_templates=dict(data.get("attributes", {})), onepass_templates=dict(onepass),
                   dtypes=tuple(data.get("dtypes", ("f32", "f16", "bf16"))),

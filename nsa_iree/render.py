@@ -216,8 +216,33 @@ def module_templates(spec: KernelSpec, variant: str, recipe: Recipe | None = Non
 
 def render_module(spec: KernelSpec, variant: str, recipe: Recipe | None = None) -> str:
     """The whole module compiled for (spec, variant) with `recipe` (default: the package's recipe of spec's
-    target): its stage templates, rendered and concatenated. A function of its arguments alone."""
+    target): its stage templates, rendered and concatenated. A function of its arguments alone. Where a family of
+    the module names its device (Family.device: an executable target the compile flags cannot name), the module
+    names it: its operations go into a module whose default device is that target (named devices win over the
+    flags' device), its aliases before it (MLIR takes them only at the top level)."""
     recipe = recipe or _package_recipe(spec.target)
     header = f"// nsa_iree: {variant} for {spec.name}\n"
-    return header + "\n".join(render_template(name, spec, recipe, family)
-                              for name, family in module_templates(spec, variant, recipe))
+    templates = module_templates(spec, variant, recipe)
+    body = "\n".join(render_template(name, spec, recipe, family) for name, family in templates)
+    devices = sorted({recipe.kernel_settings[family.device] for _, family in templates if family.device})
+    if len(devices) > 1:
+        raise ValueError(f"{spec.name} {variant}: the module's families name {len(devices)} devices")
+    return header + (_on_device(body, devices[0]) if devices else body)
+
+
+# A top-level alias definition (#name = ... or !name = ...): its first line; the lines after it that open with
+# white space or a closing bracket continue it.
+_ALIAS = re.compile(r"^[#!][\w.$-]+\s*=")
+
+
+def _on_device(body: str, target: str) -> str:
+    """`body`'s aliases, then its operations in a module whose default device is `target` (an
+    #hal.executable.target, on the driver it names)."""
+    aliases, operations, in_alias = [], [], False
+    for line in body.splitlines():
+        in_alias = bool(_ALIAS.match(line)) or (in_alias and line[:1] in (" ", "\t", "]", ")", ">", "}"))
+        (aliases if in_alias else operations).append(line)
+    driver = target.split("<", 1)[1].split(",", 1)[0].strip()
+    return "\n".join([*aliases, "module attributes {stream.affinity.default = #hal.device.affinity<@nsa_device>} {",
+                      f"util.global private @nsa_device = #hal.device.target<{driver}, [{target}]> : !hal.device",
+                      *operations, "}", ""])

@@ -12,7 +12,7 @@ import os
 import re
 
 DTYPES = ("f32", "f16", "bf16")
-TARGETS = ("cpu", "gfx950", "gfx942", "cuda")
+TARGETS = ("cpu", "gfx950", "gfx942", "cuda", "hopper")
 # Backward variants: "two-pass" (inverted block lists, no atomics, bitwise reproducible) and "one-pass"
 # (one dispatch over query rows, f32 atomics for dk/dv: not bitwise reproducible).
 VARIANTS = ("two-pass", "one-pass")
@@ -57,7 +57,8 @@ class KernelSpec:
         block_size: BS, keys per selectable block.
         num_blocks: T, selected block slots per (query row, group).
         dtype: element type of q, k, v, o, do, dq, dk, dv: "f32", "f16" or "bf16".
-        target: "cpu", "gfx950", "gfx942" or "cuda".
+        target: "cpu", "gfx950", "gfx942", "cuda" (NVIDIA, sm_80 PTX) or "hopper" (cuda's kernels plus those on
+            sm_90a's warpgroup MMA: an H100 or H200).
         target_cpu: for target "cpu", the CPU the code is compiled for (IREE's --iree-llvmcpu-target-cpu):
             "host" (the default: the machine that compiles, AVX-512 where it has it; the artifact is keyed by
             that machine's CPU features and loaded only there) or an LLVM CPU name such as "x86-64-v3" (AVX2 and

@@ -132,6 +132,19 @@ DENSE_CHOICE = [
     ("gfx950_window", ANCHORS_CUDA.replace(target="gfx950", num_blocks=9, window=512), ("portable", None),
      ("portable", None)),
     ("cuda_linalg", COMPRESSED_CUDA.replace(kernels="linalg"), ("linalg", None), ("linalg", None)),
+    # hopper.toml names the Hopper kernel, then the NVIDIA one: the window's forward on wgmma, the rest as cuda
+    ("hopper_window", ANCHORS_CUDA.replace(target="hopper", num_blocks=9, window=512), ("hopper", "dense_forward"),
+     ("nvidia", "dense_dq")),
+    ("hopper_window_d64_hpg4", ANCHORS_CUDA.replace(target="hopper", heads=16, head_dim=64, value_dim=64,
+                                                    num_blocks=9, window=512), ("hopper", "dense_forward"),
+     ("nvidia", "dense_dq")),
+    ("hopper_window_bs32", ANCHORS_CUDA.replace(target="hopper", block_size=32, num_blocks=17, window=512),
+     ("nvidia", "dense_forward"), ("nvidia", "dense_dq")),                 # the 128-byte lines take BS 64
+    ("hopper_window_d192", ANCHORS_CUDA.replace(target="hopper", head_dim=192, num_blocks=9, window=512),
+     ("nvidia", "dense_forward"), ("nvidia", "dense_dq")),                 # one workgroup per multiprocessor
+    ("hopper_compressed", COMPRESSED_CUDA.replace(target="hopper"), ("nvidia", "dense_forward"),
+     ("nvidia", "dense_dq")),
+    ("hopper_selection", ANCHORS_CUDA.replace(target="hopper"), ("nvidia", None), ("nvidia", None)),
     ("gfx950_no_dense_entry", COMPRESSED_CUDA.replace(target="gfx950"), ("portable", None), ("portable", None)),
 ]
 

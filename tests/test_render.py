@@ -78,6 +78,7 @@ SPECS = {
     "cpu": KernelSpec(heads=16, kv_heads=1, head_dim=64, value_dim=64, dtype="bf16"),
     "cuda": KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, dtype="bf16", target="cuda"),
     "gfx950": KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, dtype="bf16", target="gfx950"),
+    "hopper": KernelSpec(heads=64, kv_heads=4, head_dim=128, value_dim=128, dtype="bf16", target="hopper"),
 }
 
 
@@ -107,3 +108,43 @@ def test_rendering_reads_no_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("NSA_IREE_KERNELS", "linalg")
     assert render.render_module(spec, "two-pass") == before
     assert render.render_module(spec, "two-pass", load_recipe("cuda")) != before     # the sweep's recipe, given
+
+
+# A module holding a kernel of a family that names its device (gpu/hopper/: sm_90a, which the compile flags cannot
+# name) names it: its aliases first, then its operations in a module whose default device is that target; every
+# other module is the flags' (the hopper target's selection modules are cuda's, one artifact for both:
+# compiler.shared_spec).
+HOPPER_WINDOW = SPECS["cuda"].replace(target="hopper", num_blocks=9, window=512)
+DEVICE_NAMING = [
+    ("hopper_window_forward", HOPPER_WINDOW, "forward", True, "hopper"),
+    ("hopper_window_two_pass", HOPPER_WINDOW, "two-pass", False, "cuda"),
+    ("hopper_selection_forward", SPECS["cuda"].replace(target="hopper"), "forward", False, "cuda"),
+    ("hopper_compressed_forward", SPECS["cuda"].replace(target="hopper", key_stride=64), "forward", False, "cuda"),
+    ("cuda_window_forward", HOPPER_WINDOW.replace(target="cuda"), "forward", False, "cuda"),
+]
+
+
+@pytest.mark.parametrize("case, spec, variant, names_device, artifact_target", DEVICE_NAMING,
+                         ids=[c[0] for c in DEVICE_NAMING])
+def test_a_module_names_its_device_where_a_family_needs_one(case, spec, variant, names_device, artifact_target):
+    from nsa_iree.compiler import shared_spec
+
+    lines = render.render_module(spec, variant).splitlines()
+    opening = [i for i, line in enumerate(lines) if line.startswith("module attributes")]
+    assert bool(opening) == names_device
+    if names_device:
+        (first,) = opening
+        assert 'arch = "sm_90a"' in lines[first + 1] and lines[-1] == "}"
+        assert not any(re.match(r"[#!][\w.$-]+\s*=", line) for line in lines[first:])    # aliases before it
+    assert shared_spec(spec, variant).target == artifact_target
+
+
+def test_an_nvidia_gpu_of_compute_capability_9_runs_the_hopper_recipe(monkeypatch):
+    import torch
+
+    from nsa_iree import api
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    for capability, target in (((9, 0), "hopper"), ((8, 0), "cuda"), ((8, 9), "cuda"), ((10, 0), "cuda")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert api._target_for(torch.device("cuda")) == target

@@ -10,6 +10,7 @@ the family rendering a stage (:func:`choose`).
     gpu/            what the GPU families share (the skeleton of a stage: its bindings, ids, slot loop)
     gpu/nvidia/     mma.sync kernels with ldmatrix, cp.async and PTX instructions (NVIDIA only)
     gpu/portable/   one text for MFMA and mma.sync (the AMD targets' kernels)
+    gpu/hopper/     kernels on sm_90a's warpgroup MMA (wgmma), beside the NVIDIA ones on the hopper target
 
 A family is a :class:`~nsa_iree.kernels.family.Family`: its folder, the stages it has, the shapes it serves
 (``limits``) and its templates' values (``values``).
@@ -22,6 +23,7 @@ import dataclasses
 from ..fragments import HEAD_ROWS
 from .cpu import FAMILY as CPU
 from .family import Family
+from .gpu.hopper import FAMILY as HOPPER
 from .gpu.nvidia import FAMILY as NVIDIA
 from .gpu.portable import FAMILY as PORTABLE
 
@@ -33,7 +35,7 @@ COMMON = Family("common", "common", stages=("kv_blocks", "selected_slots", "delt
 LINALG = Family("linalg", "linalg", stages=("forward", "dq", "dkdv", "onepass"))
 
 # The families a recipe's [kernels] table may name for a stage.
-FAMILIES = {family.name: family for family in (LINALG, CPU, NVIDIA, PORTABLE)}
+FAMILIES = {family.name: family for family in (LINALG, CPU, NVIDIA, PORTABLE, HOPPER)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,18 +69,21 @@ WIDE = {"forward": "wide_forward"}
 
 def choose(stage: str, spec, recipe) -> Choice:
     """The one place that picks the kernel of a stage: the recipe's dense kernel for a stage with a dense form
-    (DENSE: compressed attention, the sliding window) where it serves spec, the recipe's wide kernel for a stage with
+    (DENSE: compressed attention, the sliding window) where it serves spec (the first that does, where the recipe
+    names a list), the recipe's wide kernel for a stage with
     a wide form (WIDE: more heads per group than a tile) where it serves spec, else the recipe's hand-written family
     where it serves spec, the linalg stage otherwise, and everywhere when spec.kernels is "linalg". A stage with no
     linalg template (select_blocks) gets the recipe's family or raises NotImplementedError naming the target.
     Reads nothing but its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made,
     nsa_iree.api.describe)."""
     # the stage's other forms, in order: dense (compressed attention, the window), then wide (more heads than a tile)
+    # (a recipe may name several families for a form, in order: the first that serves spec renders it)
     for forms, applies in ((DENSE, spec.key_stride > 1 or spec.window), (WIDE, spec.heads_per_group > HEAD_ROWS)):
         form = forms.get(stage) if applies and spec.kernels != "linalg" else None
-        family = recipe.kernel_settings.get(form) if form else None
-        if family in FAMILIES and not FAMILIES[family].limits(form, spec, recipe):
-            return Choice(family, family, template=form)
+        named = recipe.kernel_settings.get(form) if form else None
+        for family in [named] if isinstance(named, str) else named or []:
+            if family in FAMILIES and not FAMILIES[family].limits(form, spec, recipe):
+                return Choice(family, family, template=form)
     wanted = recipe.kernel_settings.get(stage)
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.

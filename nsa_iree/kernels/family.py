@@ -27,6 +27,9 @@ class Family:
         values: ``values(spec, recipe)``, the ``${NAME}`` values its templates use beyond the configuration's
             and the recipe's (nsa_iree.render.template_values).
         helpers: templates a module needs (first) once any of its stages is rendered by this family.
+        device: the recipe's ``[kernels]`` key naming the executable target (an ``#hal.executable.target`` the
+            iree-compile flags cannot name, e.g. sm_90a's) of a module that holds any of its stages: the module then
+            names its device itself (nsa_iree.render.render_module). None: the flags' device.
     """
 
     name: str
@@ -35,6 +38,7 @@ class Family:
     limits: Callable[..., list[str]] = _no_limits
     values: Callable[..., dict[str, str]] = _no_values
     helpers: tuple[str, ...] = ()
+    device: str | None = None
 
     def template(self, stage: str) -> str:
         """The template rendering `stage`, relative to nsa_iree/kernels/."""

@@ -22,7 +22,7 @@ config.environment["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.e
 config.substitutions.append(("%cat_dumps", f"{sys.executable} {os.path.join(config.test_source_root, 'cat_dumps.py')}"))
 config.substitutions.append(("%repo", repo))
 config.substitutions.append(("%render", f"{sys.executable} -m nsa_iree.cli render"))
-for target in ("cpu", "gfx950", "gfx942", "cuda"):
+for target in ("cpu", "gfx950", "gfx942", "cuda", "hopper"):
     if not os.path.exists(os.path.join(repo, "nsa_iree", "pipelines", f"{target}.toml")):
         continue
     config.substitutions.append((f"%{target}_flags", " ".join(load_recipe(target).flags)))
