@@ -155,6 +155,8 @@ def _cuda(dump: Path) -> list[DispatchInfo]:
         rows.append(DispatchInfo(m.group(1), pipeline, wg, {
             "regs(declared)": regs, "shared": shared,
             "mma": _count(r"^\s+mma\.sync", body),
+            # sm_90a's warpgroup products (the hopper kernels: inline PTX, one line each)
+            "wgmma": _count(r"^\s*wgmma\.mma_async", body),
             **_lds_reads(_count(r"^\s+(ld\.shared|ldmatrix)", body), _count(r"^\s+ld\.shared\.[bsu](8|16)\b", body),
                          _count(r"^\s+mma\.sync", body)),
             "gload": _count(r"^\s+ld\.global", body), "gstore": _count(r"^\s+st\.global", body),
