@@ -150,9 +150,9 @@ _TABLES = ("attributes", "onepass", "kernels", "values")
 
 def _read(name: str, directory) -> dict:
     """<directory>/<name>.toml, over the base it names (``base = "amd"``): the target's keys replace the base's,
-    its tables add to and replace the base's tables key by key."""
+    its tables add to and replace the base's tables key by key; "base" is then the file's own."""
     data = tomllib.loads((directory / f"{name}.toml").read_text())
-    base = data.pop("base", None)
+    base = data.get("base")
     if base is None:
         return data
     merged = _read(base, directory)
@@ -166,8 +166,7 @@ def load_recipe(target: str, directory=None) -> Recipe:
     elsewhere; the renderer's own default is the package's recipes, so rendering reads no environment)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    directory = pipelines_dir() if directory is None else directory
-    data = _read(target, directory)
+    data = _read(target, pipelines_dir() if directory is None else directory)
     unknown = set(data.get("attributes", {})) - set(ATTRIBUTE_SLOTS)
     if unknown:
         raise ValueError(f"pipelines/{target}.toml: unknown attribute slots {sorted(unknown)}")
@@ -175,8 +174,7 @@ def load_recipe(target: str, directory=None) -> Recipe:
     unknown = set(onepass) - set(ONEPASS_SLOTS)
     if unknown:
         raise ValueError(f"pipelines/{target}.toml: unknown [onepass] keys {sorted(unknown)}")
-    base = tomllib.loads((directory / f"{target}.toml").read_text()).get("base")
-    return Recipe(target=target, driver=data["driver"], flags=tuple(data["flags"]), base=base,
+    return Recipe(target=target, driver=data["driver"], flags=tuple(data["flags"]), base=data.get("base"),
                   rows_per_piece=int(data["rows_per_piece"]),
                   attribute_templates=dict(data.get("attributes", {})), onepass_templates=dict(onepass),
                   dtypes=tuple(data.get("dtypes", ("f32", "f16", "bf16"))),

@@ -198,25 +198,11 @@ ${ wg.values("sv", "%s", s_values, "!hfw_s") }
 <% endfor %>
 ${ softmax.quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h ~ "_" ~ (s_values // 4 - 1), "arith.maximumf") }
 <% endfor %>
-          // The running max moves only when a row of the subgroup passes it by more than RESCALE_SLACK (as in
-          // gpu/nvidia/softmax.mlir): then o and the sums are rescaled.
-          %limit_0 = arith.addf %mx0, %rescale_slack : f32
-          %limit_1 = arith.addf %mx1, %rescale_slack : f32
-          %grows_0 = arith.cmpf ogt, %block_max_0, %limit_0 : f32
-          %grows_1 = arith.cmpf ogt, %block_max_1, %limit_1 : f32
-          %grows = arith.ori %grows_0, %grows_1 : i1
-          %grows_i32 = arith.extui %grows : i1 to i32
-          %any_grows_i32 = ${VOTE_ANY} %grows_i32 : (i32) -> i32
-          %any_grows = arith.cmpi ne, %any_grows_i32, %c0_i32 : i32
+          // The running max moves as in the forward kernels (gpu/nvidia/softmax.mlir): then o and the sums are
+          // rescaled.
+${ softmax.moves(VOTE_ANY) }
           %o_ref, %max_ref_0, %max_ref_1, %l0_ref, %l1_ref = scf.if %any_grows -> (!hfw_o, f32, f32, f32, f32) {
-<% for h in [0, 1] %>
-            %new_max_${h} = arith.maximumf %mx${h}, %block_max_${h} : f32
-            %none_${h} = arith.cmpf oeq, %new_max_${h}, %minus_inf : f32
-            %safe_new_${h} = arith.select %none_${h}, %zero, %new_max_${h} : f32
-            %drop_${h} = arith.subf %mx${h}, %safe_new_${h} : f32
-            %alpha_${h} = ${EX2} %drop_${h} : (f32) -> f32
-            %l${h}_scaled = arith.mulf %l${h}, %alpha_${h} : f32
-<% endfor %>
+${ softmax.rescale_factors(EX2) }
 <% for v in range(o_values) %>
             %o_old_${v} = llvm.extractvalue %o_tile[${v}] : !hfw_o
             %o_scaled_${v} = arith.mulf %o_old_${v}, %alpha_${ (v // 2) % 2 } : f32
@@ -226,10 +212,7 @@ ${ softmax.quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h ~ "_" ~ (s_values // 
           } else {
             scf.yield %o_tile, %mx0, %mx1, %l0, %l1 : !hfw_o, f32, f32, f32, f32
           }
-<% for h in [0, 1] %>
-          %none_ref_${h} = arith.cmpf oeq, %max_ref_${h}, %minus_inf : f32
-          %safe_max_${h} = arith.select %none_ref_${h}, %zero, %max_ref_${h} : f32
-<% endfor %>
+${ softmax.reference_max() }
 <% if HOPPER_P_IN_K == "1" %>
           // p goes over the K tile just read (p_in_k): once every warpgroup's s is done.
           gpu.barrier

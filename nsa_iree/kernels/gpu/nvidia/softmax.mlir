@@ -11,6 +11,51 @@
           ${result} = ${op} ${result}_1, ${result}_s2 : f32
 <% endmacro %>
 
+<# The online softmax's rule for moving the running max (its reference point), from the lane's two rows' block maxes
+   %block_max_0, %block_max_1 (base 2, over the 4 lanes of a row) and their running maxes %mx0, %mx1: %any_grows,
+   one decision for the subgroup (`vote_any`, the recipe's instruction). #>
+<% macro moves(vote_any) %>
+          // The running max moves only when some head of the subgroup exceeds it by more than
+          // RESCALE_SLACK (a decision uniform over the subgroup); otherwise p = 2^(x - max) <= 2^RESCALE_SLACK
+          // against the stale max, and o, max and sum stay as they are. The result is the same softmax (o and
+          // the sum share the reference point) with one rescale of o per moved max instead of one per block.
+          %limit_0 = arith.addf %mx0, %rescale_slack : f32
+          %limit_1 = arith.addf %mx1, %rescale_slack : f32
+          %grows_0 = arith.cmpf ogt, %block_max_0, %limit_0 : f32
+          %grows_1 = arith.cmpf ogt, %block_max_1, %limit_1 : f32
+          %grows = arith.ori %grows_0, %grows_1 : i1
+          %grows_i32 = arith.extui %grows : i1 to i32
+          %any_grows_i32 = ${vote_any} %grows_i32 : (i32) -> i32
+          %any_grows = arith.cmpi ne, %any_grows_i32, %c0_i32 : i32
+<% endmacro %>
+
+<# Where %any_grows holds: the rows' new maxes %new_max_0, %new_max_1 and the factors %alpha_0, %alpha_1 that take o
+   and the sums %l0, %l1 to them (%l0_scaled, %l1_scaled), 2^x by `ex2`. #>
+<% macro rescale_factors(ex2) %>
+            // Rescale factors; a head that has seen no key yet keeps max -inf, o = 0 and sum 0.
+            %new_max_0 = arith.maximumf %mx0, %block_max_0 : f32
+            %new_max_1 = arith.maximumf %mx1, %block_max_1 : f32
+            %none_0 = arith.cmpf oeq, %new_max_0, %minus_inf : f32
+            %none_1 = arith.cmpf oeq, %new_max_1, %minus_inf : f32
+            %safe_new_0 = arith.select %none_0, %zero, %new_max_0 : f32
+            %safe_new_1 = arith.select %none_1, %zero, %new_max_1 : f32
+            %drop_0 = arith.subf %mx0, %safe_new_0 : f32
+            %drop_1 = arith.subf %mx1, %safe_new_1 : f32
+            %alpha_0 = ${ex2} %drop_0 : (f32) -> f32
+            %alpha_1 = ${ex2} %drop_1 : (f32) -> f32
+            %l0_scaled = arith.mulf %l0, %alpha_0 : f32
+            %l1_scaled = arith.mulf %l1, %alpha_1 : f32
+<% endmacro %>
+
+<# The rows' reference maxes %max_ref_0, %max_ref_1 as the exponents' offsets %safe_max_0, %safe_max_1 (0 for a row
+   that has seen no key: its x are -inf, its p 0). #>
+<% macro reference_max() %>
+          %none_ref_0 = arith.cmpf oeq, %max_ref_0, %minus_inf : f32
+          %none_ref_1 = arith.cmpf oeq, %max_ref_1, %minus_inf : f32
+          %safe_max_0 = arith.select %none_ref_0, %zero, %max_ref_0 : f32
+          %safe_max_1 = arith.select %none_ref_1, %zero, %max_ref_1 : f32
+<% endmacro %>
+
 <# One step of the online softmax: 16 keys (key_base .. key_base + 15 of the staged rows in %buffer, read at
    %score_row for s = q k^T and %pv_row for p v, swizzled by %score_swizzle_k and %pv_swizzle_v) against the
    subgroup's 16 rows (%q_frags; head rows %head_valid_0/_1, keys below %visible, or below %visible_0/_1 per row
@@ -52,32 +97,9 @@ ${ nv.score_element(per_row, masked) }
 <% for h in ["0", "1"] %>
 ${ quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h, "arith.maximumf") }
 <% endfor %>
-          // The running max moves only when some head of the subgroup exceeds it by more than
-          // RESCALE_SLACK (a decision uniform over the subgroup); otherwise p = 2^(x - max) <= 2^RESCALE_SLACK
-          // against the stale max, and o, max and sum stay as they are. The result is the same softmax (o and
-          // the sum share the reference point) with one rescale of o per moved max instead of one per block.
-          %limit_0 = arith.addf %mx0, %rescale_slack : f32
-          %limit_1 = arith.addf %mx1, %rescale_slack : f32
-          %grows_0 = arith.cmpf ogt, %block_max_0, %limit_0 : f32
-          %grows_1 = arith.cmpf ogt, %block_max_1, %limit_1 : f32
-          %grows = arith.ori %grows_0, %grows_1 : i1
-          %grows_i32 = arith.extui %grows : i1 to i32
-          %any_grows_i32 = ${vote_any} %grows_i32 : (i32) -> i32
-          %any_grows = arith.cmpi ne, %any_grows_i32, %c0_i32 : i32
+${ moves(vote_any) }
           %o_ref, %max_ref_0, %max_ref_1, %l0_ref, %l1_ref = scf.if %any_grows -> (!fwk_o_acc, f32, f32, f32, f32) {
-            // Rescale factors; a head that has seen no key yet keeps max -inf, o = 0 and sum 0.
-            %new_max_0 = arith.maximumf %mx0, %block_max_0 : f32
-            %new_max_1 = arith.maximumf %mx1, %block_max_1 : f32
-            %none_0 = arith.cmpf oeq, %new_max_0, %minus_inf : f32
-            %none_1 = arith.cmpf oeq, %new_max_1, %minus_inf : f32
-            %safe_new_0 = arith.select %none_0, %zero, %new_max_0 : f32
-            %safe_new_1 = arith.select %none_1, %zero, %new_max_1 : f32
-            %drop_0 = arith.subf %mx0, %safe_new_0 : f32
-            %drop_1 = arith.subf %mx1, %safe_new_1 : f32
-            %alpha_0 = ${ex2} %drop_0 : (f32) -> f32
-            %alpha_1 = ${ex2} %drop_1 : (f32) -> f32
-            %l0_scaled = arith.mulf %l0, %alpha_0 : f32
-            %l1_scaled = arith.mulf %l1, %alpha_1 : f32
+${ rescale_factors(ex2) }
             // o = o * alpha per head: accumulator element [0][tile][i][e] is head 8 i + r.
             %alpha_rows0 = vector.broadcast %alpha_0 : f32 to vector<2xf32>
             %alpha_rows1 = vector.broadcast %alpha_1 : f32 to vector<2xf32>
@@ -90,10 +112,7 @@ ${ quad_reduce("%block_max_" ~ h, "%lane_max_" ~ h, "arith.maximumf") }
           } else {
             scf.yield %o_iter, %mx0, %mx1, %l0, %l1 : !fwk_o_acc, f32, f32, f32, f32
           }
-          %none_ref_0 = arith.cmpf oeq, %max_ref_0, %minus_inf : f32
-          %none_ref_1 = arith.cmpf oeq, %max_ref_1, %minus_inf : f32
-          %safe_max_0 = arith.select %none_ref_0, %zero, %max_ref_0 : f32
-          %safe_max_1 = arith.select %none_ref_1, %zero, %max_ref_1 : f32
+${ reference_max() }
 
           // p = 2^(x - max) (0 for x = -inf), its row sums per lane, and p as the lhs fragment of p v:
           // element [2 i + tile][e], each pair converted to the input type by one instruction.
