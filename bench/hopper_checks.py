@@ -1,9 +1,11 @@
 """The hopper target's wgmma kernels against the NVIDIA (mma.sync) kernels and the f64 oracle, on an H100 or H200.
 
-    python -m bench.hopper_checks compile      # here (iree-compile): both targets' window forwards into the cache
+    python -m bench.hopper_checks compile      # here (iree-compile): both targets' window modules into the cache
     python3 -m bench.hopper_checks check       # on the GPU: o and lse of every case against f64, outputs poisoned
+    python3 -m bench.hopper_checks check_bwd   # on the GPU: dq, dk, dv of every case against f64, outputs poisoned
     python3 -m bench.hopper_checks time [SEQ]  # on the GPU: the two forwards at SEQ tokens (default 65536), alternating
-    python3 -m bench.hopper_checks sanitize M  # under compute-sanitizer: one small forward per case layout
+    python3 -m bench.hopper_checks time_bwd [SEQ]  # on the GPU: the two targets' dq and dk/dv passes at SEQ tokens
+    python3 -m bench.hopper_checks sanitize M  # under compute-sanitizer: one small forward and backward per layout
 
 The modules are loaded directly (KernelSpec with target "cuda" or "hopper"), so both run in one process whatever
 nsa_iree.api would pick. bench/run_hopper_h200.sh runs the GPU steps through the device tool;
@@ -39,13 +41,14 @@ def spec(target: str, case: str) -> KernelSpec:
 def compile_all() -> None:
     for case in CASES:
         for target in ("cuda", "hopper"):
-            print(compile_artifact(spec(target, case), "forward").path.name, flush=True)
+            for variant in ("forward", "two-pass"):
+                print(compile_artifact(spec(target, case), variant).path.name, flush=True)
 
 
-def _module(target: str, case: str):
+def _module(target: str, case: str, variant: str = "forward"):
     from nsa_iree.runtime import device_for
 
-    return device_for(torch.device("cuda")).module(compile_artifact(spec(target, case), "forward").path)
+    return device_for(torch.device("cuda")).module(compile_artifact(spec(target, case), variant).path)
 
 
 def _inputs(case: str, b: int, m: int, n: int, gen):
@@ -63,6 +66,21 @@ def _forward(module, q, k, v, idx):
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), dtype=torch.float32, device="cuda")
     module.call("selection_attention_fwd", q, k, v, idx, q.shape[3] ** -0.5, o, lse)
     return o, lse
+
+
+def _backward(module, q, k, v, o, lse, do, idx, passes=("dkdv", "dq")):
+    """dq, dk, dv of the module's two-pass stages called one by one (delta, the block lists' inversion, dk/dv, dq),
+    every output poisoned first."""
+    scale = q.shape[3] ** -0.5
+    (delta,) = module.call("selection_attention_delta", o, do)
+    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    if "dkdv" in passes:
+        entries, piece_start, piece_count = module.call("invert_block_indices", idx, k.shape[1])
+        module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
+                    scale, dk, dv)
+    if "dq" in passes:
+        module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq)
+    return dq, dk, dv
 
 
 def _error(x, ref) -> float:
@@ -91,6 +109,63 @@ def check(seed: int = 0) -> None:
             print(json.dumps(row), flush=True)
 
 
+def check_bwd(seed: int = 0) -> None:
+    """dq, dk and dv of both targets against the f64 oracle's gradients (o and lse from the oracle)."""
+    from nsa_iree.reference import sliding_window_attention_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for case in CASES:
+        modules = {target: _module(target, case, "two-pass") for target in ("cuda", "hopper")}
+        for b, m, n in SHAPES:
+            q, k, v, _ = _inputs(case, b, m, n, gen)
+            idx = window._band_indices(b, m, n, 4, WINDOW, q.device)
+            do = torch.randn(b, m, q.shape[2], v.shape[3], device="cuda", generator=gen).to(q.dtype)
+            leaves = [x.double().requires_grad_() for x in (q, k, v)]
+            o_ref, lse_ref = sliding_window_attention_reference(*leaves, WINDOW)
+            o_ref.backward(do.double())
+            o, lse = o_ref.detach().to(q.dtype), lse_ref.detach().float()
+            row = {"case": case, "b": b, "m": m, "n": n}
+            for target, module in modules.items():
+                grads = _backward(module, q, k, v, o, lse, do, idx)
+                torch.cuda.synchronize()
+                for name, x, leaf in zip(("dq", "dk", "dv"), grads, leaves):
+                    row[f"{target}_{name}"] = _error(x, leaf.grad)
+            print(json.dumps(row), flush=True)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 2):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return round(statistics.median(times[2:]), 3)
+
+
+def time_bwd(seq: int = 65536, repeats: int = 10) -> None:
+    """Each target's dk/dv pass and dq pass alone (delta made once outside), alternating, at seq tokens."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, _ = _inputs("bf16", 1, seq, seq, gen)
+    idx = window._band_indices(1, seq, seq, 4, WINDOW, q.device)
+    do = torch.randn(1, seq, q.shape[2], v.shape[3], device="cuda", generator=gen).to(q.dtype)
+    modules = {target: _module(target, "bf16", "two-pass") for target in ("cuda", "hopper")}
+    o, lse = _forward(_module("cuda", "bf16"), q, k, v, idx)
+    scale = q.shape[3] ** -0.5
+    dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+    for _ in range(2):
+        for target, module in modules.items():
+            (delta,) = module.call("selection_attention_delta", o, do)
+            lists = module.call("invert_block_indices", idx, seq)
+            dkdv = _median_ms(lambda: module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, *lists,
+                                                  scale, dk, dv), repeats)
+            dq_ms = _median_ms(lambda: module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq),
+                               repeats)
+            print(json.dumps({"target": target, "seq": seq, "dkdv_ms": dkdv, "dq_ms": dq_ms}), flush=True)
+
+
 def time(seq: int = 65536, repeats: int = 10) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     modules = {target: _module(target, "bf16") for target in ("cuda", "hopper")}
@@ -114,11 +189,14 @@ def sanitize(m: int = 300) -> None:
     for case in ("bf16", "d64"):
         q, k, v, idx = _inputs(case, 2, m, m + 100, gen)
         o, lse = _forward(_module("hopper", case), q, k, v, idx)
+        band = window._band_indices(2, m, m + 100, 4, WINDOW, q.device)
+        grads = _backward(_module("hopper", case, "two-pass"), q, k, v, o, lse, torch.randn_like(o), band)
         torch.cuda.synchronize()
-        print(json.dumps({"case": case, "m": m, "finite": bool(torch.isfinite(o).all() and torch.isfinite(lse).all())}),
-              flush=True)
+        finite = all(bool(torch.isfinite(x).all()) for x in (o, lse, *grads))
+        print(json.dumps({"case": case, "m": m, "finite": finite}), flush=True)
 
 
 if __name__ == "__main__":
     what, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
-    {"compile": compile_all, "check": check, "time": time, "sanitize": sanitize}[what](*args)
+    {"compile": compile_all, "check": check, "check_bwd": check_bwd, "time": time, "time_bwd": time_bwd,
+     "sanitize": sanitize}[what](*args)

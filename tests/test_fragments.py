@@ -132,12 +132,12 @@ DENSE_CHOICE = [
     ("gfx950_window", ANCHORS_CUDA.replace(target="gfx950", num_blocks=9, window=512), ("portable", None),
      ("portable", None)),
     ("cuda_linalg", COMPRESSED_CUDA.replace(kernels="linalg"), ("linalg", None), ("linalg", None)),
-    # hopper.toml names the Hopper kernel, then the NVIDIA one: the window's forward on wgmma, the rest as cuda
+    # hopper.toml names the Hopper kernel, then the NVIDIA one: the window's forward and dq on wgmma, the rest as cuda
     ("hopper_window", ANCHORS_CUDA.replace(target="hopper", num_blocks=9, window=512), ("hopper", "dense_forward"),
-     ("nvidia", "dense_dq")),
+     ("hopper", "dense_dq")),
     ("hopper_window_d64_hpg4", ANCHORS_CUDA.replace(target="hopper", heads=16, head_dim=64, value_dim=64,
                                                     num_blocks=9, window=512), ("hopper", "dense_forward"),
-     ("nvidia", "dense_dq")),
+     ("hopper", "dense_dq")),
     ("hopper_window_bs32", ANCHORS_CUDA.replace(target="hopper", block_size=32, num_blocks=17, window=512),
      ("nvidia", "dense_forward"), ("nvidia", "dense_dq")),                 # the 128-byte lines take BS 64
     ("hopper_window_d192", ANCHORS_CUDA.replace(target="hopper", head_dim=192, num_blocks=9, window=512),
@@ -156,9 +156,11 @@ def test_dense_kernel_choice(case, spec, forward, dq):
     assert [(c.family, c.template) for c in chosen] == [forward, dq]
 
 
-# The dk/dv stage's dense form: on the CPU the whole backward of the compressed attention (dense_backward: dq with
-# dk and dv, one dispatch); no GPU recipe names one. (the family, the template, whether the backward is the one
-# call: kernels.dense_backward)
+# The dk/dv stage's dense forms: on the CPU the whole backward of the compressed attention (dense_backward: dq with
+# dk and dv, one dispatch); on Hopper the window's dk/dv on wgmma (dense_dkdv: key tiles against the rows that see
+# them, the two-pass's other calls as they are). (the family, the template, whether the backward is the one call:
+# kernels.dense_backward)
+HOPPER_WINDOW = ANCHORS_CUDA.replace(target="hopper", num_blocks=9, window=512)
 COMPRESSED_CPU = ANCHORS_CUDA.replace(target="cpu", dtype="f32", key_stride=64)
 DENSE_BACKWARD_CHOICE = [
     ("cpu_compressed", COMPRESSED_CPU, ("cpu", "dense_backward", True)),
@@ -169,6 +171,12 @@ DENSE_BACKWARD_CHOICE = [
     ("cpu_linalg", COMPRESSED_CPU.replace(kernels="linalg"), ("linalg", None, False)),
     ("cuda_compressed", COMPRESSED_CUDA, ("nvidia", None, False)),
     ("gfx950_compressed", COMPRESSED_CUDA.replace(target="gfx950"), ("portable", None, False)),
+    ("hopper_window", HOPPER_WINDOW, ("hopper", "dense_dkdv", False)),
+    ("hopper_window_d64_dv128_hpg1", HOPPER_WINDOW.replace(heads=4, head_dim=64), ("hopper", "dense_dkdv", False)),
+    ("hopper_window_d192", HOPPER_WINDOW.replace(head_dim=192), ("nvidia", None, False)),   # dk, dv in registers
+    ("hopper_window_bs32", HOPPER_WINDOW.replace(block_size=32, num_blocks=17), ("nvidia", None, False)),
+    ("hopper_window_f32", HOPPER_WINDOW.replace(dtype="f32"), ("linalg", None, False)),
+    ("hopper_compressed", COMPRESSED_CUDA.replace(target="hopper"), ("nvidia", None, False)),
 ]
 
 

@@ -50,11 +50,12 @@ def cases():
                                                       VARIANTS[:2]):
         fields = dict(LAYOUTS["anchors"], dtype=dtype, target=target, num_blocks=9, window=512)
         yield f"anchors-{target}-{dtype}-window512-{variant}", fields, variant
-    # the window's forward on the hopper target's wgmma kernel (the anchors and D 64 layouts; its other modules are
-    # cuda's: compiler.shared_spec)
+    # the window's forward and two-pass backward on the hopper target's wgmma kernels (the anchors and D 64 layouts;
+    # its one-pass is cuda's: compiler.shared_spec)
     for layout in ("anchors", "d64"):
         fields = dict(LAYOUTS[layout], dtype="bf16", target="hopper", num_blocks=9, window=512)
-        yield f"{layout}-hopper-bf16-window512-forward", fields, "forward"
+        for variant in VARIANTS[:2]:
+            yield f"{layout}-hopper-bf16-window512-{variant}", fields, variant
     # wide groups' forward (kernels.WIDE; 32 and 64 heads per kv head) on cuda
     for kv_heads in (2, 1):
         fields = dict(LAYOUTS["anchors"], kv_heads=kv_heads, dtype="bf16", target="cuda")

@@ -117,7 +117,9 @@ def test_rendering_reads_no_environment(tmp_path, monkeypatch):
 HOPPER_WINDOW = SPECS["cuda"].replace(target="hopper", num_blocks=9, window=512)
 DEVICE_NAMING = [
     ("hopper_window_forward", HOPPER_WINDOW, "forward", True, "hopper"),
-    ("hopper_window_two_pass", HOPPER_WINDOW, "two-pass", False, "cuda"),
+    ("hopper_window_two_pass", HOPPER_WINDOW, "two-pass", True, "hopper"),
+    ("hopper_window_one_pass", HOPPER_WINDOW, "one-pass", False, "cuda"),
+    ("hopper_compressed_two_pass", SPECS["cuda"].replace(target="hopper", key_stride=64), "two-pass", False, "cuda"),
     ("hopper_selection_forward", SPECS["cuda"].replace(target="hopper"), "forward", False, "cuda"),
     ("hopper_compressed_forward", SPECS["cuda"].replace(target="hopper", key_stride=64), "forward", False, "cuda"),
     ("cuda_window_forward", HOPPER_WINDOW.replace(target="cuda"), "forward", False, "cuda"),

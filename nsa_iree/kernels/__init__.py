@@ -52,9 +52,11 @@ class Choice:
 # compressed attention (KernelSpec.key_stride > 1: every key up to the row's position) and the sliding window
 # (KernelSpec.window: a band), where the recipe names a family for the dense stage and it serves spec; the stage's
 # own kernel otherwise. On NVIDIA the forward and dq as dense attention (query tiles against key tiles, no block
-# lists); on the CPU the dk/dv stage's dense form is the whole backward (dense_backward: dq written beside dk and
-# dv, from one making of each row's scores over its tiles; COVERS).
-DENSE = {"forward": "dense_forward", "dq": "dense_dq", "dkdv": "dense_backward"}
+# lists); on Hopper dk/dv as well (dense_dkdv: key tiles against the rows that see them); on the CPU the dk/dv
+# stage's dense form is the whole backward (dense_backward: dq written beside dk and dv, from one making of each
+# row's scores over its tiles; COVERS). A stage may have several dense forms: the first the recipe names a family
+# for that serves spec.
+DENSE = {"forward": ("dense_forward",), "dq": ("dense_dq",), "dkdv": ("dense_backward", "dense_dkdv")}
 
 # Forms that compute other stages' results as well: a module rendering one renders neither of those stages, and
 # the backward is one call of its function (nsa_iree.api.backward_into: dense_backward).
@@ -64,7 +66,7 @@ COVERS = {"dense_backward": ("delta", "dq", "inversion")}
 # Stages with a form for wide groups: more query heads per kv head than the hand-written kernels' 16-row tiles,
 # where the recipe names a family for the wide stage and it serves spec (a subgroup per 16 heads, each selected
 # block staged once for all of them); elsewhere group_split runs such groups as several of 16.
-WIDE = {"forward": "wide_forward"}
+WIDE = {"forward": ("wide_forward",)}
 
 
 def choose(stage: str, spec, recipe) -> Choice:
@@ -79,11 +81,11 @@ def choose(stage: str, spec, recipe) -> Choice:
     # the stage's other forms, in order: dense (compressed attention, the window), then wide (more heads than a tile)
     # (a recipe may name several families for a form, in order: the first that serves spec renders it)
     for forms, applies in ((DENSE, spec.key_stride > 1 or spec.window), (WIDE, spec.heads_per_group > HEAD_ROWS)):
-        form = forms.get(stage) if applies and spec.kernels != "linalg" else None
-        named = recipe.kernel_settings.get(form) if form else None
-        for family in [named] if isinstance(named, str) else named or []:
-            if family in FAMILIES and not FAMILIES[family].limits(form, spec, recipe):
-                return Choice(family, family, template=form)
+        for form in forms.get(stage, ()) if applies and spec.kernels != "linalg" else ():
+            named = recipe.kernel_settings.get(form)
+            for family in [named] if isinstance(named, str) else named or []:
+                if family in FAMILIES and not FAMILIES[family].limits(form, spec, recipe):
+                    return Choice(family, family, template=form)
     wanted = recipe.kernel_settings.get(stage)
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.

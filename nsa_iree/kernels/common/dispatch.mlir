@@ -17,6 +17,8 @@
 <% elif name == "dv_pieces" %>memref<?x${BS}x${DV}xf32>{%pieces}|dv pieces [pieces, BS, Dv] f32
 <% elif name == "key_blocks_t" %>memref<?x${D}x${BS}x${E}>{%flat_blocks}|key_blocks_t [B * G * NB, D, BS] (cpu/blocks.mlir)
 <% elif name == "value_blocks_t" %>memref<?x${DV}x${BS}x${E}>{%flat_blocks}|value_blocks_t [B * G * NB, Dv, BS]
+<% elif name == "dk" %>memref<?x?x${G}x${D}x${DKV_E}>{%batch, %n}|dk [B, N, G, D]
+<% elif name == "dv" %>memref<?x?x${G}x${DV}x${DKV_E}>{%batch, %n}|dv [B, N, G, Dv]
 <% elif name == "dkv" %>memref<?xf32>{%dkv_size}|dk/dv f32 accumulator (tied, zero on entry)
 <% else %>${ fail("common/dispatch.mlir: no operand named " ~ name) }
 <% endif %>

@@ -185,6 +185,25 @@ ${ push_constants(pieces=true) }
 }
 <% endmacro %>
 
+<# dk/dv's host function for a kernel that takes the keys in tiles and finds their rows itself (the dense forms'
+   dk/dv: gpu/hopper/dense_dkdv.mlir): one dispatch of `executable`'s @`function` per (tile of `keys_per_workgroup`
+   keys, g, b), writing dk and dv; the block lists' inversion (entries, piece_start, piece_count) not read. #>
+<% macro dense_dkdv(executable, function, keys_per_workgroup) %>
+${ dkdv_signature() }
+<% call sizes() %>
+  %kv_heads = arith.constant ${G} : index
+  %keys_per_workgroup = arith.constant ${keys_per_workgroup} : index
+<% endcall %>
+  %key_tiles = arith.ceildivui %n, %keys_per_workgroup : index
+${ push_constants() }
+  %dk, %dv = flow.dispatch @${executable}::@${function}[%key_tiles, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do)
+      : (i32, i32, i32, i32, ${ backward_operand_types() })
+      -> (tensor<?x?x${G}x${D}x${DKV_E}>{%batch, %n}, tensor<?x?x${G}x${DV}x${DKV_E}>{%batch, %n})
+  return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
+}
+<% endmacro %>
+
 <# `name` [B, N, G, `dim`] in DKV_E: the f32 `name`_f32 rounded (the one-pass's dk and dv). #>
 <% macro round_accumulator(name, dim, index) %>
   %${name}_init = tensor.empty(%batch, %n) : tensor<?x?x${G}x${dim}x${DKV_E}>

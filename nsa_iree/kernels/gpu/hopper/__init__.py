@@ -9,10 +9,19 @@ from ....spec import KernelSpec
 from ...family import Family
 from .. import nvidia
 
-STAGES = ("dense_forward",)
+STAGES = ("dense_forward", "dense_dq", "dense_dkdv")
 WARPGROUPS = 2               # warpgroups of a workgroup: each takes 64 rows (its m64 tile, 4 subgroups of 16)
 ROWS = 64 * WARPGROUPS       # rows of a workgroup, against each key tile staged once
 LANES = 128 * WARPGROUPS
+# dq's: one warpgroup a workgroup, two workgroups a multiprocessor (faster than one workgroup of two warpgroups
+# sharing each key tile: docs/performance.md)
+DQ_WARPGROUPS = 1
+DQ_ROWS = 64 * DQ_WARPGROUPS
+
+
+# Workgroups a multiprocessor holds at once, by design (a warpgroup's softmax beside another's products): the
+# forward's two of two warpgroups each, dq's and dk/dv's two of one.
+RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2}
 
 
 def tile_bytes(rows: int, width: int) -> int:
@@ -26,11 +35,32 @@ def p_in_k(spec: KernelSpec) -> bool:
     return tile_bytes(ROWS, spec.block_size) <= tile_bytes(spec.block_size, spec.head_dim)
 
 
+def ds_in_v(spec: KernelSpec) -> bool:
+    """Whether dq's ds [DQ_ROWS, BS] is written over the V tile dp was computed from (free once dp is made)."""
+    return tile_bytes(DQ_ROWS, spec.block_size) <= tile_bytes(spec.block_size, spec.value_dim)
+
+
 def workgroup_memory(stage: str, spec: KernelSpec) -> dict[str, int]:
-    """Byte offsets of the dense forward's workgroup memory (gpu/hopper/dense_forward.mlir): q [ROWS, D], two K
-    tiles [BS, D], two V tiles [BS, Dv], and p [ROWS, BS] unless it goes over a K tile (p_in_k) (16-bit elements,
-    wgmma.mlir's layout); "end" is its size."""
+    """Byte offsets of a stage's workgroup memory (16-bit elements in wgmma.mlir's layout); "end" is its size.
+    dense_forward: q [ROWS, D], two K tiles [BS, D], two V tiles [BS, Dv], and p [ROWS, BS] unless it goes over a
+    K tile (p_in_k). dense_dq: q [DQ_ROWS, D], do [DQ_ROWS, Dv] ("do"), two K tiles, two V tiles, and ds [DQ_ROWS, BS]
+    unless it goes over the V tile it was computed from (ds_in_v).
+    dense_dkdv: K [64, D], V [64, Dv], two q chunks [64, D], two do chunks [64, Dv], p^T (then ds^T) [64, 64], and
+    two chunks' lse and delta ("stats", f32 [2][2][64])."""
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
+    if stage == "dense_dkdv":
+        v = tile_bytes(64, d)
+        q = v + tile_bytes(64, dv)
+        do = q + 2 * tile_bytes(64, d)
+        pt = do + 2 * tile_bytes(64, dv)
+        stats = pt + tile_bytes(64, 64)
+        return {"v": v, "q": q, "do": do, "pt": pt, "stats": stats, "end": stats + 2 * 2 * 64 * 4}
+    if stage == "dense_dq":
+        do = tile_bytes(DQ_ROWS, d)
+        k = do + tile_bytes(DQ_ROWS, dv)
+        v = k + 2 * tile_bytes(bs, d)
+        ds = v + 2 * tile_bytes(bs, dv)
+        return {"do": do, "k": k, "v": v, "ds": ds, "end": ds + (0 if ds_in_v(spec) else tile_bytes(DQ_ROWS, bs))}
     k = tile_bytes(ROWS, d)
     v = k + 2 * tile_bytes(bs, d)
     p = v + 2 * tile_bytes(bs, dv)
@@ -41,36 +71,68 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the Hopper kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
     if stage not in STAGES:
         return [f"no Hopper kernel for stage {stage!r}"]
-    why = [w for w in nvidia.limits(stage, spec, recipe) if "workgroup memory" not in w]
+    # (the NVIDIA family's limits of its dense dq: dtype, instructions, head dims; dk/dv's take the same)
+    why = [w for w in nvidia.limits("dense_dq" if stage == "dense_dkdv" else stage, spec, recipe)
+           if "workgroup memory" not in w]
+    if stage == "dense_dkdv" and spec.block_size != 64:
+        why.append("BS is not 64 (a warpgroup's m64 tile of keys)")
+    if stage == "dense_dkdv" and spec.head_dim + spec.value_dim > 256:
+        why.append("D + Dv above 256 (dk and dv accumulate in a lane's registers)")
     if not spec.window:
         # (its KEY_STRIDE text renders, but only the window's has run on an H200: docs/performance.md)
-        why.append("serves the sliding window; the compressed attention's forward is the NVIDIA kernel's")
+        why.append("serves the sliding window; the compressed attention's stages are the NVIDIA kernels'")
     if spec.head_dim % 64 or spec.value_dim % 64 or spec.value_dim > 256:
         why.append("D not a multiple of 64, or Dv not a multiple of 64 up to 256 (the layout's 128-byte lines; "
                    "wgmma's n)")
     if spec.block_size % 64 or spec.block_size > 256:
         why.append("BS not a multiple of 64 up to 256 (the layout's 128-byte lines; wgmma's n)")
     sm_memory = int(recipe.kernel_settings.get("sm_workgroup_memory", 0))
-    need = workgroup_memory(stage, spec)["end"] + 1024 + nvidia.WORKGROUP_RESERVED
-    if sm_memory and 2 * need > sm_memory:
-        # (the design keeps two on a multiprocessor, one's softmax beside the other's products)
-        why.append(f"needs {need} bytes of workgroup memory: fewer than two workgroups per multiprocessor")
+    if sm_memory and _per_multiprocessor(stage, spec, recipe) < RESIDENT[stage]:
+        why.append(f"needs {_allocation(stage, spec) + nvidia.WORKGROUP_RESERVED} bytes of workgroup memory: "
+                   f"fewer than {RESIDENT[stage]} workgroups per multiprocessor")
     return why
+
+
+def _allocation(stage: str, spec: KernelSpec) -> int:
+    """The bytes a stage's workgroup allocates: its tiles and 1024 to align them (the swizzle's period)."""
+    return workgroup_memory(stage, spec)["end"] + 1024
+
+
+def _per_multiprocessor(stage: str, spec: KernelSpec, recipe) -> int:
+    """How many of the stage's workgroups a multiprocessor's workgroup memory holds (at least 1)."""
+    sm_memory = int(recipe.kernel_settings.get("sm_workgroup_memory", 0))
+    return max(1, sm_memory // (_allocation(stage, spec) + nvidia.WORKGROUP_RESERVED))
 
 
 def values(spec: KernelSpec, recipe) -> dict[str, str]:
     """The NVIDIA family's values and the Hopper kernels' own."""
     out = nvidia.values(spec, recipe)
     offsets = workgroup_memory("dense_forward", spec)
-    sm_memory = int(recipe.kernel_settings.get("sm_workgroup_memory", 0))
     out.update({
-        "HOPPER_SMEM_BYTES": offsets["end"] + 1024, "HOPPER_K_OFFSET": offsets["k"], "HOPPER_V_OFFSET": offsets["v"],
+        "HOPPER_SMEM_BYTES": _allocation("dense_forward", spec), "HOPPER_K_OFFSET": offsets["k"],
+        "HOPPER_V_OFFSET": offsets["v"],
         "HOPPER_P_OFFSET": offsets["p"], "HOPPER_P_IN_K": int(p_in_k(spec)),
         "HOPPER_ROWS": ROWS, "HOPPER_LANES": LANES,
         "HOPPER_S_VALUES": 64 * spec.block_size // 128, "HOPPER_O_VALUES": 64 * spec.value_dim // 128,
         "HOPPER_K_TILE_BYTES": tile_bytes(spec.block_size, spec.head_dim),
         "HOPPER_V_TILE_BYTES": tile_bytes(spec.block_size, spec.value_dim),
-        "HOPPER_MIN_WORKGROUPS_PER_SM": max(1, sm_memory // (offsets["end"] + 1024 + nvidia.WORKGROUP_RESERVED)),
+        "HOPPER_MIN_WORKGROUPS_PER_SM": _per_multiprocessor("dense_forward", spec, recipe),
+    })
+    dkdv = workgroup_memory("dense_dkdv", spec)
+    out.update({
+        "HOPPER_DKDV_SMEM_BYTES": _allocation("dense_dkdv", spec), "HOPPER_DKDV_V_OFFSET": dkdv["v"],
+        "HOPPER_DKDV_Q_OFFSET": dkdv["q"], "HOPPER_DKDV_DO_OFFSET": dkdv["do"], "HOPPER_DKDV_PT_OFFSET": dkdv["pt"],
+        "HOPPER_DKDV_STATS_OFFSET": dkdv["stats"],
+        "HOPPER_DKDV_MIN_WORKGROUPS_PER_SM": _per_multiprocessor("dense_dkdv", spec, recipe),
+    })
+    dq = workgroup_memory("dense_dq", spec)
+    out.update({
+        "HOPPER_DQ_SMEM_BYTES": _allocation("dense_dq", spec), "HOPPER_DQ_DO_OFFSET": dq["do"],
+        "HOPPER_DQ_K_OFFSET": dq["k"],
+        "HOPPER_DQ_V_OFFSET": dq["v"], "HOPPER_DQ_DS_OFFSET": dq["ds"], "HOPPER_DQ_DS_IN_V": int(ds_in_v(spec)),
+        "HOPPER_DQ_VALUES": 64 * spec.head_dim // 128, "HOPPER_DQ_ROWS": DQ_ROWS,
+        "HOPPER_DQ_LANES": 128 * DQ_WARPGROUPS,
+        "HOPPER_DQ_MIN_WORKGROUPS_PER_SM": _per_multiprocessor("dense_dq", spec, recipe),
     })
     return {key: str(value) for key, value in out.items()}
 

@@ -47,32 +47,76 @@
 <% endmacro %>
 
 <# %`result` (acc_t) = %`acc` + the sum over the k16 steps of A (descriptor %`a`, a_offsets[s] bytes further at
-   step s) times B (%`b`, b_offsets[s] bytes further): one wgmma m64 n`n` k16 per step with `dtype` inputs and f32
+   step s) times B (%`b`, b_offsets[s] bytes further; `acc` none: the product alone): one wgmma m64 n`n` k16 per step with `dtype` inputs and f32
    accumulators, A K-major, B K-major (`b_layout` "col") or MN-major ("row"); issued after a fence, committed and
    waited for. The values then pass an empty asm statement that names them all, so nothing reads them before the
    wait. #>
 <% macro chain(result, acc, a, a_offsets, b, b_offsets, n, dtype, b_layout, acc_t) %>
       nvvm.wgmma.fence.aligned
+      ${ steps(result, acc, a, a_offsets, b, b_offsets, n, dtype, b_layout, acc_t) | trim }
+      nvvm.wgmma.commit.group.sync.aligned
+      nvvm.wgmma.wait.group.sync.aligned 0
+${ settled(result, (a_offsets | length) - 1, n, acc_t) }
+<% endmacro %>
+
+<# Several chains (each a tuple of chain's arguments but dtype: result, acc, a, a_offsets, b, b_offsets, n,
+   b_layout, acc_t) issued one after the other in one group, committed and waited for once: the tensor cores take
+   the second while the first drains. The call block's text, if any, comes between the commit and the wait (the
+   lanes' work while the tensor cores multiply). #>
+<% macro chains(items, dtype) %>
+${ issue(items, dtype) }
+<% if caller is defined %>
+${ caller() }
+<%- endif %>
+${ settle(items) }
+<% endmacro %>
+
+<# The first half of chains(): the group issued and committed, not waited for (settle() waits). #>
+<% macro issue(items, dtype) %>
+      nvvm.wgmma.fence.aligned
+<% for x in items %>
+      ${ steps(x[0], x[1], x[2], x[3], x[4], x[5], x[6], dtype, x[7], x[8]) | trim }
+<% endfor %>
+      nvvm.wgmma.commit.group.sync.aligned
+<%- endmacro %>
+
+<# The second half: the wait for every group issued, then each chain of `items` settled (its %`result`). #>
+<% macro settle(items) %>
+      nvvm.wgmma.wait.group.sync.aligned 0
+<% for x in items %>
+${ settled(x[0], (x[3] | length) - 1, x[6], x[8]) }
+<% endfor %>
+<%- endmacro %>
+
+<# A chain's wgmma steps (chain's arguments): %`result`_<step> after each. `acc` none: the product alone (the first
+   step's accumulator not read: no registers zeroed, none shared with a chain in flight). #>
+<% macro steps(result, acc, a, a_offsets, b, b_offsets, n, dtype, b_layout, acc_t) %>
+<% if acc is none %>
+      %${result}_undef = llvm.mlir.undef : ${acc_t}
+<% endif %>
 <% for s in range(a_offsets | length) %>
-<% set previous = acc if loop.first else "%" ~ result ~ "_" ~ (s - 1) %>
+<% set previous = (acc or "%" ~ result ~ "_undef") if loop.first else "%" ~ result ~ "_" ~ (s - 1) %>
       %${result}_a_step${s} = arith.constant ${ (a_offsets[s] | int) // 16 } : i64
       %${result}_b_step${s} = arith.constant ${ (b_offsets[s] | int) // 16 } : i64
       %${result}_a${s} = arith.addi ${a}, %${result}_a_step${s} : i64
       %${result}_b${s} = arith.addi ${b}, %${result}_b_step${s} : i64
       %${result}_${s} = nvvm.wgmma.mma_async %${result}_a${s}, %${result}_b${s}, ${previous},
           #nvvm.shape<m = 64, n = ${n}, k = 16>,
-          D [<f32>, #nvvm.wgmma_scale_out<one>],
+          D [<f32>, #nvvm.wgmma_scale_out<${ "zero" if acc is none and loop.first else "one" }>],
           A [<${dtype}>, #nvvm.wgmma_scale_in<one>, <row>],
           B [<${dtype}>, #nvvm.wgmma_scale_in<one>, <${b_layout}>]
           : ${acc_t} -> ${acc_t}
 <% endfor %>
-      nvvm.wgmma.commit.group.sync.aligned
-      nvvm.wgmma.wait.group.sync.aligned 0
+<%- endmacro %>
+
+<# %`result` (acc_t): a chain's last step %`result`_`last` after the wait, its values through an empty asm statement
+   that names them all (so that nothing reads them before the wait). #>
+<% macro settled(result, last, n, acc_t) %>
 <% set count = (n | int) // 2 %>
-${ values(result ~ "_f", "%" ~ result ~ "_" ~ ((a_offsets | length) - 1), count, acc_t) }
+${ values(result ~ "_f", "%" ~ result ~ "_" ~ last, count, acc_t) }
       %${result} = llvm.inline_asm has_side_effects "", "${ (["=f"] * count + range(count) | map("string") | list) | join(",") }"
           <% for v in range(count) %>%${result}_f_${v}${ ", " if not loop.last }<% endfor %> : (${ (["f32"] * count) | join(", ") }) -> ${acc_t}
-<% endmacro %>
+<%- endmacro %>
 
 <# The values of accumulator `acc` (acc_t, `count` values) as %`name`_<index> (f32). #>
 <% macro values(name, acc, count, acc_t) %>
@@ -81,3 +125,67 @@ ${ values(result ~ "_f", "%" ~ result ~ "_" ~ ((a_offsets | length) - 1), count,
 <% endfor %>
 <% endmacro %>
 
+
+<# Stage rows `row0` .. `row0` + `rows` - 1 (row0 an index value) of kv group %g's query rows of `x` (%`x`, a
+   [B, M, H, `width`] memref of type `x_type`; row R is position R / HPG, head %h0 + R mod HPG; zeros past
+   %group_rows) into the [rows, width] tile at element `base` (an index value) of %elements (`elements_t`): cp.async
+   from the `lanes` lanes (%tid, %lanes), items along the rows, with the recipe's `hint`. #>
+<% macro stage_rows(x, x_type, row0, rows, width, base, lanes, elements_t, hint) %>
+      %${x}_copies = arith.constant ${ (rows | int) * (width | int) // 8 // (lanes | int) } : index
+      scf.for %i = %c0 to %${x}_copies step %c1 {
+        %i_lanes = arith.muli %i, %lanes : index
+        %item = arith.addi %tid, %i_lanes : index
+${ core_item(x, "%item", rows, width) }
+        %${x}_group_row = arith.addi ${row0}, %${x}_row : index
+        %${x}_real = arith.cmpi ult, %${x}_group_row, %group_rows : index
+        %${x}_read_row = arith.select %${x}_real, %${x}_group_row, %c0 : index
+        %${x}_m = arith.divui %${x}_read_row, %heads_per_group : index
+        %${x}_h = arith.remui %${x}_read_row, %heads_per_group : index
+        %${x}_head = arith.addi %h0, %${x}_h : index
+        %${x}_count = arith.select %${x}_real, %c8, %c0 : index
+        %${x}_stored = arith.addi ${base}, %${x}_dest : index
+        %${x}_copy = nvgpu.device_async_copy %${x}[%b, %${x}_m, %${x}_head, %${x}_col], %elements[%${x}_stored], 8, %${x}_count ${hint}
+            : ${x_type} to ${elements_t}
+      } {unroll_loop}
+<% endmacro %>
+
+<# Stage keys `key0` .. `key0` + `rows` - 1 (key0 an index value) of `x` (%`x`, a [B, N, G, `width`] memref of type
+   `x_type`) of kv group %g into the [rows, width] tile at element `base` of %elements (`elements_t`): the first
+   `visible` (an index value) of them, zeros for the others (not read); cp.async from the `lanes` lanes, with `hint`. #>
+<% macro stage_keys(x, x_type, key0, visible, rows, width, base, lanes, elements_t, hint) %>
+          %${x}_copies = arith.constant ${ (rows | int) * (width | int) // 8 // (lanes | int) } : index
+          scf.for %i = %c0 to %${x}_copies step %c1 {
+            %i_lanes = arith.muli %i, %lanes : index
+            %item = arith.addi %tid, %i_lanes : index
+${ core_item(x, "%item", rows, width) }
+            %${x}_seen = arith.cmpi slt, %${x}_row, ${visible} : index
+            %${x}_count = arith.select %${x}_seen, %c8, %c0 : index
+            %${x}_read = arith.select %${x}_seen, %${x}_row, %c0 : index
+            %${x}_key = arith.addi ${key0}, %${x}_read : index
+            %${x}_stored = arith.addi ${base}, %${x}_dest : index
+            %${x}_copy = nvgpu.device_async_copy %${x}[%b, %${x}_key, %g, %${x}_col], %elements[%${x}_stored], 8, %${x}_count ${hint}
+                : ${x_type} to ${elements_t}
+          } {unroll_loop}
+<% endmacro %>
+
+<# Where a lane's pairs of an m64 accumulator go as a K-major operand: the [rows, width] tile of 16-bit values at
+   word `region` (an index value) of %words, in the swizzled layout; the lane's accumulator rows are 16 %subgroup +
+   8 h + %r of the tile, its pair (values 4 i + 2 h and + 1) columns 8 i + 2 %c and + 1: %`name`_at_<i>_<h> (index),
+   the word holding that pair. #>
+<% macro pair_words(name, region, rows, width) %>
+          %${name}_w16 = arith.muli %subgroup, %c16 : index
+          %${name}_lane_row = arith.addi %${name}_w16, %r : index
+          %${name}_row_words = arith.muli %${name}_lane_row, %c32 : index
+          %${name}_base = arith.addi ${region}, %${name}_row_words : index
+          %${name}_lane = arith.addi %${name}_base, %c : index
+<% for i in range((width | int) // 8) %>
+          %${name}_chunk_${i}_const = arith.constant ${ i % 8 } : index
+          %${name}_chunk_${i}_x = arith.xori %${name}_chunk_${i}_const, %r : index
+          %${name}_chunk_${i}_words = arith.muli %${name}_chunk_${i}_x, %c4 : index
+<% for h in [0, 1] %>
+          %${name}_at_${i}_${h}_const = arith.constant ${ (i // 8) * (rows | int) * 32 + h * 8 * 32 } : index
+          %${name}_at_${i}_${h}_0 = arith.addi %${name}_lane, %${name}_at_${i}_${h}_const : index
+          %${name}_at_${i}_${h} = arith.addi %${name}_at_${i}_${h}_0, %${name}_chunk_${i}_words : index
+<% endfor %>
+<% endfor %>
+<% endmacro %>
