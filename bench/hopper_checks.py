@@ -4,7 +4,7 @@
     python3 -m bench.hopper_checks check       # on the GPU: o and lse of every case against f64, outputs poisoned
     python3 -m bench.hopper_checks check_bwd   # on the GPU: dq, dk, dv of every case against f64, outputs poisoned
     python3 -m bench.hopper_checks time [SEQ]  # on the GPU: the two forwards at SEQ tokens (default 65536), alternating
-    python3 -m bench.hopper_checks time_bwd [SEQ]  # on the GPU: the two targets' dq and dk/dv passes at SEQ tokens
+    python3 -m bench.hopper_checks time_bwd [SEQ]  # on the GPU: the two targets' whole backward at SEQ tokens
     python3 -m bench.hopper_checks sanitize M  # under compute-sanitizer: one small forward and backward per layout
 
 The modules are loaded directly (KernelSpec with target "cuda" or "hopper"), so both run in one process whatever
@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from nsa_iree import window
+from nsa_iree import api, window
 from nsa_iree.compiler import compile_artifact
 from nsa_iree.spec import KernelSpec
 
@@ -68,18 +68,21 @@ def _forward(module, q, k, v, idx):
     return o, lse
 
 
-def _backward(module, q, k, v, o, lse, do, idx, passes=("dkdv", "dq")):
-    """dq, dk, dv of the module's two-pass stages called one by one (delta, the block lists' inversion, dk/dv, dq),
-    every output poisoned first."""
+def _backward(target, case, q, k, v, o, lse, do, idx):
+    """dq, dk, dv of the two-pass module of (target, case), every output poisoned first: one call where its
+    backward is one function (api.dense_backward; hopper's window), else its stages one by one (delta, the block
+    lists' inversion, dk/dv, dq)."""
+    module = _module(target, case, "two-pass")
     scale = q.shape[3] ** -0.5
-    (delta,) = module.call("selection_attention_delta", o, do)
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
-    if "dkdv" in passes:
-        entries, piece_start, piece_count = module.call("invert_block_indices", idx, k.shape[1])
-        module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
-                    scale, dk, dv)
-    if "dq" in passes:
-        module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq)
+    if api.dense_backward(spec(target, case)):
+        module.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale, dq, dk, dv)
+        return dq, dk, dv
+    (delta,) = module.call("selection_attention_delta", o, do)
+    entries, piece_start, piece_count = module.call("invert_block_indices", idx, k.shape[1])
+    module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
+                scale, dk, dv)
+    module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq)
     return dq, dk, dv
 
 
@@ -115,7 +118,6 @@ def check_bwd(seed: int = 0) -> None:
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     for case in CASES:
-        modules = {target: _module(target, case, "two-pass") for target in ("cuda", "hopper")}
         for b, m, n in SHAPES:
             q, k, v, _ = _inputs(case, b, m, n, gen)
             idx = window._band_indices(b, m, n, 4, WINDOW, q.device)
@@ -125,8 +127,8 @@ def check_bwd(seed: int = 0) -> None:
             o_ref.backward(do.double())
             o, lse = o_ref.detach().to(q.dtype), lse_ref.detach().float()
             row = {"case": case, "b": b, "m": m, "n": n}
-            for target, module in modules.items():
-                grads = _backward(module, q, k, v, o, lse, do, idx)
+            for target in ("cuda", "hopper"):
+                grads = _backward(target, case, q, k, v, o, lse, do, idx)
                 torch.cuda.synchronize()
                 for name, x, leaf in zip(("dq", "dk", "dv"), grads, leaves):
                     row[f"{target}_{name}"] = _error(x, leaf.grad)
@@ -146,24 +148,28 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def time_bwd(seq: int = 65536, repeats: int = 10) -> None:
-    """Each target's dk/dv pass and dq pass alone (delta made once outside), alternating, at seq tokens."""
+    """Each target's whole backward at seq tokens, alternating: hopper's one call (delta, dk/dv, dq), NVIDIA's
+    stages one by one (its block lists' inversion made once outside, as nsa_iree.api keeps the band's)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, _ = _inputs("bf16", 1, seq, seq, gen)
     idx = window._band_indices(1, seq, seq, 4, WINDOW, q.device)
     do = torch.randn(1, seq, q.shape[2], v.shape[3], device="cuda", generator=gen).to(q.dtype)
-    modules = {target: _module(target, "bf16", "two-pass") for target in ("cuda", "hopper")}
     o, lse = _forward(_module("cuda", "bf16"), q, k, v, idx)
     scale = q.shape[3] ** -0.5
     dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+    hopper, cuda = _module("hopper", "bf16", "two-pass"), _module("cuda", "bf16", "two-pass")
+    lists = cuda.call("invert_block_indices", idx, seq)
+
+    def stages():
+        (delta,) = cuda.call("selection_attention_delta", o, do)
+        cuda.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, *lists, scale, dk, dv)
+        cuda.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq)
+
+    runs = {"hopper": lambda: hopper.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale, dq, dk, dv),
+            "cuda": stages}
     for _ in range(2):
-        for target, module in modules.items():
-            (delta,) = module.call("selection_attention_delta", o, do)
-            lists = module.call("invert_block_indices", idx, seq)
-            dkdv = _median_ms(lambda: module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, *lists,
-                                                  scale, dk, dv), repeats)
-            dq_ms = _median_ms(lambda: module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq),
-                               repeats)
-            print(json.dumps({"target": target, "seq": seq, "dkdv_ms": dkdv, "dq_ms": dq_ms}), flush=True)
+        for target, run in runs.items():
+            print(json.dumps({"target": target, "seq": seq, "backward_ms": _median_ms(run, repeats)}), flush=True)
 
 
 def time(seq: int = 65536, repeats: int = 10) -> None:
@@ -190,7 +196,7 @@ def sanitize(m: int = 300) -> None:
         q, k, v, idx = _inputs(case, 2, m, m + 100, gen)
         o, lse = _forward(_module("hopper", case), q, k, v, idx)
         band = window._band_indices(2, m, m + 100, 4, WINDOW, q.device)
-        grads = _backward(_module("hopper", case, "two-pass"), q, k, v, o, lse, torch.randn_like(o), band)
+        grads = _backward("hopper", case, q, k, v, o, lse, torch.randn_like(o), band)
         torch.cuda.synchronize()
         finite = all(bool(torch.isfinite(x).all()) for x in (o, lse, *grads))
         print(json.dumps({"case": case, "m": m, "finite": finite}), flush=True)

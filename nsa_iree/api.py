@@ -209,10 +209,10 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
 
     two-pass: the block lists inverted and dk/dv block-major (no atomics), then dq query-major. dq=None skips
     the dq pass; dk=dv=None skips the inversion and the dk/dv pass (the gradients autograd does not need).
-    Where the two-pass is the dense backward (the compressed attention on the CPU: kernels.dense_backward), one
-    call writes all three, the ones passed as None into scratch. one-pass: a single dispatch over (query row,
-    kv group) writes dq and adds dk/dv with f32 atomics; it needs all three buffers. cu_seqlens: as for
-    forward_into.
+    Where the two-pass is one call (the compressed attention on the CPU, the window on Hopper:
+    kernels.dense_backward), it writes all three, the ones passed as None into scratch. one-pass: a single
+    dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics; it needs all three buffers.
+    cu_seqlens: as for forward_into.
     after_dkdv: called (no arguments) as soon as dk and dv are written, before the dq pass of two-pass runs,
     so that a caller can start sending them while dq is computed (nsa_iree.distributed); after the one call of
     the dense backward and of the one-pass. Not called when dk/dv are not computed; with packed sequences that
@@ -280,8 +280,9 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
             module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
         return dq, dk, dv
     if variant == "two-pass":
-        # The dense backward (the compressed attention on the CPU: kernels.dense_backward): one call makes delta
-        # and writes all three, needed or not (the ones not asked for into scratch of the module's types).
+        # The backward in one call (the compressed attention on the CPU, the window on Hopper:
+        # kernels.dense_backward): it makes delta and writes all three (dk and dv, when not asked for, into scratch
+        # of the module's types).
         dkdv_dtype = torch.float32 if spec.dkdv_dtype == "f32" else k.dtype
         module.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale,
                     dq if dq is not None else _empty(q.shape, q),

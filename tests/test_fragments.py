@@ -158,7 +158,7 @@ def test_dense_kernel_choice(case, spec, forward, dq):
 
 # The dk/dv stage's dense forms: on the CPU the whole backward of the compressed attention (dense_backward: dq with
 # dk and dv, one dispatch); on Hopper the window's dk/dv on wgmma (dense_dkdv: key tiles against the rows that see
-# them, the two-pass's other calls as they are). (the family, the template, whether the backward is the one call:
+# them, in one host function with delta and dq). (the family, the template, whether the backward is the one call:
 # kernels.dense_backward)
 HOPPER_WINDOW = ANCHORS_CUDA.replace(target="hopper", num_blocks=9, window=512)
 COMPRESSED_CPU = ANCHORS_CUDA.replace(target="cpu", dtype="f32", key_stride=64)
@@ -171,8 +171,8 @@ DENSE_BACKWARD_CHOICE = [
     ("cpu_linalg", COMPRESSED_CPU.replace(kernels="linalg"), ("linalg", None, False)),
     ("cuda_compressed", COMPRESSED_CUDA, ("nvidia", None, False)),
     ("gfx950_compressed", COMPRESSED_CUDA.replace(target="gfx950"), ("portable", None, False)),
-    ("hopper_window", HOPPER_WINDOW, ("hopper", "dense_dkdv", False)),
-    ("hopper_window_d64_dv128_hpg1", HOPPER_WINDOW.replace(heads=4, head_dim=64), ("hopper", "dense_dkdv", False)),
+    ("hopper_window", HOPPER_WINDOW, ("hopper", "dense_dkdv", True)),
+    ("hopper_window_d64_dv128_hpg1", HOPPER_WINDOW.replace(heads=4, head_dim=64), ("hopper", "dense_dkdv", True)),
     ("hopper_window_d192", HOPPER_WINDOW.replace(head_dim=192), ("nvidia", None, False)),   # dk, dv in registers
     ("hopper_window_bs32", HOPPER_WINDOW.replace(block_size=32, num_blocks=17), ("nvidia", None, False)),
     ("hopper_window_f32", HOPPER_WINDOW.replace(dtype="f32"), ("linalg", None, False)),
@@ -193,6 +193,19 @@ def test_the_dense_backward_module_renders_neither_dq_nor_the_inversion():
     names = [name for name, _ in module_templates(COMPRESSED_CPU, "two-pass")]
     assert "cpu/dense_backward.mlir" in names and "common/piece_sums.mlir" in names
     assert not {"cpu/dq.mlir", "cpu/dkdv.mlir", "common/inversion.mlir"} & set(names)
+
+
+def test_the_hopper_window_backward_is_one_function_without_delta_or_the_inversion():
+    """Hopper's dense dk/dv renders selection_attention_backward: the dq kernel's dispatch (which makes delta)
+    then its own; neither delta's stage nor the block lists' inversion is rendered, and dq has no function of its
+    own. Where dk/dv is not the dense form, dq is the stage it always was (delta read)."""
+    names = [name for name, _ in module_templates(HOPPER_WINDOW, "two-pass")]
+    assert {"gpu/hopper/dense_dq.mlir", "gpu/hopper/dense_dkdv.mlir"} <= set(names)
+    assert not {"common/delta.mlir", "common/inversion.mlir", "common/piece_sums.mlir"} & set(names)
+    module = render_module(HOPPER_WINDOW, "two-pass")
+    assert "func.func @selection_attention_backward(" in module and "func.func @selection_attention_dq(" not in module
+    apart = render_module(HOPPER_WINDOW.replace(head_dim=192), "two-pass")     # dk/dv: the NVIDIA kernel
+    assert "func.func @selection_attention_dq(" in apart and "func.func @selection_attention_delta(" in apart
 
 
 # kernels.group_split: the groups of query heads a kv head's run as, per variant's stages (forward; dq and dk/dv;

@@ -58,9 +58,12 @@ class Choice:
 # for that serves spec.
 DENSE = {"forward": ("dense_forward",), "dq": ("dense_dq",), "dkdv": ("dense_backward", "dense_dkdv")}
 
-# Forms that compute other stages' results as well: a module rendering one renders neither of those stages, and
-# the backward is one call of its function (nsa_iree.api.backward_into: dense_backward).
-COVERS = {"dense_backward": ("delta", "dq", "inversion")}
+# The dk/dv forms whose template renders the whole backward as one function, selection_attention_backward (one
+# call of the runtime: nsa_iree.api.backward_into), and the stages that a module rendering one does not render:
+# those whose results it computes itself (the CPU's dense_backward: delta and dq; Hopper's dense_dkdv: delta,
+# made by its dq kernel, whose dispatch it makes) and those it needs no more (the block lists' inversion and their
+# pieces' sums: both take the keys in tiles).
+COVERS = {"dense_backward": ("delta", "dq", "inversion"), "dense_dkdv": ("delta", "inversion", "piece_sums")}
 
 
 # Stages with a form for wide groups: more query heads per kv head than the hand-written kernels' 16-row tiles,
@@ -148,9 +151,9 @@ def covered(stages: tuple[str, ...], spec, recipe) -> frozenset[str]:
 
 
 def dense_backward(spec, recipe) -> bool:
-    """Whether the two-pass backward of spec is one call of the dense backward (choose()'s form of its dk/dv stage):
+    """Whether the two-pass backward of spec is one call (choose()'s form of its dk/dv stage is in COVERS):
     selection_attention_backward(q, k, v, block_indices, lse, o, do, scale) -> dq, dk, dv, delta made inside."""
-    return choose("dkdv", spec, recipe).template == "dense_backward"
+    return choose("dkdv", spec, recipe).template in COVERS
 
 
 def template_for(stage: str, spec, recipe) -> tuple[str, Family]:

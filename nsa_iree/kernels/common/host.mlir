@@ -185,22 +185,31 @@ ${ push_constants(pieces=true) }
 }
 <% endmacro %>
 
-<# dk/dv's host function for a kernel that takes the keys in tiles and finds their rows itself (the dense forms'
-   dk/dv: gpu/hopper/dense_dkdv.mlir): one dispatch of `executable`'s @`function` per (tile of `keys_per_workgroup`
-   keys, g, b), writing dk and dv; the block lists' inversion (entries, piece_start, piece_count) not read. #>
-<% macro dense_dkdv(executable, function, keys_per_workgroup) %>
-${ dkdv_signature() }
+<# The backward in one host function (one call of the runtime, no host gap between its dispatches) where the dq
+   kernel makes delta and the dk/dv kernel takes the keys in tiles (gpu/hopper/dense_dq.mlir, dense_dkdv.mlir):
+   `dq`'s @function per (tile of `rows_per_workgroup` of a group's rows, g, b) writes dq and delta from o and do,
+   then `dkdv`'s per (tile of `keys_per_workgroup` keys, g, b) writes dk and dv; no block lists inverted
+   (kernels.COVERS). `dq` and `dkdv`: (executable, function). #>
+<% macro dense_backward(dq, rows_per_workgroup, dkdv, keys_per_workgroup) %>
+${ onepass_signature("selection_attention_backward", "o") }
 <% call sizes() %>
   %kv_heads = arith.constant ${G} : index
+${ _row_tile_constants(rows_per_workgroup) }
   %keys_per_workgroup = arith.constant ${keys_per_workgroup} : index
 <% endcall %>
+${ _row_tiles(rows_per_workgroup) }
   %key_tiles = arith.ceildivui %n, %keys_per_workgroup : index
 ${ push_constants() }
-  %dk, %dv = flow.dispatch @${executable}::@${function}[%key_tiles, %kv_heads, %batch](
+  %dq, %delta = flow.dispatch @${dq[0]}::@${dq[1]}[%row_tiles, %kv_heads, %batch](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %o, %do)
+      : (i32, i32, i32, i32, ${ row_operand_types() }, tensor<?x${H}x?xf32>{%batch, %m_rows},
+         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows})
+      -> (tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows})
+  %dk, %dv = flow.dispatch @${dkdv[0]}::@${dkdv[1]}[%key_tiles, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do)
       : (i32, i32, i32, i32, ${ backward_operand_types() })
       -> (tensor<?x?x${G}x${D}x${DKV_E}>{%batch, %n}, tensor<?x?x${G}x${DV}x${DKV_E}>{%batch, %n})
-  return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
+  return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }
 <% endmacro %>
 

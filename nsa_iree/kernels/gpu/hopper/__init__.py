@@ -106,6 +106,8 @@ def _per_multiprocessor(stage: str, spec: KernelSpec, recipe) -> int:
 
 def values(spec: KernelSpec, recipe) -> dict[str, str]:
     """The NVIDIA family's values and the Hopper kernels' own."""
+    from ... import dense_backward      # (kernels/__init__.py imports this family)
+
     out = nvidia.values(spec, recipe)
     offsets = workgroup_memory("dense_forward", spec)
     out.update({
@@ -133,6 +135,8 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "HOPPER_DQ_VALUES": 64 * spec.head_dim // 128, "HOPPER_DQ_ROWS": DQ_ROWS,
         "HOPPER_DQ_LANES": 128 * DQ_WARPGROUPS,
         "HOPPER_DQ_MIN_WORKGROUPS_PER_SM": _per_multiprocessor("dense_dq", spec, recipe),
+        # dq makes delta where the backward is one call (dk/dv on dense_dkdv too: kernels.COVERS)
+        "HOPPER_DQ_MAKES_DELTA": int(dense_backward(spec, recipe)),
     })
     return {key: str(value) for key, value in out.items()}
 

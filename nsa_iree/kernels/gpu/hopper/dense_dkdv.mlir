@@ -322,6 +322,5 @@ ${ wg.chain("dk_new", "%dk_tile", "%pt_desc", steps.rows, "%q_mn_desc", steps.mn
     }
 <% endcall %>
 
-// Host side: one dispatch over the key tiles, dk and dv written into the caller's tensors (the block lists and their
-// inversion, dk/dv's ABI, not read).
-${ host.dense_dkdv("hopper_dense_attention_dkdv_exe", "dense_attention_dkdv_tile", 64) }
+// Host side: the backward in one function: dq's dispatch (delta made there), then this one over the key tiles.
+${ host.dense_backward(("hopper_dense_attention_dq_exe", "dense_attention_dq_tile"), HOPPER_DQ_ROWS, ("hopper_dense_attention_dkdv_exe", "dense_attention_dkdv_tile"), 64) }

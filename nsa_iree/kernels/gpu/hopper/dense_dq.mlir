@@ -24,9 +24,12 @@
 <% import "gpu/hopper/wgmma.mlir" as wg %>
 
 // Push constants: B, M, N (i32; N is the number of keys, k's rows), then the bits of scale (f32). The block
-// indices are bound (dq's ABI) but not read.
-<% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] %>
-<% set outputs = ['dq'] %>
+// indices are bound (dq's ABI) but not read. Where the backward is one call (HOPPER_DQ_MAKES_DELTA: the window's
+// dk/dv on Hopper too, gpu/hopper/dense_dkdv.mlir) this dispatch makes delta itself from o and do and writes it for
+// the dk/dv pass after it, and the host function is the backward's (common/host.mlir dense_backward).
+<% set makes_delta = HOPPER_DQ_MAKES_DELTA == "1" %>
+<% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'o' if makes_delta else 'delta', 'do'] %>
+<% set outputs = ['dq', 'delta'] if makes_delta else ['dq'] %>
 ${ dispatch.layout("hopper_dense_dq_layout", 4, inputs, outputs) }
 
 !hdq_q = memref<?x?x${H}x${D}x${E}>
@@ -93,7 +96,47 @@ ${ nv.lane_ids() }
       <% include "gpu/nvidia/dense_rows.mlir" %>
 
       // The lane's rows' lse and delta as p_and_ds's terms (0 for padding rows, which take no part).
+<% if makes_delta %>
+      // delta = sum_e o[row, e] do[row, e] in f32, made here: lane c of a row's four takes the 8-element chunks c,
+      // c + 4, ... of o and do; the four's sums are added by two xor shuffles (every lane the same sum, in one
+      // fixed order), and lane 0 of the four writes it for the dk/dv pass.
+      %c1_i32 = arith.constant 1 : i32
+      %c2_i32 = arith.constant 2 : i32
+      %c32_i32 = arith.constant 32 : i32
+      %chunk_e0 = arith.muli %c, %c8 : index
+      %writes_delta = arith.cmpi eq, %c, %c0 : index
+<% endif %>
 <% for i in ["0", "1"] %>
+<% if makes_delta %>
+      %lse_${i}, %delta_part_${i} = scf.if %head_valid_${i} -> (f32, f32) {
+        %x = memref.load %lse[%b, %head_${i}, %m_${i}] : memref<?x${H}x?xf32>
+<% for j in range((DV | int) // 32) %>
+        %e_${j}_base = arith.constant ${ 32 * j } : index
+        %e_${j} = arith.addi %chunk_e0, %e_${j}_base : index
+        %o_${j} = vector.load %o[%b, %m_${i}, %head_${i}, %e_${j}] : !hdq_do, vector<8x${E}>
+        %do_${j} = vector.load %do[%b, %m_${i}, %head_${i}, %e_${j}] : !hdq_do, vector<8x${E}>
+        %o_f32_${j} = arith.extf %o_${j} : vector<8x${E}> to vector<8xf32>
+        %do_f32_${j} = arith.extf %do_${j} : vector<8x${E}> to vector<8xf32>
+<% if j == 0 %>
+        %products_0 = arith.mulf %o_f32_0, %do_f32_0 : vector<8xf32>
+<% else %>
+        %products_${j} = math.fma %o_f32_${j}, %do_f32_${j}, %products_${j - 1} : vector<8xf32>
+<% endif %>
+<% endfor %>
+        %y = vector.reduction <add>, %products_${ (DV | int) // 32 - 1 } : vector<8xf32> into f32
+        scf.yield %x, %y : f32, f32
+      } else {
+        scf.yield %zero, %zero : f32, f32
+      }
+      %delta_from_1_${i}, %delta_ok_1_${i} = gpu.shuffle xor %delta_part_${i}, %c1_i32, %c32_i32 : f32
+      %delta_pair_${i} = arith.addf %delta_part_${i}, %delta_from_1_${i} : f32
+      %delta_from_2_${i}, %delta_ok_2_${i} = gpu.shuffle xor %delta_pair_${i}, %c2_i32, %c32_i32 : f32
+      %delta_${i} = arith.addf %delta_pair_${i}, %delta_from_2_${i} : f32
+      %writes_delta_${i} = arith.andi %writes_delta, %head_valid_${i} : i1
+      scf.if %writes_delta_${i} {
+        memref.store %delta_${i}, %delta[%b, %m_${i}, %head_${i}] : memref<?x?x${H}xf32>
+      }
+<% else %>
       %lse_${i}, %delta_${i} = scf.if %head_valid_${i} -> (f32, f32) {
         %x = memref.load %lse[%b, %head_${i}, %m_${i}] : memref<?x${H}x?xf32>
         %y = memref.load %delta[%b, %m_${i}, %head_${i}] : memref<?x?x${H}xf32>
@@ -101,6 +144,7 @@ ${ nv.lane_ids() }
       } else {
         scf.yield %zero, %zero : f32, f32
       }
+<% endif %>
 ${ nv.p_and_ds_row("row_" ~ i, "lse_" ~ i, "delta_" ~ i) }
 <% endfor %>
 
@@ -218,5 +262,7 @@ ${ nv.store_rows("%dq_acc", "!hdq_dq_acc", "%d_tiles", "%dq", "!hdq_q") }
     }
 <% endcall %>
 
+<% if not makes_delta %>
 // Host side: one dispatch over the row tiles, dq written into the caller's tensor.
 ${ host.dq("hopper_dense_attention_dq_exe", "dense_attention_dq_tile", HOPPER_DQ_ROWS) }
+<% endif %>
