@@ -6,6 +6,8 @@
     python3 -m bench.hopper_checks time [SEQ]  # on the GPU: the two forwards at SEQ tokens (default 65536), alternating
     python3 -m bench.hopper_checks time_bwd [SEQ]  # on the GPU: the two targets' whole backward at SEQ tokens
     python3 -m bench.hopper_checks sanitize M  # under compute-sanitizer: one small forward and backward per layout
+    python3 -m bench.hopper_checks check_wide  # on the GPU: the 64-heads-per-group forward against NVIDIA's and f64
+    python3 -m bench.hopper_checks time_wide [SEQ]  # on the GPU: that forward, NVIDIA's wide kernel and fla's
 
 The modules are loaded directly (KernelSpec with target "cuda" or "hopper"), so both run in one process whatever
 nsa_iree.api would pick. bench/run_hopper_h200.sh runs the GPU steps through the device tool;
@@ -22,6 +24,7 @@ import torch
 
 from nsa_iree import api, window
 from nsa_iree.compiler import compile_artifact
+from nsa_iree.runtime import device_for
 from nsa_iree.spec import KernelSpec
 
 WINDOW = 512
@@ -43,11 +46,12 @@ def compile_all() -> None:
         for target in ("cuda", "hopper"):
             for variant in ("forward", "two-pass"):
                 print(compile_artifact(spec(target, case), variant).path.name, flush=True)
+    for case in WIDE_CASES:
+        for target in ("cuda", "hopper"):
+            print(compile_artifact(_wide_spec(target, case), "forward").path.name, flush=True)
 
 
 def _module(target: str, case: str, variant: str = "forward"):
-    from nsa_iree.runtime import device_for
-
     return device_for(torch.device("cuda")).module(compile_artifact(spec(target, case), variant).path)
 
 
@@ -190,7 +194,93 @@ def time(seq: int = 65536, repeats: int = 10) -> None:
                   flush=True)
 
 
+# The wide forward (gpu/hopper/wide_forward.mlir: 64 heads per kv head): (id, H, G, D, Dv, BS, T, dtype, B, M, N,
+# selection, bad slots); against the NVIDIA wide kernel (target cuda) and the f64 oracle, outputs poisoned.
+WIDE_CASES = [
+    ("hpg64_b2_m_lt_n_bad", 64, 1, 128, 128, 64, 16, "bf16", 2, 700, 1000, "realistic", True),
+    ("hpg64_g2_rising_keys", 128, 2, 128, 128, 64, 16, "bf16", 1, 1024, 1024, "realistic rising", False),
+    ("hpg64_d64_f16_uniform", 64, 1, 64, 64, 64, 8, "f16", 1, 777, 777, "uniform", True),
+    ("hpg64_bs128_dv64", 64, 1, 128, 64, 128, 8, "bf16", 1, 900, 900, "realistic", False),
+    ("hpg64_d64_t1", 64, 1, 64, 64, 64, 1, "bf16", 1, 300, 300, "uniform", False),
+]
+
+
+def _wide_spec(target: str, case) -> KernelSpec:
+    _, h, g, d, dv, bs, t, dtype, *_ = case
+    return KernelSpec(target=target, heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=bs, num_blocks=t,
+                      dtype=dtype)
+
+
+def _wide_problem(case, gen):
+    from nsa_iree.api import effective_block_indices
+    from nsa_iree.selection import realistic_block_indices, uniform_block_indices
+
+    _, h, g, d, dv, bs, t, dtype, b, m, n, selection, bad = case
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    q = torch.randn(b, m, h, d, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(b, n, g, d, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(b, n, g, dv, device="cuda", generator=gen).to(dtype)
+    if selection.endswith(" rising"):          # later keys' scores pass the running max by far: the rescale path
+        selection = selection.removesuffix(" rising")
+        k = (k.float() * (1 + 8 * torch.arange(n, device="cuda") / n).view(1, n, 1, 1)).to(dtype)
+    pick = realistic_block_indices if selection == "realistic" else uniform_block_indices
+    idx = pick(b, m, n, g, t, bs, generator=gen, device="cuda")
+    if bad:                                    # -1, past the end, int32's least, the last block (future for most)
+        nb = -(-n // bs)
+        if t > 2:
+            idx[:, :, :, -1] = -1
+        idx[:, ::3, :, 0] = nb + 5
+        idx[:, 1::3, :, 0] = -(2**31)
+        idx[:, 2::3, :, 0] = nb - 1
+    return q, k, v, effective_block_indices(idx, None)
+
+
+def check_wide(seed: int = 0) -> None:
+    """o and lse of the hopper wide forward and the NVIDIA wide kernel against the f64 oracle, outputs poisoned;
+    the hopper forward twice (bitwise equal)."""
+    from nsa_iree.reference import selection_attention_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for case in WIDE_CASES:
+        q, k, v, idx = _wide_problem(case, gen)
+        o_ref, lse_ref = selection_attention_reference(q, k, v, idx, case[5])
+        row = {"case": case[0]}
+        for target in ("cuda", "hopper"):
+            module = device_for(torch.device("cuda")).module(compile_artifact(_wide_spec(target, case),
+                                                                              "forward").path)
+            o, lse = _forward(module, q, k, v, idx)
+            torch.cuda.synchronize()
+            row[f"{target}_o"], row[f"{target}_lse"] = _error(o, o_ref), _error(lse, lse_ref)
+            if target == "hopper":
+                again = _forward(module, q, k, v, idx)
+                torch.cuda.synchronize()
+                row["hopper_bitwise"] = torch.equal(o, again[0]) and torch.equal(lse, again[1])
+        print(json.dumps(row), flush=True)
+
+
+def time_wide(seq: int = 65536, repeats: int = 10) -> None:
+    """The 64-heads-per-group forward (anchors D, BS, T 16; H 64, G 1) at seq tokens: hopper's wgmma kernel, the
+    NVIDIA wide kernel and fla's selection forward (nsa_iree.benchmark.fla_impl, as bench.bench times it),
+    alternating, realistic and uniform selections."""
+    from nsa_iree.benchmark import CONFIGS, fla_impl
+
+    case = ("time", 64, 1, 128, 128, 64, 16, "bf16", 1, seq, seq, "realistic", False)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    modules = {target: device_for(torch.device("cuda")).module(compile_artifact(_wide_spec(target, case),
+                                                                                 "forward").path)
+               for target in ("hopper", "cuda")}
+    for selection in ("realistic", "uniform"):
+        q, k, v, idx = _wide_problem(case[:11] + (selection, False), gen)
+        runs = {target: (lambda m=module: _forward(m, q, k, v, idx)) for target, module in modules.items()}
+        runs["fla"], _ = fla_impl(CONFIGS["hpg64"], q, k, v, torch.randn_like(q), idx)
+        for _ in range(2):
+            row = {"seq": seq, "selection": selection}
+            row.update({f"{name}_ms": _median_ms(run, repeats) for name, run in runs.items()})
+            print(json.dumps(row), flush=True)
+
+
 def sanitize(m: int = 300) -> None:
+    """One small forward and backward per window layout, and one wide forward, for compute-sanitizer."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     for case in ("bf16", "d64"):
         q, k, v, idx = _inputs(case, 2, m, m + 100, gen)
@@ -200,9 +290,17 @@ def sanitize(m: int = 300) -> None:
         torch.cuda.synchronize()
         finite = all(bool(torch.isfinite(x).all()) for x in (o, lse, *grads))
         print(json.dumps({"case": case, "m": m, "finite": finite}), flush=True)
+    # the wide forward: 64 heads per kv head, B 2, bad slots
+    case = WIDE_CASES[0][:8] + (2, m, m + 100) + WIDE_CASES[0][11:]
+    q, k, v, idx = _wide_problem(case, gen)
+    module = device_for(torch.device("cuda")).module(compile_artifact(_wide_spec("hopper", case), "forward").path)
+    o, lse = _forward(module, q, k, v, idx)
+    torch.cuda.synchronize()
+    finite = bool(torch.isfinite(o).all())
+    print(json.dumps({"case": case[0], "m": m, "finite": finite}), flush=True)
 
 
 if __name__ == "__main__":
     what, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
     {"compile": compile_all, "check": check, "check_bwd": check_bwd, "time": time, "time_bwd": time_bwd,
-     "sanitize": sanitize}[what](*args)
+     "sanitize": sanitize, "check_wide": check_wide, "time_wide": time_wide}[what](*args)

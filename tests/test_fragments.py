@@ -255,6 +255,30 @@ WIDE_CHOICE = [
 ]
 
 
+# On Hopper 64 heads per group take the wgmma forward (a position's heads one m64 tile: hopper.toml's wide_forward
+# list), other wide groups the NVIDIA wide kernel: (the forward's family, its template).
+HOPPER_ANCHORS = ANCHORS_CUDA.replace(target="hopper")
+HOPPER_WIDE_CHOICE = [
+    ("hopper_hpg64", HOPPER_ANCHORS.replace(kv_heads=1), ("hopper", "wide_forward")),
+    ("hopper_hpg64_g2", HOPPER_ANCHORS.replace(heads=128, kv_heads=2), ("hopper", "wide_forward")),
+    ("hopper_hpg64_d64_bs128", HOPPER_ANCHORS.replace(kv_heads=1, head_dim=64, value_dim=64, block_size=128,
+                                                      num_blocks=8), ("hopper", "wide_forward")),
+    ("hopper_hpg64_d192", HOPPER_ANCHORS.replace(kv_heads=1, head_dim=192), ("nvidia", "wide_forward")),
+    ("hopper_hpg32", HOPPER_ANCHORS.replace(kv_heads=2), ("nvidia", "wide_forward")),
+    ("hopper_hpg48_d64", HOPPER_ANCHORS.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64),
+     ("nvidia", "wide_forward")),
+    ("hopper_hpg16", HOPPER_ANCHORS, ("nvidia", None)),
+    ("hopper_hpg64_window", HOPPER_ANCHORS.replace(kv_heads=1, num_blocks=9, window=512), ("hopper", "dense_forward")),
+    ("hopper_hpg64_f32", HOPPER_ANCHORS.replace(kv_heads=1, dtype="f32"), ("linalg", None)),
+]
+
+
+@pytest.mark.parametrize("case,spec,expected", HOPPER_WIDE_CHOICE, ids=[c[0] for c in HOPPER_WIDE_CHOICE])
+def test_hopper_wide_forward_choice(case, spec, expected):
+    chosen = choose("forward", spec, load_recipe("hopper"))
+    assert (chosen.family, chosen.template) == expected
+
+
 @pytest.mark.parametrize("case,spec,expected", WIDE_CHOICE, ids=[c[0] for c in WIDE_CHOICE])
 def test_wide_kernel_choice(case, spec, expected):
     """(the forward's template, dq's family, dk/dv's family): None is the stage's own template."""

@@ -60,6 +60,9 @@ def cases():
     for kv_heads in (2, 1):
         fields = dict(LAYOUTS["anchors"], kv_heads=kv_heads, dtype="bf16", target="cuda")
         yield f"anchors-cuda-bf16-hpg{64 // kv_heads}-forward", fields, "forward"
+    # and 64 heads per kv head on the hopper target's wgmma forward (gpu/hopper/wide_forward.mlir)
+    fields = dict(LAYOUTS["anchors"], kv_heads=1, dtype="bf16", target="hopper")
+    yield "anchors-hopper-bf16-hpg64-forward", fields, "forward"
     # select_blocks (T its 16 output slots, BS the compression's block size): the CPU, NVIDIA and portable (gfx950,
     # gfx942) kernels
     for target, dtype in [*(("cpu", dtype) for dtype in TARGET_DTYPES["cpu"]), ("cuda", "bf16"), ("gfx950", "bf16"),

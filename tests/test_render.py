@@ -121,6 +121,8 @@ DEVICE_NAMING = [
     ("hopper_window_one_pass", HOPPER_WINDOW, "one-pass", False, "cuda"),
     ("hopper_compressed_two_pass", SPECS["cuda"].replace(target="hopper", key_stride=64), "two-pass", False, "cuda"),
     ("hopper_selection_forward", SPECS["cuda"].replace(target="hopper"), "forward", False, "cuda"),
+    ("hopper_hpg64_forward", SPECS["cuda"].replace(target="hopper", kv_heads=1), "forward", True, "hopper"),
+    ("hopper_hpg64_two_pass", SPECS["cuda"].replace(target="hopper", kv_heads=1), "two-pass", False, "cuda"),
     ("hopper_compressed_forward", SPECS["cuda"].replace(target="hopper", key_stride=64), "forward", False, "cuda"),
     ("cuda_window_forward", HOPPER_WINDOW.replace(target="cuda"), "forward", False, "cuda"),
 ]

@@ -9,10 +9,12 @@ from ....spec import KernelSpec
 from ...family import Family
 from .. import nvidia
 
-STAGES = ("dense_forward", "dense_dq", "dense_dkdv")
+STAGES = ("dense_forward", "dense_dq", "dense_dkdv", "wide_forward")
 WARPGROUPS = 2               # warpgroups of a workgroup: each takes 64 rows (its m64 tile, 4 subgroups of 16)
 ROWS = 64 * WARPGROUPS       # rows of a workgroup, against each key tile staged once
 LANES = 128 * WARPGROUPS
+# the wide forward's (wide_forward.mlir: dense_forward.mlir over block lists): one warpgroup, one position's heads
+WIDE_HEADS = 64
 # dq's: one warpgroup a workgroup, two workgroups a multiprocessor (faster than one workgroup of two warpgroups
 # sharing each key tile: docs/performance.md)
 DQ_WARPGROUPS = 1
@@ -21,7 +23,12 @@ DQ_ROWS = 64 * DQ_WARPGROUPS
 
 # Workgroups a multiprocessor holds at once, by design (a warpgroup's softmax beside another's products): the
 # forward's two of two warpgroups each, dq's and dk/dv's two of one.
-RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2}
+RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 2}
+
+
+def forward_rows(stage: str) -> int:
+    """Rows of a forward workgroup: the dense forward's two warpgroups, the wide forward's one (a position's heads)."""
+    return WIDE_HEADS if stage == "wide_forward" else ROWS
 
 
 def tile_bytes(rows: int, width: int) -> int:
@@ -29,10 +36,10 @@ def tile_bytes(rows: int, width: int) -> int:
     return rows * width * 2
 
 
-def p_in_k(spec: KernelSpec) -> bool:
-    """Whether p [ROWS, BS] is written over the K tile it was computed from (free once s = q k^T is read): where it
+def p_in_k(spec: KernelSpec, rows: int = ROWS) -> bool:
+    """Whether p [rows, BS] is written over the K tile it was computed from (free once s = q k^T is read): where it
     fits, which keeps two workgroups on a multiprocessor at D = 128."""
-    return tile_bytes(ROWS, spec.block_size) <= tile_bytes(spec.block_size, spec.head_dim)
+    return tile_bytes(rows, spec.block_size) <= tile_bytes(spec.block_size, spec.head_dim)
 
 
 def ds_in_v(spec: KernelSpec) -> bool:
@@ -46,7 +53,7 @@ def workgroup_memory(stage: str, spec: KernelSpec) -> dict[str, int]:
     K tile (p_in_k). dense_dq: q [DQ_ROWS, D], do [DQ_ROWS, Dv] ("do"), two K tiles, two V tiles, and ds [DQ_ROWS, BS]
     unless it goes over the V tile it was computed from (ds_in_v).
     dense_dkdv: K [64, D], V [64, Dv], two q chunks [64, D], two do chunks [64, Dv], p^T (then ds^T) [64, 64], and
-    two chunks' lse and delta ("stats", f32 [2][2][64])."""
+    two chunks' lse and delta ("stats", f32 [2][2][64]). wide_forward: dense_forward's with 64 rows."""
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
     if stage == "dense_dkdv":
         v = tile_bytes(64, d)
@@ -61,10 +68,11 @@ def workgroup_memory(stage: str, spec: KernelSpec) -> dict[str, int]:
         v = k + 2 * tile_bytes(bs, d)
         ds = v + 2 * tile_bytes(bs, dv)
         return {"do": do, "k": k, "v": v, "ds": ds, "end": ds + (0 if ds_in_v(spec) else tile_bytes(DQ_ROWS, bs))}
-    k = tile_bytes(ROWS, d)
+    rows = forward_rows(stage)
+    k = tile_bytes(rows, d)
     v = k + 2 * tile_bytes(bs, d)
     p = v + 2 * tile_bytes(bs, dv)
-    return {"k": k, "v": v, "p": p, "end": p + (0 if p_in_k(spec) else tile_bytes(ROWS, bs))}
+    return {"k": k, "v": v, "p": p, "end": p + (0 if p_in_k(spec, rows) else tile_bytes(rows, bs))}
 
 
 def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
@@ -74,11 +82,15 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     # (the NVIDIA family's limits of its dense dq: dtype, instructions, head dims; dk/dv's take the same)
     why = [w for w in nvidia.limits("dense_dq" if stage == "dense_dkdv" else stage, spec, recipe)
            if "workgroup memory" not in w]
+    if stage == "wide_forward" and spec.heads_per_group != WIDE_HEADS:
+        why.append(f"takes {WIDE_HEADS} heads per group (a position's heads, one warpgroup's m64 tile)")
+    if stage == "wide_forward" and max(spec.head_dim, spec.value_dim, spec.block_size) > 128:
+        why.append("D, Dv or BS above 128 (the layouts run on an H200: bench.hopper_checks check_wide)")
     if stage == "dense_dkdv" and spec.block_size != 64:
         why.append("BS is not 64 (a warpgroup's m64 tile of keys)")
     if stage == "dense_dkdv" and spec.head_dim + spec.value_dim > 256:
         why.append("D + Dv above 256 (dk and dv accumulate in a lane's registers)")
-    if not spec.window:
+    if not spec.window and stage != "wide_forward":
         # (its KEY_STRIDE text renders, but only the window's has run on an H200: docs/performance.md)
         why.append("serves the sliding window; the compressed attention's stages are the NVIDIA kernels'")
     if spec.head_dim % 64 or spec.value_dim % 64 or spec.value_dim > 256:
@@ -106,19 +118,22 @@ def _per_multiprocessor(stage: str, spec: KernelSpec, recipe) -> int:
 
 def values(spec: KernelSpec, recipe) -> dict[str, str]:
     """The NVIDIA family's values and the Hopper kernels' own."""
-    from ... import dense_backward      # (kernels/__init__.py imports this family)
+    from ... import choose, dense_backward      # (kernels/__init__.py imports this family)
 
     out = nvidia.values(spec, recipe)
-    offsets = workgroup_memory("dense_forward", spec)
+    # the forward's values: the wide forward's where spec's forward is it, the dense forward's otherwise
+    forward = "wide_forward" if choose("forward", spec, recipe).template == "wide_forward" else "dense_forward"
+    rows = forward_rows(forward)
+    offsets = workgroup_memory(forward, spec)
     out.update({
-        "HOPPER_SMEM_BYTES": _allocation("dense_forward", spec), "HOPPER_K_OFFSET": offsets["k"],
+        "HOPPER_SMEM_BYTES": _allocation(forward, spec), "HOPPER_K_OFFSET": offsets["k"],
         "HOPPER_V_OFFSET": offsets["v"],
-        "HOPPER_P_OFFSET": offsets["p"], "HOPPER_P_IN_K": int(p_in_k(spec)),
-        "HOPPER_ROWS": ROWS, "HOPPER_LANES": LANES,
+        "HOPPER_P_OFFSET": offsets["p"], "HOPPER_P_IN_K": int(p_in_k(spec, rows)),
+        "HOPPER_ROWS": rows, "HOPPER_LANES": 2 * rows,
         "HOPPER_S_VALUES": 64 * spec.block_size // 128, "HOPPER_O_VALUES": 64 * spec.value_dim // 128,
         "HOPPER_K_TILE_BYTES": tile_bytes(spec.block_size, spec.head_dim),
         "HOPPER_V_TILE_BYTES": tile_bytes(spec.block_size, spec.value_dim),
-        "HOPPER_MIN_WORKGROUPS_PER_SM": _per_multiprocessor("dense_forward", spec, recipe),
+        "HOPPER_MIN_WORKGROUPS_PER_SM": _per_multiprocessor(forward, spec, recipe),
     })
     dkdv = workgroup_memory("dense_dkdv", spec)
     out.update({

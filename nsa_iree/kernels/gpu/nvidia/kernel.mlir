@@ -74,14 +74,14 @@
       %hi8 = arith.muli %matrix_hi, %c8 : index
 <% endmacro %>
 
-<# Whether slot `slot` of row (%b, %m, %g) names a block (not -1) that is not in the future: defines %block and
-   `selected` (i1). #>
-<% macro selected_block(slot, selected) %>
-          %block_i32 = memref.load %block_indices[%b, %m, %g, ${slot}] : memref<?x?x${G}x${T}xi32>
-          %block = arith.index_cast %block_i32 : i32 to index
-          %not_negative = arith.cmpi sge, %block, %c0 : index
-          %not_future = arith.cmpi sle, %block, %last_visible_block : index
-          ${selected} = arith.andi %not_negative, %not_future : i1
+<# Whether slot `slot` of row (%b, %m, %g) names a block (not -1) that is not in the future: defines %`prefix`block
+   and `selected` (i1) (and %`prefix`block_i32, %`prefix`not_negative, %`prefix`not_future). #>
+<% macro selected_block(slot, selected, prefix="") %>
+          %${prefix}block_i32 = memref.load %block_indices[%b, %m, %g, ${slot}] : memref<?x?x${G}x${T}xi32>
+          %${prefix}block = arith.index_cast %${prefix}block_i32 : i32 to index
+          %${prefix}not_negative = arith.cmpi sge, %${prefix}block, %c0 : index
+          %${prefix}not_future = arith.cmpi sle, %${prefix}block, %last_visible_block : index
+          ${selected} = arith.andi %${prefix}not_negative, %${prefix}not_future : i1
 <% endmacro %>
 
 <# The tile staged in iteration `slot` (kv_staging's staged_block, in the dense kernels): tile `slot` itself, read iff it is at or before
