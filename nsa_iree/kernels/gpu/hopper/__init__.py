@@ -22,7 +22,7 @@ DQ_ROWS = 64 * DQ_WARPGROUPS
 
 
 # Workgroups a multiprocessor holds at once, by design (a warpgroup's softmax beside another's products): the
-# forward's two of two warpgroups each, dq's and dk/dv's two of one.
+# dense forward's two of two warpgroups each, the wide forward's, dq's and dk/dv's two of one.
 RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 2}
 
 

@@ -1,8 +1,9 @@
 <# part: takes ASYNC_COPY_HINT, DV_TILES, EX2, HOPPER_K_OFFSET, HOPPER_K_TILE_BYTES, HOPPER_LANES, HOPPER_MIN_WORKGROUPS_PER_SM, HOPPER_O_VALUES, HOPPER_P_IN_K, HOPPER_P_OFFSET, HOPPER_ROWS, HOPPER_SMEM_BYTES, HOPPER_S_VALUES, HOPPER_V_OFFSET, HOPPER_V_TILE_BYTES, PACK_PAIR, RESCALE_SLACK, VOTE_ANY, selection #>
-// Dense forward on Hopper's warpgroup MMA (sm_90a): the sliding window's forward (KernelSpec.window; kernels.DENSE),
-// as gpu/nvidia/dense_forward.mlir computes it, with the products on wgmma (gpu/hopper/wgmma.mlir) instead of
-// mma.sync. (The text takes the compressed attention's KEY_STRIDE too; the family serves only the window, the one
-// checked on an H200.)
+// The forward on Hopper's warpgroup MMA (sm_90a), a part of dense_forward.mlir (the sliding window's forward:
+// KernelSpec.window, kernels.DENSE) and wide_forward.mlir (64 heads per group: kernels.WIDE): the forward as
+// gpu/nvidia/dense_forward.mlir computes it, with the products on wgmma (gpu/hopper/wgmma.mlir) instead of mma.sync.
+// (The text takes the compressed attention's KEY_STRIDE too; the family serves only the window and the selection of
+// 64 heads per group, the ones checked on an H200.)
 //
 // One workgroup of HOPPER_ROWS / 64 warpgroups per (tile of HOPPER_ROWS rows, kv group g, b): row R of the group
 // is (position R / HPG, head R mod HPG) (gpu/nvidia/dense_rows.mlir); warpgroup u holds rows 64 u .. 64 u + 63 of
@@ -32,7 +33,7 @@
 <% import "gpu/hopper/wgmma.mlir" as wg %>
 
 // Push constants: B, M, N (i32; N is the number of keys, k's rows), then the bits of scale (f32). The block
-// indices are bound (the forward's ABI) but not read.
+// indices are bound (the forward's ABI), read only with `selection`.
 <% set inputs = ['q', 'k', 'v', 'block_indices'] %>
 <% set outputs = ['o', 'lse'] %>
 ${ dispatch.layout("hopper_dense_fwd_layout", 4, inputs, outputs) }
