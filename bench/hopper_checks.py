@@ -27,6 +27,8 @@ from nsa_iree.compiler import compile_artifact
 from nsa_iree.runtime import device_for
 from nsa_iree.spec import KernelSpec
 
+from .kernel_checks import _cfg, _problem
+
 WINDOW = 512
 # name: (heads per group, D, Dv, dtype); 4 kv heads
 CASES = {"bf16": (16, 128, 128, "bf16"), "f16": (16, 128, 128, "f16"), "hpg4_dv64": (4, 128, 64, "bf16"),
@@ -46,9 +48,9 @@ def compile_all() -> None:
         for target in ("cuda", "hopper"):
             for variant in ("forward", "two-pass"):
                 print(compile_artifact(spec(target, case), variant).path.name, flush=True)
-    for case in WIDE_CASES:
+    for _, cfg, *_ in WIDE_CASES:
         for target in ("cuda", "hopper"):
-            print(compile_artifact(_wide_spec(target, case), "forward").path.name, flush=True)
+            print(compile_artifact(KernelSpec(target=target, **cfg), "forward").path.name, flush=True)
 
 
 def _module(target: str, case: str, variant: str = "forward"):
@@ -194,45 +196,20 @@ def time(seq: int = 65536, repeats: int = 10) -> None:
                   flush=True)
 
 
-# The wide forward (gpu/hopper/wide_forward.mlir: 64 heads per kv head): (id, H, G, D, Dv, BS, T, dtype, B, M, N,
-# selection, bad slots); against the NVIDIA wide kernel (target cuda) and the f64 oracle, outputs poisoned.
+# The wide forward (gpu/hopper/wide_forward.mlir: 64 heads per kv head), in bench.kernel_checks' case form (id,
+# layout, B, M, N, selection, bad slots) and on its problems; against the NVIDIA wide kernel (target cuda) and the
+# f64 oracle, outputs poisoned.
 WIDE_CASES = [
-    ("hpg64_b2_m_lt_n_bad", 64, 1, 128, 128, 64, 16, "bf16", 2, 700, 1000, "realistic", True),
-    ("hpg64_g2_rising_keys", 128, 2, 128, 128, 64, 16, "bf16", 1, 1024, 1024, "realistic rising", False),
-    ("hpg64_d64_f16_uniform", 64, 1, 64, 64, 64, 8, "f16", 1, 777, 777, "uniform", True),
-    ("hpg64_bs128_dv64", 64, 1, 128, 64, 128, 8, "bf16", 1, 900, 900, "realistic", False),
-    ("hpg64_d64_t1", 64, 1, 64, 64, 64, 1, "bf16", 1, 300, 300, "uniform", False),
+    ("hpg64_b2_m_lt_n_bad", _cfg(64, 1, 128, 128, 64, 16), 2, 700, 1000, "realistic", True),
+    ("hpg64_g2_rising_keys", _cfg(128, 2, 128, 128, 64, 16), 1, 1024, 1024, "realistic rising", False),
+    ("hpg64_d64_f16_uniform", _cfg(64, 1, 64, 64, 64, 8, "f16"), 1, 777, 777, "uniform", True),
+    ("hpg64_bs128_dv64", _cfg(64, 1, 128, 64, 128, 8), 1, 900, 900, "realistic", False),
+    ("hpg64_d64_t1", _cfg(64, 1, 64, 64, 64, 1), 1, 300, 300, "uniform", False),
 ]
 
 
-def _wide_spec(target: str, case) -> KernelSpec:
-    _, h, g, d, dv, bs, t, dtype, *_ = case
-    return KernelSpec(target=target, heads=h, kv_heads=g, head_dim=d, value_dim=dv, block_size=bs, num_blocks=t,
-                      dtype=dtype)
-
-
-def _wide_problem(case, gen):
-    from nsa_iree.api import effective_block_indices
-    from nsa_iree.selection import realistic_block_indices, uniform_block_indices
-
-    _, h, g, d, dv, bs, t, dtype, b, m, n, selection, bad = case
-    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
-    q = torch.randn(b, m, h, d, device="cuda", generator=gen).to(dtype)
-    k = torch.randn(b, n, g, d, device="cuda", generator=gen).to(dtype)
-    v = torch.randn(b, n, g, dv, device="cuda", generator=gen).to(dtype)
-    if selection.endswith(" rising"):          # later keys' scores pass the running max by far: the rescale path
-        selection = selection.removesuffix(" rising")
-        k = (k.float() * (1 + 8 * torch.arange(n, device="cuda") / n).view(1, n, 1, 1)).to(dtype)
-    pick = realistic_block_indices if selection == "realistic" else uniform_block_indices
-    idx = pick(b, m, n, g, t, bs, generator=gen, device="cuda")
-    if bad:                                    # -1, past the end, int32's least, the last block (future for most)
-        nb = -(-n // bs)
-        if t > 2:
-            idx[:, :, :, -1] = -1
-        idx[:, ::3, :, 0] = nb + 5
-        idx[:, 1::3, :, 0] = -(2**31)
-        idx[:, 2::3, :, 0] = nb - 1
-    return q, k, v, effective_block_indices(idx, None)
+def _wide_module(target: str, cfg):
+    return device_for(torch.device("cuda")).module(compile_artifact(KernelSpec(target=target, **cfg), "forward").path)
 
 
 def check_wide(seed: int = 0) -> None:
@@ -240,14 +217,12 @@ def check_wide(seed: int = 0) -> None:
     the hopper forward twice (bitwise equal)."""
     from nsa_iree.reference import selection_attention_reference
 
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    for case in WIDE_CASES:
-        q, k, v, idx = _wide_problem(case, gen)
-        o_ref, lse_ref = selection_attention_reference(q, k, v, idx, case[5])
-        row = {"case": case[0]}
+    for i, (name, cfg, *problem) in enumerate(WIDE_CASES):
+        q, k, v, _, idx = _problem(cfg, *problem, seed + i)
+        o_ref, lse_ref = selection_attention_reference(q, k, v, idx, cfg["block_size"])
+        row = {"case": name}
         for target in ("cuda", "hopper"):
-            module = device_for(torch.device("cuda")).module(compile_artifact(_wide_spec(target, case),
-                                                                              "forward").path)
+            module = _wide_module(target, cfg)
             o, lse = _forward(module, q, k, v, idx)
             torch.cuda.synchronize()
             row[f"{target}_o"], row[f"{target}_lse"] = _error(o, o_ref), _error(lse, lse_ref)
@@ -264,15 +239,12 @@ def time_wide(seq: int = 65536, repeats: int = 10) -> None:
     alternating, realistic and uniform selections."""
     from nsa_iree.benchmark import CONFIGS, fla_impl
 
-    case = ("time", 64, 1, 128, 128, 64, 16, "bf16", 1, seq, seq, "realistic", False)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    modules = {target: device_for(torch.device("cuda")).module(compile_artifact(_wide_spec(target, case),
-                                                                                 "forward").path)
-               for target in ("hopper", "cuda")}
+    cfg = CONFIGS["hpg64"]
+    modules = {target: _wide_module(target, cfg) for target in ("hopper", "cuda")}
     for selection in ("realistic", "uniform"):
-        q, k, v, idx = _wide_problem(case[:11] + (selection, False), gen)
+        q, k, v, do, idx = _problem(cfg, 1, seq, seq, selection, False, 0)
         runs = {target: (lambda m=module: _forward(m, q, k, v, idx)) for target, module in modules.items()}
-        runs["fla"], _ = fla_impl(CONFIGS["hpg64"], q, k, v, torch.randn_like(q), idx)
+        runs["fla"], _ = fla_impl(cfg, q, k, v, do, idx)
         for _ in range(2):
             row = {"seq": seq, "selection": selection}
             row.update({f"{name}_ms": _median_ms(run, repeats) for name, run in runs.items()})
@@ -291,13 +263,11 @@ def sanitize(m: int = 300) -> None:
         finite = all(bool(torch.isfinite(x).all()) for x in (o, lse, *grads))
         print(json.dumps({"case": case, "m": m, "finite": finite}), flush=True)
     # the wide forward: 64 heads per kv head, B 2, bad slots
-    case = WIDE_CASES[0][:8] + (2, m, m + 100) + WIDE_CASES[0][11:]
-    q, k, v, idx = _wide_problem(case, gen)
-    module = device_for(torch.device("cuda")).module(compile_artifact(_wide_spec("hopper", case), "forward").path)
-    o, lse = _forward(module, q, k, v, idx)
+    name, cfg, _, _, _, selection, bad = WIDE_CASES[0]
+    q, k, v, _, idx = _problem(cfg, 2, m, m + 100, selection, bad, 0)
+    o, lse = _forward(_wide_module("hopper", cfg), q, k, v, idx)
     torch.cuda.synchronize()
-    finite = bool(torch.isfinite(o).all())
-    print(json.dumps({"case": case[0], "m": m, "finite": finite}), flush=True)
+    print(json.dumps({"case": name, "m": m, "finite": bool(torch.isfinite(o).all())}), flush=True)
 
 
 if __name__ == "__main__":

@@ -111,10 +111,17 @@ ${ caller() }
 tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${G}x${D}x${E}>{%batch, %n},
          tensor<?x?x${G}x${DV}x${E}>{%batch, %n}, tensor<?x?x${G}x${T}xi32>{%batch, %m_rows}
 <%- endmacro %>
-<% macro backward_operand_types() %>
+<# (`reads` "o": o [B, M, H, Dv] in delta's place, for a dispatch that makes delta: dense_backward) #>
+<% macro backward_operand_types(reads="delta") %>
+<% if reads == "o" %>
+${ row_operand_types() },
+         tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows},
+         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
+<%- else %>
 ${ row_operand_types() },
          tensor<?x${H}x?xf32>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows},
          tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}
+<%- endif %>
 <%- endmacro %>
 
 <# The dense kernels' grid: %row_tiles = ceil(M HPG / rows_per_workgroup) tiles of a group's rows (nothing when
@@ -202,8 +209,7 @@ ${ _row_tiles(rows_per_workgroup) }
 ${ push_constants() }
   %dq, %delta = flow.dispatch @${dq[0]}::@${dq[1]}[%row_tiles, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %o, %do)
-      : (i32, i32, i32, i32, ${ row_operand_types() }, tensor<?x${H}x?xf32>{%batch, %m_rows},
-         tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}, tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows})
+      : (i32, i32, i32, i32, ${ backward_operand_types("o") })
       -> (tensor<?x?x${H}x${D}x${E}>{%batch, %m_rows}, tensor<?x?x${H}xf32>{%batch, %m_rows})
   %dk, %dv = flow.dispatch @${dkdv[0]}::@${dkdv[1]}[%key_tiles, %kv_heads, %batch](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %q, %k, %v, %block_indices, %lse, %delta, %do)

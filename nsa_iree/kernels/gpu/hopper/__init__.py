@@ -12,7 +12,6 @@ from .. import nvidia
 STAGES = ("dense_forward", "dense_dq", "dense_dkdv", "wide_forward")
 WARPGROUPS = 2               # warpgroups of a workgroup: each takes 64 rows (its m64 tile, 4 subgroups of 16)
 ROWS = 64 * WARPGROUPS       # rows of a workgroup, against each key tile staged once
-LANES = 128 * WARPGROUPS
 # the wide forward's (wide_forward.mlir: dense_forward.mlir over block lists): one warpgroup, one position's heads
 WIDE_HEADS = 64
 # dq's: one warpgroup a workgroup, two workgroups a multiprocessor (faster than one workgroup of two warpgroups
@@ -129,7 +128,7 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "HOPPER_SMEM_BYTES": _allocation(forward, spec), "HOPPER_K_OFFSET": offsets["k"],
         "HOPPER_V_OFFSET": offsets["v"],
         "HOPPER_P_OFFSET": offsets["p"], "HOPPER_P_IN_K": int(p_in_k(spec, rows)),
-        "HOPPER_ROWS": rows, "HOPPER_LANES": 2 * rows,
+        "HOPPER_ROWS": rows, "HOPPER_LANES": 128 * rows // 64,      # a warpgroup per 64 rows
         "HOPPER_S_VALUES": 64 * spec.block_size // 128, "HOPPER_O_VALUES": 64 * spec.value_dim // 128,
         "HOPPER_K_TILE_BYTES": tile_bytes(spec.block_size, spec.head_dim),
         "HOPPER_V_TILE_BYTES": tile_bytes(spec.block_size, spec.value_dim),

@@ -105,21 +105,7 @@ ${ nv.lane_ids() }
 <% set tiles, loop_steps = ("%slot_count", "%slot_steps") if selection else ("%slots", "%steps") %>
 
       // q's tile, once: row R of the tile is the group's row tile_row0 + R (zeros for padding rows).
-      %q_copies = arith.constant ${ (HOPPER_ROWS | int) * (D | int) // 8 // (HOPPER_LANES | int) } : index
-      scf.for %i = %c0 to %q_copies step %c1 {
-        %i_lanes = arith.muli %i, %lanes : index
-        %item = arith.addi %tid, %i_lanes : index
-${ wg.core_item("q", "%item", HOPPER_ROWS, D) }
-        %q_group_row = arith.addi %tile_row0, %q_row : index
-        %q_real = arith.cmpi ult, %q_group_row, %group_rows : index
-        %q_read_row = arith.select %q_real, %q_group_row, %c0 : index
-        %q_m = arith.divui %q_read_row, %heads_per_group : index
-        %q_h = arith.remui %q_read_row, %heads_per_group : index
-        %q_head = arith.addi %h0, %q_h : index
-        %q_count = arith.select %q_real, %c8, %c0 : index
-        %q_copy = nvgpu.device_async_copy %q[%b, %q_m, %q_head, %q_col], %elements[%q_dest], 8, %q_count ${ASYNC_COPY_HINT}
-            : !hfw_q to !hfw_elements
-      } {unroll_loop}
+${ wg.stage_rows("q", "!hfw_q", "%tile_row0", HOPPER_ROWS, D, "%c0", HOPPER_LANES, "!hfw_elements", ASYNC_COPY_HINT) }
       nvvm.cp.async.commit.group
 
       // A warpgroup's operands q and p: its 64 rows, 1024 bytes into each chunk of the workgroup's rows.
@@ -156,19 +142,7 @@ ${ nv.next_tile("%t", "%selected") }
           %${x}_buffer_elements = arith.muli %stage_buffer, %${x}_tile_elements : index
           %${x}_region = arith.constant ${ (offset | int) // 2 } : index
           %${x}_base = arith.addi %${x}_region, %${x}_buffer_elements : index
-          %${x}_copies = arith.constant ${ (BS | int) * (width | int) // 8 // (HOPPER_LANES | int) } : index
-          scf.for %i = %c0 to %${x}_copies step %c1 {
-            %i_lanes = arith.muli %i, %lanes : index
-            %item = arith.addi %tid, %i_lanes : index
-${ wg.core_item(x, "%item", BS, width) }
-            %${x}_seen = arith.cmpi slt, %${x}_row, %stage_visible : index
-            %${x}_count = arith.select %${x}_seen, %c8, %c0 : index
-            %${x}_read = arith.select %${x}_seen, %${x}_row, %c0 : index
-            %${x}_key = arith.addi %stage_key0, %${x}_read : index
-            %${x}_stored = arith.addi %${x}_base, %${x}_dest : index
-            %${x}_copy = nvgpu.device_async_copy %${x}[%b, %${x}_key, %g, %${x}_col], %elements[%${x}_stored], 8, %${x}_count ${ASYNC_COPY_HINT}
-                : !hfw_${x} to !hfw_elements
-          } {unroll_loop}
+${ wg.stage_keys(x, "!hfw_" ~ x, "%stage_key0", "%stage_visible", BS, width, "%" ~ x ~ "_base", HOPPER_LANES, "!hfw_elements", ASYNC_COPY_HINT) }
 <% endfor %>
 <% if selection %>
           }
@@ -255,21 +229,7 @@ ${ wg.descriptor("p_desc", "%p_offset", 16, 1024) }
           // p = 2^(x - max), its sums per lane, and p into workgroup memory as pairs of the input type: the pair
           // at row R = 16 w + 8 h + r, keys 8 i + 2 c (+ 1) is at byte (i / 8) rows 128 + 128 R + 16 ((i mod 8) ^ r)
           // + 4 c (wgmma.mlir's layout of a [rows, BS] tile).
-          %w16 = arith.muli %subgroup, %c16 : index
-          %p_lane_row = arith.addi %w16, %r : index
-          %p_row_words = arith.muli %p_lane_row, %c32 : index
-          %p_base = arith.addi %p_region, %p_row_words : index
-          %p_lane = arith.addi %p_base, %c : index
-<% for i in range((BS | int) // 8) %>
-          %p_chunk_${i}_const = arith.constant ${ i % 8 } : index
-          %p_chunk_${i}_x = arith.xori %p_chunk_${i}_const, %r : index
-          %p_chunk_${i}_words = arith.muli %p_chunk_${i}_x, %c4 : index
-<% for h in [0, 1] %>
-          %p_at_${i}_${h}_const = arith.constant ${ (i // 8) * rows * 32 + h * 8 * 32 } : index
-          %p_at_${i}_${h}_0 = arith.addi %p_lane, %p_at_${i}_${h}_const : index
-          %p_at_${i}_${h} = arith.addi %p_at_${i}_${h}_0, %p_chunk_${i}_words : index
-<% endfor %>
-<% endfor %>
+${ wg.pair_words("p", "%p_region", rows, BS) }
 <% for v in range(0, s_values, 2) %>
 <% set i, h = v // 4, (v // 2) % 2 %>
           %shifted_${v} = arith.subf %x_${v}, %safe_max_${h} : f32
