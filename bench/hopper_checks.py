@@ -8,6 +8,10 @@
     python3 -m bench.hopper_checks sanitize M  # under compute-sanitizer: one small forward and backward per layout
     python3 -m bench.hopper_checks check_wide  # on the GPU: the 64-heads-per-group forward against NVIDIA's and f64
     python3 -m bench.hopper_checks time_wide [SEQ]  # on the GPU: that forward, NVIDIA's wide kernel and fla's
+    python3 -m bench.hopper_checks check_two_pass  # on the GPU: the selection's dq and dk/dv (every group size;
+                                               # dq on wgmma at 64) against NVIDIA's, the linalg stages and f64,
+                                               # outputs poisoned, bitwise
+    python3 -m bench.hopper_checks time_two_pass [SEQ]  # on the GPU: those dq and dk/dv and NVIDIA's, per group size
 
 The modules are loaded directly (KernelSpec with target "cuda" or "hopper"), so both run in one process whatever
 nsa_iree.api would pick. bench/run_hopper_h200.sh runs the GPU steps through the device tool;
@@ -24,6 +28,8 @@ import torch
 
 from nsa_iree import api, window
 from nsa_iree.compiler import compile_artifact
+from nsa_iree.kernels import choose
+from nsa_iree.recipes import load_recipe
 from nsa_iree.runtime import device_for
 from nsa_iree.spec import KernelSpec
 
@@ -51,6 +57,17 @@ def compile_all() -> None:
     for _, cfg, *_ in WIDE_CASES:
         for target in ("cuda", "hopper"):
             print(compile_artifact(KernelSpec(target=target, **cfg), "forward").path.name, flush=True)
+    from nsa_iree.benchmark import CONFIGS
+
+    two_pass = [KernelSpec(target="hopper", **cfg) for _, cfg, *_ in TWO_PASS_CASES]
+    two_pass += [KernelSpec(target="cuda", **cfg) for _, cfg, *_ in TWO_PASS_CASES
+                 if cfg["heads"] // cfg["kv_heads"] <= 16]
+    two_pass += [KernelSpec(target="cuda", kernels="linalg", **cfg) for _, cfg, *_ in TWO_PASS_CASES]
+    two_pass += [KernelSpec(target=target, **dict(CONFIGS["anchors"], heads=heads, kv_heads=kv_heads))
+                 for hpg, (heads, kv_heads) in TWO_PASS_LAYOUTS.items()
+                 for target in (("hopper", "cuda") if hpg <= 16 else ("hopper",))]
+    for spec_ in two_pass:
+        print(compile_artifact(spec_, "two-pass").path.name, flush=True)
 
 
 def _module(target: str, case: str, variant: str = "forward"):
@@ -251,6 +268,105 @@ def time_wide(seq: int = 65536, repeats: int = 10) -> None:
             print(json.dumps(row), flush=True)
 
 
+# The selection's two-pass backward on the hopper target, in bench.kernel_checks' case form and on its problems: dk/dv
+# on wgmma for every divisor of 64 as heads per group (gpu/hopper/dkdv.mlir: a piece's rows in chunks of 64 / HPG
+# positions), dq on wgmma at 64 (gpu/hopper/wide_dq.mlir), the NVIDIA dq up to 16 and linalg's at 32 (the module of
+# the unsplit spec: nsa_iree.api runs 32 as two groups of 16). Against the NVIDIA kernels (target cuda, up to 16 heads
+# per group), the linalg stages and the f64 oracle.
+TWO_PASS_CASES = [
+    ("hpg16_b2_m_lt_n_bad", _cfg(64, 4, 128, 128, 64, 16), 2, 700, 1000, "realistic", True),
+    ("hpg8_f16_uniform", _cfg(32, 4, 128, 128, 64, 16, "f16"), 1, 1000, 1000, "uniform", False),
+    ("hpg4_dv64_bad", _cfg(16, 4, 128, 64, 64, 8), 2, 900, 900, "realistic", True),
+    ("hpg2_d64_rising", _cfg(8, 4, 64, 64, 64, 16), 1, 1024, 1024, "realistic rising", False),
+    ("hpg1_t1", _cfg(4, 4, 64, 64, 64, 1), 1, 300, 300, "uniform", False),
+    ("hpg1_d128_bad", _cfg(2, 2, 128, 128, 64, 16), 1, 2000, 2100, "uniform", True),
+    ("hpg32_g2_bad", _cfg(64, 2, 128, 128, 64, 16), 1, 1000, 1000, "realistic", True),
+    ("hpg64_d64_f16", _cfg(64, 1, 64, 64, 64, 8, "f16"), 1, 777, 777, "uniform", False),
+    ("hpg64_b2_m_lt_n_bad", _cfg(64, 1, 128, 128, 64, 16), 2, 700, 1000, "realistic", True),
+    ("hpg64_g2_rising_keys", _cfg(128, 2, 128, 128, 64, 16), 1, 1024, 1024, "realistic rising", False),
+    ("hpg64_dv64_t1", _cfg(64, 1, 128, 64, 64, 1), 1, 300, 300, "uniform", False),
+]
+
+
+def _two_pass(spec_, kernels="auto"):
+    return device_for(torch.device("cuda")).module(compile_artifact(spec_.replace(kernels=kernels), "two-pass").path)
+
+
+def _dkdv(module, q, k, v, idx, lse, delta, do):
+    """dk, dv of a two-pass module's stages (the block lists' inversion, then dk/dv), outputs poisoned."""
+    dk, dv = (torch.full_like(x, float("nan")) for x in (k, v))
+    entries, piece_start, piece_count = module.call("invert_block_indices", idx, k.shape[1])
+    module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
+                q.shape[3] ** -0.5, dk, dv)
+    return dk, dv
+
+
+def _dq(module, q, k, v, idx, lse, delta, do):
+    """dq of a two-pass module's dq stage, output poisoned."""
+    dq = torch.full_like(q, float("nan"))
+    module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, q.shape[3] ** -0.5, dq)
+    return dq
+
+
+def check_two_pass(seed: int = 0) -> None:
+    """dq, dk and dv of the hopper two-pass module, the NVIDIA kernels' (up to 16 heads per group) and the linalg
+    stages' against the f64 oracle (o, lse from the oracle's forward); the hopper module twice (bitwise equal)."""
+    from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference
+
+    for i, (name, cfg, *problem) in enumerate(TWO_PASS_CASES):
+        q, k, v, do, idx = _problem(cfg, *problem, seed + i)
+        o_ref, lse_ref = selection_attention_reference(q.cpu(), k.cpu(), v.cpu(), idx.cpu(), cfg["block_size"])
+        o, lse = o_ref.to(q.dtype).cuda(), lse_ref.float().cuda()
+        _, *ref = selection_attention_backward_reference(
+            q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(), idx.cpu(), cfg["block_size"])
+        spec_ = KernelSpec(target="hopper", **cfg)
+        recipe = load_recipe("hopper")
+        choices = [choose(stage, spec_, recipe) for stage in ("dq", "dkdv")]
+        row = {"case": name, "hopper_kernels": [c.template or c.family for c in choices]}
+        for label, target, kernels in (("hopper", "hopper", "auto"), ("cuda", "cuda", "auto"),
+                                       ("linalg", "cuda", "linalg")):
+            if label == "cuda" and cfg["heads"] // cfg["kv_heads"] > 16:
+                continue
+            module = _two_pass(KernelSpec(target=target, **cfg), kernels)
+            (delta,) = module.call("selection_attention_delta", o, do)
+            grads = (_dq(module, q, k, v, idx, lse, delta, do), *_dkdv(module, q, k, v, idx, lse, delta, do))
+            torch.cuda.synchronize()
+            for grad, x, r in zip(("dq", "dk", "dv"), grads, ref):
+                row[f"{label}_{grad}"] = _error(x.cpu(), r)
+            if label == "hopper":
+                again = (_dq(module, q, k, v, idx, lse, delta, do), *_dkdv(module, q, k, v, idx, lse, delta, do))
+                torch.cuda.synchronize()
+                row["hopper_bitwise"] = all(torch.equal(a, b) for a, b in zip(grads, again))
+        print(json.dumps(row), flush=True)
+
+
+# (heads, kv heads) of each group size at the anchors' D, BS and T: 64 query heads over 1 kv head down to 4 over 4
+TWO_PASS_LAYOUTS = {64: (64, 1), 16: (64, 4), 8: (32, 4), 4: (16, 4), 2: (8, 4), 1: (4, 4)}
+
+
+def time_two_pass(seq: int = 65536, repeats: int = 10) -> None:
+    """The selection's dq call and dk/dv call (its inversion included) at seq tokens per group size, hopper's module
+    and NVIDIA's (up to 16 heads per group), alternating, realistic and uniform selections."""
+    from nsa_iree.benchmark import CONFIGS
+
+    for hpg, (heads, kv_heads) in TWO_PASS_LAYOUTS.items():
+        cfg = dict(CONFIGS["anchors"], heads=heads, kv_heads=kv_heads)
+        targets = ("hopper", "cuda") if hpg <= 16 else ("hopper",)
+        modules = {target: _two_pass(KernelSpec(target=target, **cfg)) for target in targets}
+        for selection in ("realistic", "uniform"):
+            q, k, v, do, idx = _problem(cfg, 1, seq, seq, selection, False, 0)
+            lse = torch.randn(1, heads, seq, device="cuda").abs() + 4.0
+            delta = torch.randn(1, seq, heads, device="cuda")
+            runs = {}
+            for target, module in modules.items():
+                runs[f"{target}_dq"] = lambda m=module: _dq(m, q, k, v, idx, lse, delta, do)
+                runs[f"{target}_dkdv"] = lambda m=module: _dkdv(m, q, k, v, idx, lse, delta, do)
+            for _ in range(2):
+                row = {"seq": seq, "heads_per_group": hpg, "selection": selection}
+                row.update({f"{name}_ms": _median_ms(run, repeats) for name, run in runs.items()})
+                print(json.dumps(row), flush=True)
+
+
 def sanitize(m: int = 300) -> None:
     """One small forward and backward per window layout, and one wide forward, for compute-sanitizer."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -268,9 +384,20 @@ def sanitize(m: int = 300) -> None:
     o, lse = _forward(_wide_module("hopper", cfg), q, k, v, idx)
     torch.cuda.synchronize()
     print(json.dumps({"case": name, "m": m, "finite": bool(torch.isfinite(o).all())}), flush=True)
+    # the selection's dk/dv at 4 heads per group (16 positions a chunk), and dq and dk/dv at 64: B 2, bad slots
+    for name, cfg, _, _, _, selection, bad in (TWO_PASS_CASES[2], TWO_PASS_CASES[8]):
+        q, k, v, do, idx = _problem(cfg, 2, m, m + 100, selection, bad, 0)
+        lse = torch.randn(2, cfg["heads"], m, device="cuda").abs() + 4.0
+        delta = torch.randn(2, m, cfg["heads"], device="cuda")
+        module = _two_pass(KernelSpec(target="hopper", **cfg))
+        grads = (_dq(module, q, k, v, idx, lse, delta, do), *_dkdv(module, q, k, v, idx, lse, delta, do))
+        torch.cuda.synchronize()
+        print(json.dumps({"case": name, "m": m, "finite": all(bool(torch.isfinite(x).all()) for x in grads)}),
+              flush=True)
 
 
 if __name__ == "__main__":
     what, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
     {"compile": compile_all, "check": check, "check_bwd": check_bwd, "time": time, "time_bwd": time_bwd,
-     "sanitize": sanitize, "check_wide": check_wide, "time_wide": time_wide}[what](*args)
+     "sanitize": sanitize, "check_wide": check_wide, "time_wide": time_wide, "check_two_pass": check_two_pass,
+     "time_two_pass": time_two_pass}[what](*args)

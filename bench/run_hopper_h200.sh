@@ -21,5 +21,5 @@ for step in ${STEPS:-check check_bwd time time_bwd window_checks window_step mem
     window_step) timeout 300 python3 -m bench.window_h200 "$out" 65536 ;;
     window_profile) timeout 200 python3 -m bench.window_h200 --profile "$out" 65536 ;;
     *) timeout 200 python3 -m bench.hopper_checks "$step" ;;
-  esac 2>&1 | grep -v "^nsa_iree: load" | tail -24
+  esac 2>&1 | grep -v "^nsa_iree: load\|leaked function\|nanobind" | tail -40
 done | tee "$out/hopper_checks.log"

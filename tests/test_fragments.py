@@ -224,6 +224,8 @@ GROUP_SPLIT = [
     ("cpu_hpg64_d128", ANCHORS_CUDA.replace(target="cpu", kv_heads=1, dtype="f32"), (2, 2, 4)),   # stack tiles
     ("cpu_hpg16", ANCHORS_CUDA.replace(target="cpu", dtype="f32"), (1, 1, 1)),
     ("cuda_linalg", ANCHORS_CUDA.replace(kv_heads=1, kernels="linalg"), (1, 1, 1)),
+    ("hopper_hpg64", ANCHORS_CUDA.replace(target="hopper", kv_heads=1), (1, 1, 4)),     # wide forward and dq, dk/dv
+    ("hopper_hpg32", ANCHORS_CUDA.replace(target="hopper", kv_heads=2), (1, 2, 2)),     # dq as groups of 16
 ]
 
 
@@ -238,7 +240,7 @@ def test_group_split(case, spec, expected):
 
 
 # Wide groups (more heads per group than one 16-row tile, a multiple of 16, up to 128): the forward on the wide
-# kernel (kernels.WIDE) where the recipe names a family for it (cuda.toml); dq and dk/dv have no wide form.
+# kernel (kernels.WIDE) where the recipe names a family for it (cuda.toml); cuda's dq and dk/dv have no wide form.
 WIDE_CHOICE = [
     ("cuda_hpg16", ANCHORS_CUDA, (None, "nvidia", "nvidia")),
     ("cuda_hpg32", ANCHORS_CUDA.replace(kv_heads=2), ("wide_forward", "linalg", "linalg")),
@@ -271,6 +273,43 @@ HOPPER_WIDE_CHOICE = [
     ("hopper_hpg64_window", HOPPER_ANCHORS.replace(kv_heads=1, num_blocks=9, window=512), ("hopper", "dense_forward")),
     ("hopper_hpg64_f32", HOPPER_ANCHORS.replace(kv_heads=1, dtype="f32"), ("linalg", None)),
 ]
+
+
+# The selection's backward on Hopper: dk/dv on wgmma wherever its chunks of 64 rows hold whole positions (hopper.toml's
+# dkdv list: the heads per group divide 64, BS 64, D + Dv <= 256; else the NVIDIA kernel, else linalg), dq on wgmma at
+# 64 heads per group (wide_dq), the NVIDIA kernel up to 16: ((dq's family, template), (dk/dv's family, template)).
+HOPPER_BACKWARD_CHOICE = [
+    ("hopper_hpg64", HOPPER_ANCHORS.replace(kv_heads=1), ("hopper", "wide_dq"), ("hopper", None)),
+    ("hopper_hpg64_g2", HOPPER_ANCHORS.replace(heads=128, kv_heads=2), ("hopper", "wide_dq"), ("hopper", None)),
+    ("hopper_hpg32", HOPPER_ANCHORS.replace(kv_heads=2), ("linalg", None), ("hopper", None)),
+    ("hopper_hpg16", HOPPER_ANCHORS, ("nvidia", None), ("hopper", None)),
+    ("hopper_hpg4_d64", HOPPER_ANCHORS.replace(heads=16, head_dim=64, value_dim=64), ("nvidia", None),
+     ("hopper", None)),
+    ("hopper_hpg1", HOPPER_ANCHORS.replace(heads=4), ("nvidia", None), ("hopper", None)),
+    ("hopper_hpg16_bs32", HOPPER_ANCHORS.replace(block_size=32, num_blocks=32), ("nvidia", None), ("nvidia", None)),
+    ("hopper_hpg16_d192", HOPPER_ANCHORS.replace(head_dim=192), ("nvidia", None), ("nvidia", None)),
+    ("hopper_hpg48_d64", HOPPER_ANCHORS.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64), ("linalg", None),
+     ("linalg", None)),
+    ("hopper_hpg64_d192", HOPPER_ANCHORS.replace(kv_heads=1, head_dim=192), ("linalg", None), ("linalg", None)),
+    ("hopper_hpg16_f16", HOPPER_ANCHORS.replace(dtype="f16"), ("nvidia", None), ("hopper", None)),
+    ("hopper_hpg16_f32", HOPPER_ANCHORS.replace(dtype="f32"), ("linalg", None), ("linalg", None)),
+    ("hopper_hpg16_window", HOPPER_WINDOW, ("hopper", "dense_dq"), ("hopper", "dense_dkdv")),
+    ("hopper_hpg16_linalg", HOPPER_ANCHORS.replace(kernels="linalg"), ("linalg", None), ("linalg", None)),
+]
+
+
+@pytest.mark.parametrize("case,spec,dq,dkdv", HOPPER_BACKWARD_CHOICE, ids=[c[0] for c in HOPPER_BACKWARD_CHOICE])
+def test_hopper_backward_choice(case, spec, dq, dkdv):
+    recipe = load_recipe("hopper")
+    chosen = [choose(stage, spec, recipe) for stage in ("dq", "dkdv")]
+    assert [(c.family, c.template) for c in chosen] == [dq, dkdv]
+
+
+def test_a_stage_list_falls_back_on_its_last_family_limits():
+    """Where no family of a stage's list serves spec, the linalg stage is chosen with the last family's limits."""
+    chosen = choose("dkdv", HOPPER_ANCHORS.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64),
+                    load_recipe("hopper"))
+    assert chosen.wanted == "nvidia" and any("heads per group" in why for why in chosen.crossed)
 
 
 @pytest.mark.parametrize("case,spec,expected", HOPPER_WIDE_CHOICE, ids=[c[0] for c in HOPPER_WIDE_CHOICE])

@@ -63,6 +63,11 @@ def cases():
     # and 64 heads per kv head on the hopper target's wgmma forward (gpu/hopper/wide_forward.mlir)
     fields = dict(LAYOUTS["anchors"], kv_heads=1, dtype="bf16", target="hopper")
     yield "anchors-hopper-bf16-hpg64-forward", fields, "forward"
+    # the selection's two-pass on the hopper target: dk/dv on wgmma (gpu/hopper/dkdv.mlir) at 16, 4 and 1 heads per
+    # kv head, and dq too at 64 (gpu/hopper/wide_dq.mlir)
+    for heads, kv_heads in ((64, 4), (16, 4), (4, 4), (64, 1)):
+        fields = dict(LAYOUTS["anchors"], heads=heads, kv_heads=kv_heads, dtype="bf16", target="hopper")
+        yield f"anchors-hopper-bf16-hpg{heads // kv_heads}-two-pass", fields, "two-pass"
     # select_blocks (T its 16 output slots, BS the compression's block size): the CPU, NVIDIA and portable (gfx950,
     # gfx942) kernels
     for target, dtype in [*(("cpu", dtype) for dtype in TARGET_DTYPES["cpu"]), ("cuda", "bf16"), ("gfx950", "bf16"),

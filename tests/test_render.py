@@ -90,8 +90,7 @@ def test_each_family_gets_its_own_values_only(spec):
     for family in FAMILIES.values():
         render.template_values(spec, recipe, family)
     rendered = {name for name, family in render.module_templates(spec, "two-pass", recipe)}
-    chosen = {choose(stage, spec, recipe).family for stage in ("dq", "dkdv")}
-    assert all(FAMILIES[f].template(s) in rendered for f in chosen for s in ("dq", "dkdv"))
+    assert all(FAMILIES[choose(stage, spec, recipe).family].template(stage) in rendered for stage in ("dq", "dkdv"))
 
 
 def test_rendering_reads_no_environment(tmp_path, monkeypatch):
@@ -122,7 +121,9 @@ DEVICE_NAMING = [
     ("hopper_compressed_two_pass", SPECS["cuda"].replace(target="hopper", key_stride=64), "two-pass", False, "cuda"),
     ("hopper_selection_forward", SPECS["cuda"].replace(target="hopper"), "forward", False, "cuda"),
     ("hopper_hpg64_forward", SPECS["cuda"].replace(target="hopper", kv_heads=1), "forward", True, "hopper"),
-    ("hopper_hpg64_two_pass", SPECS["cuda"].replace(target="hopper", kv_heads=1), "two-pass", False, "cuda"),
+    ("hopper_selection_two_pass", SPECS["cuda"].replace(target="hopper"), "two-pass", True, "hopper"),   # dk/dv
+    ("hopper_hpg64_two_pass", SPECS["cuda"].replace(target="hopper", kv_heads=1), "two-pass", True, "hopper"),
+    ("hopper_hpg64_one_pass", SPECS["cuda"].replace(target="hopper", kv_heads=1), "one-pass", False, "cuda"),
     ("hopper_compressed_forward", SPECS["cuda"].replace(target="hopper", key_stride=64), "forward", False, "cuda"),
     ("cuda_window_forward", HOPPER_WINDOW.replace(target="cuda"), "forward", False, "cuda"),
 ]

@@ -69,7 +69,7 @@ COVERS = {"dense_backward": ("delta", "dq", "inversion"), "dense_dkdv": ("delta"
 # Stages with a form for wide groups: more query heads per kv head than the hand-written kernels' 16-row tiles,
 # where the recipe names a family for the wide stage and it serves spec (a subgroup per 16 heads, each selected
 # block staged once for all of them); elsewhere group_split runs such groups as several of 16.
-WIDE = {"forward": ("wide_forward",)}
+WIDE = {"forward": ("wide_forward",), "dq": ("wide_dq",)}
 
 
 def choose(stage: str, spec, recipe) -> Choice:
@@ -89,7 +89,12 @@ def choose(stage: str, spec, recipe) -> Choice:
             for family in [named] if isinstance(named, str) else named or []:
                 if family in FAMILIES and not FAMILIES[family].limits(form, spec, recipe):
                     return Choice(family, family, template=form)
-    wanted = recipe.kernel_settings.get(stage)
+    named = recipe.kernel_settings.get(stage)
+    if isinstance(named, list):
+        # several families for the stage, in order: the first that serves spec (else the last's limits, below)
+        served = [family for family in named if family in FAMILIES and not FAMILIES[family].limits(stage, spec, recipe)]
+        named = served[0] if served else (named[-1] if named else None)
+    wanted = named
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.
         if wanted not in FAMILIES or wanted == "linalg":

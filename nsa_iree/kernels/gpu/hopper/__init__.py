@@ -9,11 +9,12 @@ from ....spec import KernelSpec
 from ...family import Family
 from .. import nvidia
 
-STAGES = ("dense_forward", "dense_dq", "dense_dkdv", "wide_forward")
+STAGES = ("dense_forward", "dense_dq", "dense_dkdv", "wide_forward", "wide_dq", "dkdv")
 WARPGROUPS = 2               # warpgroups of a workgroup: each takes 64 rows (its m64 tile, 4 subgroups of 16)
 ROWS = 64 * WARPGROUPS       # rows of a workgroup, against each key tile staged once
 # the wide forward's (wide_forward.mlir: dense_forward.mlir over block lists): one warpgroup, one position's heads
 WIDE_HEADS = 64
+WIDE_STAGES = ("wide_forward", "wide_dq")     # (dq's: dense_dq.mlir's text over block lists, as the forward's)
 # dq's: one warpgroup a workgroup, two workgroups a multiprocessor (faster than one workgroup of two warpgroups
 # sharing each key tile: docs/performance.md)
 DQ_WARPGROUPS = 1
@@ -22,7 +23,7 @@ DQ_ROWS = 64 * DQ_WARPGROUPS
 
 # Workgroups a multiprocessor holds at once, by design (a warpgroup's softmax beside another's products): the
 # dense forward's two of two warpgroups each, the wide forward's, dq's and dk/dv's two of one.
-RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 2}
+RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 2, "wide_dq": 2, "dkdv": 2}
 
 
 def forward_rows(stage: str) -> int:
@@ -46,22 +47,26 @@ def ds_in_v(spec: KernelSpec) -> bool:
     return tile_bytes(DQ_ROWS, spec.block_size) <= tile_bytes(spec.block_size, spec.value_dim)
 
 
-def workgroup_memory(stage: str, spec: KernelSpec) -> dict[str, int]:
+def workgroup_memory(stage: str, spec: KernelSpec, rows_per_piece: int = 0) -> dict[str, int]:
     """Byte offsets of a stage's workgroup memory (16-bit elements in wgmma.mlir's layout); "end" is its size.
     dense_forward: q [ROWS, D], two K tiles [BS, D], two V tiles [BS, Dv], and p [ROWS, BS] unless it goes over a
     K tile (p_in_k). dense_dq: q [DQ_ROWS, D], do [DQ_ROWS, Dv] ("do"), two K tiles, two V tiles, and ds [DQ_ROWS, BS]
     unless it goes over the V tile it was computed from (ds_in_v).
     dense_dkdv: K [64, D], V [64, Dv], two q chunks [64, D], two do chunks [64, Dv], p^T (then ds^T) [64, 64], and
-    two chunks' lse and delta ("stats", f32 [2][2][64]). wide_forward: dense_forward's with 64 rows."""
+    two chunks' lse and delta ("stats", f32 [2][2][64]). dkdv: dense_dkdv's, then the piece's rows ("rows", i32
+    [rows_per_piece][4]) and their count (16 bytes). wide_forward: dense_forward's with 64 rows."""
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
-    if stage == "dense_dkdv":
+    if stage in ("dense_dkdv", "dkdv"):
         v = tile_bytes(64, d)
         q = v + tile_bytes(64, dv)
         do = q + 2 * tile_bytes(64, d)
         pt = do + 2 * tile_bytes(64, dv)
         stats = pt + tile_bytes(64, 64)
-        return {"v": v, "q": q, "do": do, "pt": pt, "stats": stats, "end": stats + 2 * 2 * 64 * 4}
-    if stage == "dense_dq":
+        tiles = {"v": v, "q": q, "do": do, "pt": pt, "stats": stats, "end": stats + 2 * 2 * 64 * 4}
+        if stage == "dkdv":
+            tiles.update(rows=tiles["end"], end=tiles["end"] + rows_per_piece * 16 + 16)
+        return tiles
+    if stage in ("dense_dq", "wide_dq"):
         do = tile_bytes(DQ_ROWS, d)
         k = do + tile_bytes(DQ_ROWS, dv)
         v = k + 2 * tile_bytes(bs, d)
@@ -78,18 +83,26 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     """Why the Hopper kernel of `stage` cannot serve spec on recipe's target (empty: it can)."""
     if stage not in STAGES:
         return [f"no Hopper kernel for stage {stage!r}"]
-    # (the NVIDIA family's limits of its dense dq: dtype, instructions, head dims; dk/dv's take the same)
-    why = [w for w in nvidia.limits("dense_dq" if stage == "dense_dkdv" else stage, spec, recipe)
-           if "workgroup memory" not in w]
-    if stage == "wide_forward" and spec.heads_per_group != WIDE_HEADS:
+    # (the NVIDIA family's limits of the same stage: dtype, instructions, head dims; the window's dk/dv takes its
+    # dense dq's, the selection's dk/dv the NVIDIA dk/dv's but its 16 heads per group)
+    like = {"dense_dkdv": "dense_dq", "wide_dq": "wide_forward"}.get(stage, stage)
+    why = [w for w in nvidia.limits(like, spec, recipe)
+           if "workgroup memory" not in w and not (stage == "dkdv" and "heads per group" in w)]
+    if stage in WIDE_STAGES and spec.heads_per_group != WIDE_HEADS:
         why.append(f"takes {WIDE_HEADS} heads per group (a position's heads, one warpgroup's m64 tile)")
-    if stage == "wide_forward" and max(spec.head_dim, spec.value_dim, spec.block_size) > 128:
+    if stage in WIDE_STAGES and max(spec.head_dim, spec.value_dim, spec.block_size) > 128:
         why.append("D, Dv or BS above 128 (the layouts run on an H200: bench.hopper_checks check_wide)")
-    if stage == "dense_dkdv" and spec.block_size != 64:
+    if stage in ("dense_dkdv", "dkdv") and spec.block_size != 64:
         why.append("BS is not 64 (a warpgroup's m64 tile of keys)")
-    if stage == "dense_dkdv" and spec.head_dim + spec.value_dim > 256:
+    if stage in ("dense_dkdv", "dkdv") and spec.head_dim + spec.value_dim > 256:
         why.append("D + Dv above 256 (dk and dv accumulate in a lane's registers)")
-    if not spec.window and stage != "wide_forward":
+    if stage == "dkdv":
+        if 64 % spec.heads_per_group:
+            why.append("the heads per group do not divide 64 (a chunk of 64 rows holds whole positions)")
+        if spec.window or spec.key_stride > 1:
+            why.append("serves the selection (block lists); the window's and the compressed attention's dk/dv are "
+                       "dense forms")
+    elif not spec.window and stage not in WIDE_STAGES:
         # (its KEY_STRIDE text renders, but only the window's has run on an H200: docs/performance.md)
         why.append("serves the sliding window; the compressed attention's stages are the NVIDIA kernels'")
     if spec.head_dim % 64 or spec.value_dim % 64 or spec.value_dim > 256:
@@ -99,20 +112,20 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         why.append("BS not a multiple of 64 up to 256 (the layout's 128-byte lines; wgmma's n)")
     sm_memory = int(recipe.kernel_settings.get("sm_workgroup_memory", 0))
     if sm_memory and _per_multiprocessor(stage, spec, recipe) < RESIDENT[stage]:
-        why.append(f"needs {_allocation(stage, spec) + nvidia.WORKGROUP_RESERVED} bytes of workgroup memory: "
+        why.append(f"needs {_allocation(stage, spec, recipe) + nvidia.WORKGROUP_RESERVED} bytes of workgroup memory: "
                    f"fewer than {RESIDENT[stage]} workgroups per multiprocessor")
     return why
 
 
-def _allocation(stage: str, spec: KernelSpec) -> int:
+def _allocation(stage: str, spec: KernelSpec, recipe) -> int:
     """The bytes a stage's workgroup allocates: its tiles and 1024 to align them (the swizzle's period)."""
-    return workgroup_memory(stage, spec)["end"] + 1024
+    return workgroup_memory(stage, spec, recipe.rows_per_piece)["end"] + 1024
 
 
 def _per_multiprocessor(stage: str, spec: KernelSpec, recipe) -> int:
     """How many of the stage's workgroups a multiprocessor's workgroup memory holds (at least 1)."""
     sm_memory = int(recipe.kernel_settings.get("sm_workgroup_memory", 0))
-    return max(1, sm_memory // (_allocation(stage, spec) + nvidia.WORKGROUP_RESERVED))
+    return max(1, sm_memory // (_allocation(stage, spec, recipe) + nvidia.WORKGROUP_RESERVED))
 
 
 def values(spec: KernelSpec, recipe) -> dict[str, str]:
@@ -125,7 +138,7 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
     rows = forward_rows(forward)
     offsets = workgroup_memory(forward, spec)
     out.update({
-        "HOPPER_SMEM_BYTES": _allocation(forward, spec), "HOPPER_K_OFFSET": offsets["k"],
+        "HOPPER_SMEM_BYTES": _allocation(forward, spec, recipe), "HOPPER_K_OFFSET": offsets["k"],
         "HOPPER_V_OFFSET": offsets["v"],
         "HOPPER_P_OFFSET": offsets["p"], "HOPPER_P_IN_K": int(p_in_k(spec, rows)),
         "HOPPER_ROWS": rows, "HOPPER_LANES": 128 * rows // 64,      # a warpgroup per 64 rows
@@ -134,16 +147,19 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "HOPPER_V_TILE_BYTES": tile_bytes(spec.block_size, spec.value_dim),
         "HOPPER_MIN_WORKGROUPS_PER_SM": _per_multiprocessor(forward, spec, recipe),
     })
-    dkdv = workgroup_memory("dense_dkdv", spec)
+    # dk/dv's: the selection's (a piece's rows besides the tiles) where spec's dk/dv stage is it, else the window's
+    dkdv_form = "dkdv" if choose("dkdv", spec, recipe).template is None else "dense_dkdv"
+    dkdv = workgroup_memory(dkdv_form, spec, recipe.rows_per_piece)
     out.update({
-        "HOPPER_DKDV_SMEM_BYTES": _allocation("dense_dkdv", spec), "HOPPER_DKDV_V_OFFSET": dkdv["v"],
+        "HOPPER_DKDV_SMEM_BYTES": _allocation(dkdv_form, spec, recipe), "HOPPER_DKDV_V_OFFSET": dkdv["v"],
+        "HOPPER_DKDV_ROWS_OFFSET": dkdv.get("rows", 0),
         "HOPPER_DKDV_Q_OFFSET": dkdv["q"], "HOPPER_DKDV_DO_OFFSET": dkdv["do"], "HOPPER_DKDV_PT_OFFSET": dkdv["pt"],
         "HOPPER_DKDV_STATS_OFFSET": dkdv["stats"],
-        "HOPPER_DKDV_MIN_WORKGROUPS_PER_SM": _per_multiprocessor("dense_dkdv", spec, recipe),
+        "HOPPER_DKDV_MIN_WORKGROUPS_PER_SM": _per_multiprocessor(dkdv_form, spec, recipe),
     })
     dq = workgroup_memory("dense_dq", spec)
     out.update({
-        "HOPPER_DQ_SMEM_BYTES": _allocation("dense_dq", spec), "HOPPER_DQ_DO_OFFSET": dq["do"],
+        "HOPPER_DQ_SMEM_BYTES": _allocation("dense_dq", spec, recipe), "HOPPER_DQ_DO_OFFSET": dq["do"],
         "HOPPER_DQ_K_OFFSET": dq["k"],
         "HOPPER_DQ_V_OFFSET": dq["v"], "HOPPER_DQ_DS_OFFSET": dq["ds"], "HOPPER_DQ_DS_IN_V": int(ds_in_v(spec)),
         "HOPPER_DQ_VALUES": 64 * spec.head_dim // 128, "HOPPER_DQ_ROWS": DQ_ROWS,

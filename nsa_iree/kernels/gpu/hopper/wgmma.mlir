@@ -129,18 +129,30 @@ ${ values(result ~ "_f", "%" ~ result ~ "_" ~ last, count, acc_t) }
 <# Stage rows `row0` .. `row0` + `rows` - 1 (row0 an index value) of kv group %g's query rows of `x` (%`x`, a
    [B, M, H, `width`] memref of type `x_type`; row R is position R / HPG, head %h0 + R mod HPG; zeros past
    %group_rows) into the [rows, width] tile at element `base` (an index value) of %elements (`elements_t`): cp.async
-   from the `lanes` lanes (%tid, %lanes), items along the rows, with the recipe's `hint`. #>
-<% macro stage_rows(x, x_type, row0, rows, width, base, lanes, elements_t, hint) %>
+   from the `lanes` lanes (%tid, %lanes), items along the rows, with the recipe's `hint`. `listed`: the rows are a
+   dk/dv piece's instead (gpu/piece_rows.mlir's %row_info, !dkv_row_info): row R is the query row of piece row
+   `row0` + R / HPG, head %h0 + R mod HPG; zeros for a padding row. #>
+<% macro stage_rows(x, x_type, row0, rows, width, base, lanes, elements_t, hint, listed=false) %>
       %${x}_copies = arith.constant ${ (rows | int) * (width | int) // 8 // (lanes | int) } : index
       scf.for %i = %c0 to %${x}_copies step %c1 {
         %i_lanes = arith.muli %i, %lanes : index
         %item = arith.addi %tid, %i_lanes : index
 ${ core_item(x, "%item", rows, width) }
+<% if listed %>
+        %${x}_piece_row0 = arith.divui %${x}_row, %heads_per_group : index
+        %${x}_piece_row = arith.addi ${row0}, %${x}_piece_row0 : index
+        %${x}_m_i32 = memref.load %row_info[%${x}_piece_row, %c0] : !dkv_row_info
+        %${x}_real = arith.cmpi sge, %${x}_m_i32, %c0_i32 : i32
+        %${x}_m_safe = arith.maxsi %${x}_m_i32, %c0_i32 : i32
+        %${x}_m = arith.index_castui %${x}_m_safe : i32 to index
+        %${x}_h = arith.remui %${x}_row, %heads_per_group : index
+<% else %>
         %${x}_group_row = arith.addi ${row0}, %${x}_row : index
         %${x}_real = arith.cmpi ult, %${x}_group_row, %group_rows : index
         %${x}_read_row = arith.select %${x}_real, %${x}_group_row, %c0 : index
         %${x}_m = arith.divui %${x}_read_row, %heads_per_group : index
         %${x}_h = arith.remui %${x}_read_row, %heads_per_group : index
+<% endif %>
         %${x}_head = arith.addi %h0, %${x}_h : index
         %${x}_count = arith.select %${x}_real, %c8, %c0 : index
         %${x}_stored = arith.addi ${base}, %${x}_dest : index
