@@ -1,11 +1,12 @@
 """The hopper target's wgmma kernels against the NVIDIA (mma.sync) kernels and the f64 oracle, on an H100 or H200.
 
-    python -m bench.hopper_checks compile      # here (iree-compile): both targets' window modules into the cache
+    python -m bench.hopper_checks compile      # here (iree-compile): every module the steps below load, into the cache
     python3 -m bench.hopper_checks check       # on the GPU: o and lse of every case against f64, outputs poisoned
     python3 -m bench.hopper_checks check_bwd   # on the GPU: dq, dk, dv of every case against f64, outputs poisoned
     python3 -m bench.hopper_checks time [SEQ]  # on the GPU: the two forwards at SEQ tokens (default 65536), alternating
     python3 -m bench.hopper_checks time_bwd [SEQ]  # on the GPU: the two targets' whole backward at SEQ tokens
-    python3 -m bench.hopper_checks sanitize M  # under compute-sanitizer: one small forward and backward per layout
+    python3 -m bench.hopper_checks sanitize M  # under compute-sanitizer: the window, wide forward and selection
+                                               # backward kernels on small problems
     python3 -m bench.hopper_checks check_wide  # on the GPU: the 64-heads-per-group forward against NVIDIA's and f64
     python3 -m bench.hopper_checks time_wide [SEQ]  # on the GPU: that forward, NVIDIA's wide kernel and fla's
     python3 -m bench.hopper_checks check_two_pass  # on the GPU: the selection's dq and dk/dv (every group size;
@@ -20,6 +21,7 @@ bench/results/hopper_dense_forward_H200_2026-12-03/ holds the first run.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -359,8 +361,8 @@ def time_two_pass(seq: int = 65536, repeats: int = 10) -> None:
             delta = torch.randn(1, seq, heads, device="cuda")
             runs = {}
             for target, module in modules.items():
-                runs[f"{target}_dq"] = lambda m=module: _dq(m, q, k, v, idx, lse, delta, do)
-                runs[f"{target}_dkdv"] = lambda m=module: _dkdv(m, q, k, v, idx, lse, delta, do)
+                runs[f"{target}_dq"] = functools.partial(_dq, module, q, k, v, idx, lse, delta, do)
+                runs[f"{target}_dkdv"] = functools.partial(_dkdv, module, q, k, v, idx, lse, delta, do)
             for _ in range(2):
                 row = {"seq": seq, "heads_per_group": hpg, "selection": selection}
                 row.update({f"{name}_ms": _median_ms(run, repeats) for name, run in runs.items()})
@@ -368,7 +370,8 @@ def time_two_pass(seq: int = 65536, repeats: int = 10) -> None:
 
 
 def sanitize(m: int = 300) -> None:
-    """One small forward and backward per window layout, and one wide forward, for compute-sanitizer."""
+    """For compute-sanitizer: one small forward and backward per window layout, one wide forward, and the selection's
+    dk/dv at 4 heads per group and dq and dk/dv at 64 (B 2, bad slots)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     for case in ("bf16", "d64"):
         q, k, v, idx = _inputs(case, 2, m, m + 100, gen)
@@ -385,7 +388,8 @@ def sanitize(m: int = 300) -> None:
     torch.cuda.synchronize()
     print(json.dumps({"case": name, "m": m, "finite": bool(torch.isfinite(o).all())}), flush=True)
     # the selection's dk/dv at 4 heads per group (16 positions a chunk), and dq and dk/dv at 64: B 2, bad slots
-    for name, cfg, _, _, _, selection, bad in (TWO_PASS_CASES[2], TWO_PASS_CASES[8]):
+    for name, cfg, _, _, _, selection, bad in (c for c in TWO_PASS_CASES if c[0] in ("hpg4_dv64_bad",
+                                                                                    "hpg64_b2_m_lt_n_bad")):
         q, k, v, do, idx = _problem(cfg, 2, m, m + 100, selection, bad, 0)
         lse = torch.randn(2, cfg["heads"], m, device="cuda").abs() + 4.0
         delta = torch.randn(2, m, cfg["heads"], device="cuda")

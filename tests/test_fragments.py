@@ -305,6 +305,16 @@ def test_hopper_backward_choice(case, spec, dq, dkdv):
     assert [(c.family, c.template) for c in chosen] == [dq, dkdv]
 
 
+def test_hopper_dkdv_chunks_hold_whole_pieces_rows():
+    """A chunk of 64 rows takes 64 / HPG of a piece's rows: rows_per_piece must be a multiple of that (one head per
+    group: 64), or the chunks would read past the piece's rows; the NVIDIA kernel takes such recipes."""
+    import dataclasses
+
+    recipe = dataclasses.replace(load_recipe("hopper"), rows_per_piece=32)
+    assert choose("dkdv", HOPPER_ANCHORS.replace(heads=4), recipe).family == "nvidia"
+    assert choose("dkdv", HOPPER_ANCHORS, recipe).family == "hopper"        # 4 positions a chunk
+
+
 def test_a_stage_list_falls_back_on_its_last_family_limits():
     """Where no family of a stage's list serves spec, the linalg stage is chosen with the last family's limits."""
     chosen = choose("dkdv", HOPPER_ANCHORS.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64),

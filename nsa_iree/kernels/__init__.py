@@ -42,8 +42,9 @@ FAMILIES = {family.name: family for family in (LINALG, CPU, NVIDIA, PORTABLE, HO
 class Choice:
     """The kernel family that renders a stage, and why not the recipe's hand-written one where it is linalg."""
 
-    family: str                      # "nvidia", "portable", "cpu" or "linalg"
-    wanted: str | None               # the recipe's [kernels] entry for the stage (None: linalg by design)
+    family: str                      # "nvidia", "portable", "hopper", "cpu" or "linalg"
+    wanted: str | None               # the recipe's [kernels] entry for the stage (None: linalg by design; for a
+                                     # list, the family chosen, or the last one where none serves)
     crossed: tuple[str, ...] = ()    # the limits of `wanted` that spec crosses (empty unless it fell back)
     template: str | None = None      # the family's template that renders it, if not the stage's own (DENSE)
 
@@ -67,8 +68,9 @@ COVERS = {"dense_backward": ("delta", "dq", "inversion"), "dense_dkdv": ("delta"
 
 
 # Stages with a form for wide groups: more query heads per kv head than the hand-written kernels' 16-row tiles,
-# where the recipe names a family for the wide stage and it serves spec (a subgroup per 16 heads, each selected
-# block staged once for all of them); elsewhere group_split runs such groups as several of 16.
+# where the recipe names a family for the wide stage and it serves spec (each selected block staged once for all the
+# position's heads: NVIDIA's a subgroup per 16 heads, Hopper's one warpgroup's m64 tile for 64); elsewhere
+# group_split runs such groups as several smaller ones.
 WIDE = {"forward": ("wide_forward",), "dq": ("wide_dq",)}
 
 
@@ -77,7 +79,9 @@ def choose(stage: str, spec, recipe) -> Choice:
     (DENSE: compressed attention, the sliding window) where it serves spec (the first that does, where the recipe
     names a list), the recipe's wide kernel for a stage with
     a wide form (WIDE: more heads per group than a tile) where it serves spec, else the recipe's hand-written family
-    where it serves spec, the linalg stage otherwise, and everywhere when spec.kernels is "linalg". A stage with no
+    where it serves spec (a recipe may name a list for a stage too: the first that serves spec, else the linalg
+    stage with the last one's limits as `crossed`), the linalg stage otherwise, and everywhere when spec.kernels is
+    "linalg". A stage with no
     linalg template (select_blocks) gets the recipe's family or raises NotImplementedError naming the target.
     Reads nothing but its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made,
     nsa_iree.api.describe)."""

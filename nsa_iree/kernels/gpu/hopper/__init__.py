@@ -12,13 +12,14 @@ from .. import nvidia
 STAGES = ("dense_forward", "dense_dq", "dense_dkdv", "wide_forward", "wide_dq", "dkdv")
 WARPGROUPS = 2               # warpgroups of a workgroup: each takes 64 rows (its m64 tile, 4 subgroups of 16)
 ROWS = 64 * WARPGROUPS       # rows of a workgroup, against each key tile staged once
-# the wide forward's (wide_forward.mlir: dense_forward.mlir over block lists): one warpgroup, one position's heads
+# the wide forward's (wide_forward.mlir: the part forward.mlir over block lists): one warpgroup, one position's heads
 WIDE_HEADS = 64
-WIDE_STAGES = ("wide_forward", "wide_dq")     # (dq's: dense_dq.mlir's text over block lists, as the forward's)
+WIDE_STAGES = ("wide_forward", "wide_dq")     # (dq's: the part dq_tile.mlir over block lists, as the forward's)
 # dq's: one warpgroup a workgroup, two workgroups a multiprocessor (faster than one workgroup of two warpgroups
 # sharing each key tile: docs/performance.md)
 DQ_WARPGROUPS = 1
 DQ_ROWS = 64 * DQ_WARPGROUPS
+assert DQ_ROWS == WIDE_HEADS    # (wide_dq.mlir: a workgroup's rows are one position's heads)
 
 
 # Workgroups a multiprocessor holds at once, by design (a warpgroup's softmax beside another's products): the
@@ -51,7 +52,8 @@ def workgroup_memory(stage: str, spec: KernelSpec, rows_per_piece: int = 0) -> d
     """Byte offsets of a stage's workgroup memory (16-bit elements in wgmma.mlir's layout); "end" is its size.
     dense_forward: q [ROWS, D], two K tiles [BS, D], two V tiles [BS, Dv], and p [ROWS, BS] unless it goes over a
     K tile (p_in_k). dense_dq: q [DQ_ROWS, D], do [DQ_ROWS, Dv] ("do"), two K tiles, two V tiles, and ds [DQ_ROWS, BS]
-    unless it goes over the V tile it was computed from (ds_in_v).
+    unless it goes over the V tile it was computed from (ds_in_v); wide_dq: dense_dq's (DQ_ROWS = WIDE_HEADS: one
+    position's heads).
     dense_dkdv: K [64, D], V [64, Dv], two q chunks [64, D], two do chunks [64, Dv], p^T (then ds^T) [64, 64], and
     two chunks' lse and delta ("stats", f32 [2][2][64]). dkdv: dense_dkdv's, then the piece's rows ("rows", i32
     [rows_per_piece][4]) and their count (16 bytes). wide_forward: dense_forward's with 64 rows."""
@@ -84,7 +86,8 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     if stage not in STAGES:
         return [f"no Hopper kernel for stage {stage!r}"]
     # (the NVIDIA family's limits of the same stage: dtype, instructions, head dims; the window's dk/dv takes its
-    # dense dq's, the selection's dk/dv the NVIDIA dk/dv's but its 16 heads per group)
+    # dense dq's, the wide dq the wide forward's (a multiple of 16 heads, block lists; its vote_any instruction too,
+    # which hopper.toml names), the selection's dk/dv the NVIDIA dk/dv's but its 16 heads per group)
     like = {"dense_dkdv": "dense_dq", "wide_dq": "wide_forward"}.get(stage, stage)
     why = [w for w in nvidia.limits(like, spec, recipe)
            if "workgroup memory" not in w and not (stage == "dkdv" and "heads per group" in w)]
@@ -99,6 +102,9 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     if stage == "dkdv":
         if 64 % spec.heads_per_group:
             why.append("the heads per group do not divide 64 (a chunk of 64 rows holds whole positions)")
+        elif recipe.rows_per_piece % (64 // spec.heads_per_group):
+            why.append(f"rows_per_piece {recipe.rows_per_piece} is not a multiple of the {64 // spec.heads_per_group} "
+                       f"positions of a chunk")
         if spec.window or spec.key_stride > 1:
             why.append("serves the selection (block lists); the window's and the compressed attention's dk/dv are "
                        "dense forms")

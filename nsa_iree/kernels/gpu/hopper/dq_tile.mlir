@@ -33,7 +33,7 @@
 <% import "gpu/hopper/wgmma.mlir" as wg %>
 
 // Push constants: B, M, N (i32; N is the number of keys, k's rows), then the bits of scale (f32). The block
-// indices are bound (dq's ABI) but not read. Where the backward is one call (HOPPER_DQ_MAKES_DELTA: the window's
+// indices are bound (dq's ABI), read only with `selection`. Where the backward is one call (HOPPER_DQ_MAKES_DELTA: the window's
 // dk/dv on Hopper too, gpu/hopper/dense_dkdv.mlir) this dispatch makes delta itself from o and do and writes it for
 // the dk/dv pass after it, and the host function is the backward's (common/host.mlir dense_backward).
 <% set makes_delta = HOPPER_DQ_MAKES_DELTA == "1" and not selection %>
