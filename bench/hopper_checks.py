@@ -72,8 +72,13 @@ def compile_all() -> None:
         print(compile_artifact(spec_, "two-pass").path.name, flush=True)
 
 
+def _load(spec_: KernelSpec, variant: str):
+    """The module of (spec_, variant) on the GPU, from the cache (compile_all)."""
+    return device_for(torch.device("cuda")).module(compile_artifact(spec_, variant).path)
+
+
 def _module(target: str, case: str, variant: str = "forward"):
-    return device_for(torch.device("cuda")).module(compile_artifact(spec(target, case), variant).path)
+    return _load(spec(target, case), variant)
 
 
 def _inputs(case: str, b: int, m: int, n: int, gen):
@@ -98,17 +103,13 @@ def _backward(target, case, q, k, v, o, lse, do, idx):
     backward is one function (api.dense_backward; hopper's window), else its stages one by one (delta, the block
     lists' inversion, dk/dv, dq)."""
     module = _module(target, case, "two-pass")
-    scale = q.shape[3] ** -0.5
-    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
     if api.dense_backward(spec(target, case)):
-        module.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale, dq, dk, dv)
+        dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+        module.call("selection_attention_backward", q, k, v, idx, lse, o, do, q.shape[3] ** -0.5, dq, dk, dv)
         return dq, dk, dv
     (delta,) = module.call("selection_attention_delta", o, do)
-    entries, piece_start, piece_count = module.call("invert_block_indices", idx, k.shape[1])
-    module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
-                scale, dk, dv)
-    module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq)
-    return dq, dk, dv
+    dk, dv = _dkdv(module, q, k, v, idx, lse, delta, do)
+    return _dq(module, q, k, v, idx, lse, delta, do), dk, dv
 
 
 def _error(x, ref) -> float:
@@ -228,7 +229,7 @@ WIDE_CASES = [
 
 
 def _wide_module(target: str, cfg):
-    return device_for(torch.device("cuda")).module(compile_artifact(KernelSpec(target=target, **cfg), "forward").path)
+    return _load(KernelSpec(target=target, **cfg), "forward")
 
 
 def check_wide(seed: int = 0) -> None:
@@ -291,7 +292,7 @@ TWO_PASS_CASES = [
 
 
 def _two_pass(spec_, kernels="auto"):
-    return device_for(torch.device("cuda")).module(compile_artifact(spec_.replace(kernels=kernels), "two-pass").path)
+    return _load(spec_.replace(kernels=kernels), "two-pass")
 
 
 def _dkdv(module, q, k, v, idx, lse, delta, do):
@@ -315,6 +316,7 @@ def check_two_pass(seed: int = 0) -> None:
     stages' against the f64 oracle (o, lse from the oracle's forward); the hopper module twice (bitwise equal)."""
     from nsa_iree.reference import selection_attention_backward_reference, selection_attention_reference
 
+    recipe = load_recipe("hopper")
     for i, (name, cfg, *problem) in enumerate(TWO_PASS_CASES):
         q, k, v, do, idx = _problem(cfg, *problem, seed + i)
         o_ref, lse_ref = selection_attention_reference(q.cpu(), k.cpu(), v.cpu(), idx.cpu(), cfg["block_size"])
@@ -322,7 +324,6 @@ def check_two_pass(seed: int = 0) -> None:
         _, *ref = selection_attention_backward_reference(
             q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(), idx.cpu(), cfg["block_size"])
         spec_ = KernelSpec(target="hopper", **cfg)
-        recipe = load_recipe("hopper")
         choices = [choose(stage, spec_, recipe) for stage in ("dq", "dkdv")]
         row = {"case": name, "hopper_kernels": [c.template or c.family for c in choices]}
         for label, target, kernels in (("hopper", "hopper", "auto"), ("cuda", "cuda", "auto"),

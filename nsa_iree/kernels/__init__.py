@@ -86,18 +86,14 @@ def choose(stage: str, spec, recipe) -> Choice:
     Reads nothing but its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made,
     nsa_iree.api.describe)."""
     # the stage's other forms, in order: dense (compressed attention, the window), then wide (more heads than a tile)
-    # (a recipe may name several families for a form, in order: the first that serves spec renders it)
     for forms, applies in ((DENSE, spec.key_stride > 1 or spec.window), (WIDE, spec.heads_per_group > HEAD_ROWS)):
         for form in forms.get(stage, ()) if applies and spec.kernels != "linalg" else ():
-            named = recipe.kernel_settings.get(form)
-            for family in [named] if isinstance(named, str) else named or []:
-                if family in FAMILIES and not FAMILIES[family].limits(form, spec, recipe):
-                    return Choice(family, family, template=form)
+            family = _first_serving(recipe.kernel_settings.get(form), form, spec, recipe)
+            if family is not None:
+                return Choice(family, family, template=form)
     named = recipe.kernel_settings.get(stage)
-    if isinstance(named, list):
-        # several families for the stage, in order: the first that serves spec (else the last's limits, below)
-        served = [family for family in named if family in FAMILIES and not FAMILIES[family].limits(stage, spec, recipe)]
-        named = served[0] if served else (named[-1] if named else None)
+    if isinstance(named, list):      # several families for the stage: the first that serves, else the last's limits
+        named = _first_serving(named, stage, spec, recipe) or (named[-1] if named else None)
     wanted = named
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.
@@ -113,6 +109,15 @@ def choose(stage: str, spec, recipe) -> Choice:
         return Choice("linalg", None)
     crossed = tuple(FAMILIES[wanted].limits(stage, spec, recipe))
     return Choice("linalg", wanted, crossed) if crossed else Choice(wanted, wanted)
+
+
+def _first_serving(named, stage: str, spec, recipe) -> str | None:
+    """The first of the families a recipe names for `stage` (one name, or a list in order) whose limits spec keeps
+    within; None if none does."""
+    for family in [named] if isinstance(named, str) else named or []:
+        if family in FAMILIES and not FAMILIES[family].limits(stage, spec, recipe):
+            return family
+    return None
 
 
 def group_split(stages: tuple[str, ...], spec, recipe) -> int:

@@ -154,7 +154,8 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "HOPPER_MIN_WORKGROUPS_PER_SM": _per_multiprocessor(forward, spec, recipe),
     })
     # dk/dv's: the selection's (a piece's rows besides the tiles) where spec's dk/dv stage is it, else the window's
-    dkdv_form = "dkdv" if choose("dkdv", spec, recipe).template is None else "dense_dkdv"
+    dkdv_choice = choose("dkdv", spec, recipe)
+    dkdv_form = "dkdv" if (dkdv_choice.family, dkdv_choice.template) == ("hopper", None) else "dense_dkdv"
     dkdv = workgroup_memory(dkdv_form, spec, recipe.rows_per_piece)
     out.update({
         "HOPPER_DKDV_SMEM_BYTES": _allocation(dkdv_form, spec, recipe), "HOPPER_DKDV_V_OFFSET": dkdv["v"],

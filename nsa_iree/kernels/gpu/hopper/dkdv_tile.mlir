@@ -323,25 +323,6 @@ ${ wg.descriptor(x ~ "_mn_desc", "%" ~ x ~ "_offset", rows * 128, 1024) }
           %log2_weight_${key} = arith.bitcast %log2_weight_${key}_bits : i32 to f32
 <% endif %>
 <% endfor %><% endfor %>
-<% for i in range(8) %>
-          %pair_at_${i}_const = arith.constant ${ 8 * i } : index
-          %lse_at_${i} = arith.addi %stats_at, %pair_at_${i}_const : index
-          %delta_at_${i}_const = arith.constant ${ 8 * i + 64 } : index
-          %delta_at_${i} = arith.addi %stats_at, %delta_at_${i}_const : index
-          %lse_pair_${i} = vector.load %floats[%lse_at_${i}] : !hdkv_floats, vector<2xf32>
-          %delta_pair_${i} = vector.load %floats[%delta_at_${i}] : !hdkv_floats, vector<2xf32>
-<% for e in range(2) %>
-<% set col = i ~ "_" ~ e %>
-          %lse_${col} = vector.extract %lse_pair_${i}[${e}] : f32 from vector<2xf32>
-          %delta_${col} = vector.extract %delta_pair_${i}[${e}] : f32 from vector<2xf32>
-${ nv.p_and_ds_row("t_" ~ col, "lse_" ~ col, "delta_" ~ col) }
-<% set key = ("q" ~ (8 * i) // (HPG | int)) if (HPG | int) >= 8 else col %>
-          %t_${col}_lse2w = arith.addf %t_${col}_lse2, %log2_weight_${key} : f32
-<% for h in range(2) %>
-          ${ rules.key_in_range("live_" ~ col ~ "_" ~ h, "lane_key_" ~ h, "sle", "last_" ~ key, none) }
-<% endfor %>
-<% endfor %>
-<% endfor %>
 <% else %>
           // A chunk whose every row sees every key of the tile (its first row the tile's last key, its last row,
           // not padding, the tile's first key) needs no mask.
@@ -357,6 +338,7 @@ ${ nv.p_and_ds_row("t_" ~ col, "lse_" ~ col, "delta_" ~ col) }
           %chunk_sees_start = arith.cmpi sle, %chunk_last_first, %c0 : index
           %chunk_sees_all = arith.andi %chunk_sees_end, %chunk_sees_start : i1
           %interior = arith.andi %chunk_sees_all, %chunk_end_real : i1
+<% endif %>
 <% for i in range(8) %>
           %pair_at_${i}_const = arith.constant ${ 8 * i } : index
           %lse_at_${i} = arith.addi %stats_at, %pair_at_${i}_const : index
@@ -369,8 +351,16 @@ ${ nv.p_and_ds_row("t_" ~ col, "lse_" ~ col, "delta_" ~ col) }
           %lse_${col} = vector.extract %lse_pair_${i}[${e}] : f32 from vector<2xf32>
           %delta_${col} = vector.extract %delta_pair_${i}[${e}] : f32 from vector<2xf32>
 ${ nv.p_and_ds_row("t_" ~ col, "lse_" ~ col, "delta_" ~ col) }
+<% set key = ("q" ~ (8 * i) // (HPG | int)) if (HPG | int) >= 8 else col %>
+<% if selection %>
+          %t_${col}_lse2w = arith.addf %t_${col}_lse2, %log2_weight_${key} : f32
+<% for h in range(2) %>
+          ${ rules.key_in_range("live_" ~ col ~ "_" ~ h, "lane_key_" ~ h, "sle", "last_" ~ key, none) }
+<% endfor %>
+<% endif %>
 <% endfor %>
 <% endfor %>
+<% if not selection %>
           ${ live.masks | join(", ") } = scf.if %interior -> (${ (["i1"] * 32) | join(", ") }) {
             %all = arith.constant true
             scf.yield ${ (["%all"] * 32) | join(", ") } : ${ (["i1"] * 32) | join(", ") }
@@ -442,41 +432,38 @@ ${ wg.chain("dk_new", "%dk_tile", "%pt_desc", steps.rows, "%q_mn_desc", steps.mn
         scf.yield %dk_next, %dv_next : !hdkv_dk, !hdkv_dv
       }
 
-<% if selection %>
-      // The piece's partials of the lane's keys (value 4 i + 2 h + e: key 16 w + 8 h + r, column 8 i + 2 c + e).
+      // dk and dv of the lane's keys (value 4 i + 2 h + e: key 16 w + 8 h + r, column 8 i + 2 c + e): with `selection`
+      // the piece's f32 partials, every key; else dk and dv in DKV_E, keys past N not written.
 <% for h in range(2) %>
-<% for x, struct, type, count in [("dk", "%dk_struct", "!hdkv_dk", dk_values), ("dv", "%dv_struct", "!hdkv_dv", dv_values)] %>
-<% for i in range(count // 4) %>
-        %${x}_${h}_${i}_lo = llvm.extractvalue ${struct}[${ 4 * i + 2 * h }] : ${type}
-        %${x}_${h}_${i}_hi = llvm.extractvalue ${struct}[${ 4 * i + 2 * h + 1 }] : ${type}
-        %${x}_${h}_${i}_pair = vector.from_elements %${x}_${h}_${i}_lo, %${x}_${h}_${i}_hi : vector<2xf32>
-        %${x}_${h}_${i}_col0 = arith.constant ${ 8 * i } : index
-        %${x}_${h}_${i}_col = arith.addi %${x}_${h}_${i}_col0, %c2x : index
-        vector.store %${x}_${h}_${i}_pair, %${x}_pieces[%piece, %lane_key_${h}, %${x}_${h}_${i}_col] : memref<?x${BS}x${ D if x == "dk" else DV }xf32>, vector<2xf32>
-<% endfor %>
-<% endfor %>
-<% endfor %>
-      }
-<% else %>
-      // dk and dv of the lane's keys (value 4 i + 2 h + e: key 16 w + 8 h + r, column 8 i + 2 c + e), keys past N
-      // not written.
-<% for h in range(2) %>
+<% if not selection %>
       %out_key_${h} = arith.addi %key0, %lane_key_${h} : index
       %out_real_${h} = arith.cmpi slt, %out_key_${h}, %n : index
       scf.if %out_real_${h} {
+<% endif %>
 <% for x, struct, type, count in [("dk", "%dk_struct", "!hdkv_dk", dk_values), ("dv", "%dv_struct", "!hdkv_dv", dv_values)] %>
+<% set width = D if x == "dk" else DV %>
 <% for i in range(count // 4) %>
         %${x}_${h}_${i}_lo = llvm.extractvalue ${struct}[${ 4 * i + 2 * h }] : ${type}
         %${x}_${h}_${i}_hi = llvm.extractvalue ${struct}[${ 4 * i + 2 * h + 1 }] : ${type}
         %${x}_${h}_${i}_pair0 = vector.from_elements %${x}_${h}_${i}_lo, %${x}_${h}_${i}_hi : vector<2xf32>
+<% if not selection %>
         %${x}_${h}_${i}_pair = ${DKV_TRUNCF} %${x}_${h}_${i}_pair0 : vector<2xf32> to vector<2x${DKV_E}>
+<% endif %>
         %${x}_${h}_${i}_col0 = arith.constant ${ 8 * i } : index
         %${x}_${h}_${i}_col = arith.addi %${x}_${h}_${i}_col0, %c2x : index
-        vector.store %${x}_${h}_${i}_pair, %${x}[%b, %out_key_${h}, %g, %${x}_${h}_${i}_col] : memref<?x?x${G}x${ D if x == "dk" else DV }x${DKV_E}>, vector<2x${DKV_E}>
+<% if selection %>
+        vector.store %${x}_${h}_${i}_pair0, %${x}_pieces[%piece, %lane_key_${h}, %${x}_${h}_${i}_col] : memref<?x${BS}x${width}xf32>, vector<2xf32>
+<% else %>
+        vector.store %${x}_${h}_${i}_pair, %${x}[%b, %out_key_${h}, %g, %${x}_${h}_${i}_col] : memref<?x?x${G}x${width}x${DKV_E}>, vector<2x${DKV_E}>
+<% endif %>
 <% endfor %>
 <% endfor %>
+<% if not selection %>
       }
+<% endif %>
 <% endfor %>
+<% if selection %>
+      }   // (the piece is used)
 <% endif %>
       return
     }
