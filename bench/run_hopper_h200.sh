@@ -21,5 +21,7 @@ for step in ${STEPS:-check check_bwd time time_bwd window_checks window_step mem
     window_step) timeout 300 python3 -m bench.window_h200 "$out" 65536 ;;
     window_profile) timeout 200 python3 -m bench.window_h200 --profile "$out" 65536 ;;
     *) timeout 200 python3 -m bench.hopper_checks "$step" ;;
-  esac 2>&1 | grep -v "^nsa_iree: load\|leaked function\|nanobind" | tail -40
+  # (nanobind's exit messages end without a newline: the sanitizers' summaries are split off them, then kept)
+  esac 2>&1 | sed 's/\(.\)\(=========\)/\1\n\2/' | grep -v "^nsa_iree: load\|leaked \(function\|type\)\|nanobind" \
+    | tail -40
 done | tee "$out/hopper_checks.log"

@@ -24,7 +24,10 @@ assert DQ_ROWS == WIDE_HEADS    # (wide_dq.mlir: a workgroup's rows are one posi
 
 # Workgroups a multiprocessor holds at once, by design (a warpgroup's softmax beside another's products): the
 # dense forward's two of two warpgroups each, the wide forward's, dq's and dk/dv's two of one.
-RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 2, "wide_dq": 2, "dkdv": 2}
+RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 3, "wide_dq": 2, "dkdv": 2}
+# V buffers of a forward (2 unless named): the wide forward's one (V staged once the last tile's o += p v has read
+# it), which with q, two K tiles and no p region of its own fits three workgroups on a multiprocessor.
+V_BUFFERS = {"wide_forward": 1}
 
 
 def forward_rows(stage: str) -> int:
@@ -77,7 +80,7 @@ def workgroup_memory(stage: str, spec: KernelSpec, rows_per_piece: int = 0) -> d
     rows = forward_rows(stage)
     k = tile_bytes(rows, d)
     v = k + 2 * tile_bytes(bs, d)
-    p = v + 2 * tile_bytes(bs, dv)
+    p = v + V_BUFFERS.get(stage, 2) * tile_bytes(bs, dv)
     return {"k": k, "v": v, "p": p, "end": p + (0 if p_in_k(spec, rows) else tile_bytes(rows, bs))}
 
 
@@ -147,6 +150,7 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "HOPPER_SMEM_BYTES": _allocation(forward, spec, recipe), "HOPPER_K_OFFSET": offsets["k"],
         "HOPPER_V_OFFSET": offsets["v"],
         "HOPPER_P_OFFSET": offsets["p"], "HOPPER_P_IN_K": int(p_in_k(spec, rows)),
+        "HOPPER_V_BUFFERS": V_BUFFERS.get(forward, 2),
         "HOPPER_ROWS": rows, "HOPPER_LANES": 128 * rows // 64,      # a warpgroup per 64 rows
         "HOPPER_S_VALUES": 64 * spec.block_size // 128, "HOPPER_O_VALUES": 64 * spec.value_dim // 128,
         "HOPPER_K_TILE_BYTES": tile_bytes(spec.block_size, spec.head_dim),

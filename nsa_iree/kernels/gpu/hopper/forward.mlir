@@ -1,4 +1,4 @@
-<# part: takes ASYNC_COPY_HINT, DV_TILES, EX2, HOPPER_K_OFFSET, HOPPER_K_TILE_BYTES, HOPPER_LANES, HOPPER_MIN_WORKGROUPS_PER_SM, HOPPER_O_VALUES, HOPPER_P_IN_K, HOPPER_P_OFFSET, HOPPER_ROWS, HOPPER_SMEM_BYTES, HOPPER_S_VALUES, HOPPER_V_OFFSET, HOPPER_V_TILE_BYTES, PACK_PAIR, RESCALE_SLACK, VOTE_ANY, selection #>
+<# part: takes ASYNC_COPY_HINT, DV_TILES, EX2, HOPPER_K_OFFSET, HOPPER_K_TILE_BYTES, HOPPER_LANES, HOPPER_MIN_WORKGROUPS_PER_SM, HOPPER_O_VALUES, HOPPER_P_IN_K, HOPPER_P_OFFSET, HOPPER_ROWS, HOPPER_SMEM_BYTES, HOPPER_S_VALUES, HOPPER_V_OFFSET, HOPPER_V_BUFFERS, HOPPER_V_TILE_BYTES, PACK_PAIR, RESCALE_SLACK, VOTE_ANY, selection #>
 // The forward on Hopper's warpgroup MMA (sm_90a), a part of dense_forward.mlir (the sliding window's forward:
 // KernelSpec.window, kernels.DENSE) and wide_forward.mlir (64 heads per group: kernels.WIDE): the forward as
 // gpu/nvidia/dense_forward.mlir computes it, with the products on wgmma (gpu/hopper/wgmma.mlir) instead of mma.sync.
@@ -50,6 +50,9 @@ ${ dispatch.layout("hopper_dense_fwd_layout", 4, inputs, outputs) }
 !fwk_o_acc = vector<1x${DV_TILES}x2x2xf32>
 
 <% set k_bytes, v_bytes = HOPPER_K_TILE_BYTES | int, HOPPER_V_TILE_BYTES | int %>
+<# HOPPER_V_BUFFERS 1 (the wide forward only): one V buffer, staged at the end of an iteration, not two. #>
+<% set one_v = HOPPER_V_BUFFERS == "1" %>
+<% if one_v and not selection %>${ fail("one V buffer is written for the selection's wide forward") }<% endif %>
 <% set rows = HOPPER_ROWS | int %>
 <# The k16 steps' byte offsets (wgmma.mlir's swizzled layout): K-major q [rows, D], k [BS, D] and p [rows, BS], 32
    bytes a step in a column block and rows x 128 a block; MN-major v [BS, Dv], two 8-key groups (2048 bytes) a step. #>
@@ -137,7 +140,7 @@ ${ nv.next_tile("%t", "%selected") }
           %stage_key0 = arith.muli %block, %block_size : index
           %stage_to_pos = arith.subi %pos, %stage_key0 : index
           %stage_visible = arith.addi %stage_to_pos, %c1 : index
-<% for x, width, tile_bytes, offset in [("k", D, k_bytes, HOPPER_K_OFFSET), ("v", DV, v_bytes, HOPPER_V_OFFSET)] %>
+<% for x, width, tile_bytes, offset in [("k", D, k_bytes, HOPPER_K_OFFSET), ("v", DV, v_bytes, HOPPER_V_OFFSET)][:(1 if one_v else 2)] %>
           %${x}_tile_elements = arith.constant ${ (tile_bytes | int) // 2 } : index
           %${x}_buffer_elements = arith.muli %stage_buffer, %${x}_tile_elements : index
           %${x}_region = arith.constant ${ (offset | int) // 2 } : index
@@ -149,7 +152,8 @@ ${ wg.stage_keys(x, "!hfw_" ~ x, "%stage_key0", "%stage_visible", BS, width, "%"
 <% endif %>
         }
         nvvm.cp.async.commit.group
-        nvvm.cp.async.wait.group 1
+        // (one V buffer: V of the tile computed now may still be in flight; waited for before o += p v)
+        nvvm.cp.async.wait.group ${ 2 if one_v else 1 }
         // The copies (generic proxy) made visible to wgmma's reads (async proxy), then to the whole warpgroup.
         llvm.inline_asm has_side_effects "fence.proxy.async.shared::cta;", "" : () -> ()
         gpu.barrier
@@ -176,7 +180,7 @@ ${ nv.dense_row_bounds() }
 ${ wg.descriptor("k_desc", "%k_offset", 16, 1024) }
           %v_region = arith.constant ${HOPPER_V_OFFSET} : index
           %v_tile_bytes = arith.constant ${v_bytes} : index
-          %v_buffer_bytes = arith.muli %buffer, %v_tile_bytes : index
+          %v_buffer_bytes = arith.muli %${ "c0" if one_v else "buffer" }, %v_tile_bytes : index
           %v_offset = arith.addi %v_region, %v_buffer_bytes : index
 ${ wg.descriptor("v_desc", "%v_offset", (BS | int) * 128, 1024) }
 
@@ -246,6 +250,10 @@ ${ wg.pair_words("p", "%p_region", rows, BS) }
           %psum_${h}_${i} = arith.addf %psum_${h}_${i - 1}, %pair_sum_${4 * i + 2 * h} : f32
 <% endfor %>
 <% endfor %>
+<% if one_v %>
+          // (one V buffer: this tile's V, staged after the last tile's o += p v, has landed)
+          nvvm.cp.async.wait.group 1
+<% endif %>
           llvm.inline_asm has_side_effects "fence.proxy.async.shared::cta;", "" : () -> ()
           gpu.barrier
           // o += p v over the tile's keys in 16-key steps (v MN-major: its rows are the product's K).
@@ -256,6 +264,21 @@ ${ wg.chain("o_new", "%o_ref", "%p_desc", steps.p, "%v_desc", steps.v, DV, E, "r
         }
         // The next iteration stages into the buffer just read.
         gpu.barrier
+<% if one_v %>
+        // One V buffer (HOPPER_V_BUFFERS 1): V of tile t goes into it now that o += p v of tile t - 1 has read it,
+        // and lands while the next iteration makes s of tile t.
+        scf.if %t_in_range {
+${ nv.selected_block("%t", "%v_selected", "v_tile_") }
+          scf.if %v_selected {
+            %v_key0 = arith.muli %v_tile_block, %block_size : index
+            %v_to_pos = arith.subi %pos, %v_key0 : index
+            %v_visible = arith.addi %v_to_pos, %c1 : index
+            %v_region = arith.constant ${ (HOPPER_V_OFFSET | int) // 2 } : index
+${ wg.stage_keys("v", "!hfw_v", "%v_key0", "%v_visible", BS, DV, "%v_region", HOPPER_LANES, "!hfw_elements", ASYNC_COPY_HINT) }
+          }
+        }
+        nvvm.cp.async.commit.group
+<% endif %>
         scf.yield %o_next, %mx0_next, %mx1_next, %l0_next, %l1_next : !hfw_o, f32, f32, f32, f32
       }
 
