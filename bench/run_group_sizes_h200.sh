@@ -12,7 +12,7 @@
 set -uo pipefail
 out=$1; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NSA_IREE_CACHE_DIR=$PWD/.dev/artifacts
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NSA_IREE_CACHE_DIR=${NSA_IREE_CACHE_DIR:-$PWD/.dev/artifacts}
 mkdir -p "$out"
 for config in "${@:-hpg64 hpg32 anchors hpg8 hpg4 hpg2 hpg1}"; do
   for c in $config; do

@@ -69,6 +69,8 @@ CONFIGS = {
     "hpg64": dict(heads=64, kv_heads=1, head_dim=128, value_dim=128, block_size=64, num_blocks=16, dtype="bf16"),
     # fla's default NativeSparseAttention layer layout.
     "fla-default": dict(heads=64, kv_heads=4, head_dim=64, value_dim=64, block_size=64, num_blocks=16, dtype="bf16"),
+    # fla's default head size on one kv head (16 query heads per kv head: the NVIDIA forward's tile).
+    "fla-d64-g1": dict(heads=16, kv_heads=1, head_dim=64, value_dim=64, block_size=64, num_blocks=16, dtype="bf16"),
     # What fits this project's 2-core CPU (anchors.md, CPU baseline).
     "cpu": dict(heads=16, kv_heads=1, head_dim=64, value_dim=64, block_size=64, num_blocks=16, dtype="f32"),
     "tiny": dict(heads=16, kv_heads=1, head_dim=32, value_dim=32, block_size=16, num_blocks=4, dtype="f32"),

@@ -627,6 +627,11 @@ OCCUPANCY = [
     ("anchors_dkdv_uncapped", ANCHORS_CUDA, "dkdv", 1),
     ("d192_forward_by_memory", ANCHORS_CUDA.replace(head_dim=192), "forward", 2),
     ("bs128_forward_by_registers", ANCHORS_CUDA.replace(block_size=128), "forward", 1),
+    # D and Dv <= 64: register_cap_small_dims (128 registers), four workgroups
+    ("d64_forward_small_dims_cap", ANCHORS_CUDA.replace(head_dim=64, value_dim=64), "forward", 4),
+    ("d64_dq_small_dims_cap", ANCHORS_CUDA.replace(head_dim=64, value_dim=64), "dq", 4),
+    ("d64_dv32_forward_small_dims_cap", ANCHORS_CUDA.replace(head_dim=64, value_dim=32), "forward", 4),
+    ("d96_dv32_forward_recipe_cap", ANCHORS_CUDA.replace(head_dim=96, value_dim=32), "forward", 3),
 ]
 
 

@@ -130,12 +130,21 @@ def workgroup_memory(stage: str, spec: KernelSpec, recipe) -> int:
     return bs * (d + dv) * 2 + rows + 2 * stages * HEAD_ROWS * 4 + 16 * recipe.rows_per_piece
 
 
+# D and Dv up to which a recipe's `register_cap_small_dims` replaces its `register_cap` (the kernels' fragments of
+# q, k, v and o scale with them: fewer registers hold a workgroup).
+SMALL_DIM = 64
+
+
 def min_workgroups_per_sm(stage: str, spec: KernelSpec, recipe) -> int:
     """Workgroups of the NVIDIA kernel of `stage` that ptxas is asked to fit on one multiprocessor
     (`nvvm.minctasm`, PTX .minnctapersm): as many as the recipe's register cap for the stage allows
-    (`[kernels] register_cap`), but no more than the multiprocessor's workgroup memory holds
-    (`sm_workgroup_memory`, WORKGROUP_RESERVED of it per workgroup); 1 (no constraint) without a cap."""
-    cap = int(recipe.kernel_settings.get("register_cap", {}).get(stage, 0))
+    (`[kernels] register_cap`; `register_cap_small_dims` where D and Dv <= SMALL_DIM), but no more than the
+    multiprocessor's workgroup memory holds (`sm_workgroup_memory`, WORKGROUP_RESERVED of it per workgroup); 1 (no
+    constraint) without a cap."""
+    caps = recipe.kernel_settings.get("register_cap", {})
+    if max(spec.head_dim, spec.value_dim) <= SMALL_DIM:
+        caps = {**caps, **recipe.kernel_settings.get("register_cap_small_dims", {})}
+    cap = int(caps.get(stage, 0))
     sm_memory = int(recipe.kernel_settings.get("sm_workgroup_memory", 0))
     if not cap or not sm_memory:
         return 1
