@@ -10,7 +10,7 @@
 #        bench/run_hopper_h200.sh
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NSA_IREE_CACHE_DIR=$PWD/.dev/artifacts
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NSA_IREE_CACHE_DIR=${NSA_IREE_CACHE_DIR:-$PWD/.dev/artifacts}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 for step in ${STEPS:-check check_bwd time time_bwd window_checks window_step memcheck racecheck}; do
   echo "== $step"

@@ -28,6 +28,9 @@ RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 
 # V buffers of a forward (2 unless named): the wide forward's one (V staged once the last tile's o += p v has read
 # it), which with q, two K tiles and no p region of its own fits three workgroups on a multiprocessor.
 V_BUFFERS = {"wide_forward": 1}
+# Forwards whose p stays in registers as o += p v's A operand (wgmma's register A: no p tile, no barrier between the
+# softmax and the product where V is already in place): the wide forward's.
+P_REGISTERS = ("wide_forward",)
 
 
 def forward_rows(stage: str) -> int:
@@ -54,12 +57,13 @@ def ds_in_v(spec: KernelSpec) -> bool:
 def workgroup_memory(stage: str, spec: KernelSpec, rows_per_piece: int = 0) -> dict[str, int]:
     """Byte offsets of a stage's workgroup memory (16-bit elements in wgmma.mlir's layout); "end" is its size.
     dense_forward: q [ROWS, D], two K tiles [BS, D], two V tiles [BS, Dv], and p [ROWS, BS] unless it goes over a
-    K tile (p_in_k). dense_dq: q [DQ_ROWS, D], do [DQ_ROWS, Dv] ("do"), two K tiles, two V tiles, and ds [DQ_ROWS, BS]
-    unless it goes over the V tile it was computed from (ds_in_v); wide_dq: dense_dq's (DQ_ROWS = WIDE_HEADS: one
-    position's heads).
+    K tile (p_in_k). dense_dq: q [DQ_ROWS, D], do [DQ_ROWS, Dv] ("do"), two K tiles, two V tiles, and ds
+    [DQ_ROWS, BS] unless it goes over the V tile it was computed from (ds_in_v); wide_dq: dense_dq's (DQ_ROWS =
+    WIDE_HEADS: one position's heads).
     dense_dkdv: K [64, D], V [64, Dv], two q chunks [64, D], two do chunks [64, Dv], p^T (then ds^T) [64, 64], and
     two chunks' lse and delta ("stats", f32 [2][2][64]). dkdv: dense_dkdv's, then the piece's rows ("rows", i32
-    [rows_per_piece][4]) and their count (16 bytes). wide_forward: dense_forward's with 64 rows."""
+    [rows_per_piece][4]) and their count (16 bytes). wide_forward: dense_forward's with 64 rows, V_BUFFERS V tiles and
+    no p (P_REGISTERS)."""
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
     if stage in ("dense_dkdv", "dkdv"):
         v = tile_bytes(64, d)
@@ -81,7 +85,8 @@ def workgroup_memory(stage: str, spec: KernelSpec, rows_per_piece: int = 0) -> d
     k = tile_bytes(rows, d)
     v = k + 2 * tile_bytes(bs, d)
     p = v + V_BUFFERS.get(stage, 2) * tile_bytes(bs, dv)
-    return {"k": k, "v": v, "p": p, "end": p + (0 if p_in_k(spec, rows) else tile_bytes(rows, bs))}
+    return {"k": k, "v": v, "p": p,
+            "end": p + (0 if stage in P_REGISTERS or p_in_k(spec, rows) else tile_bytes(rows, bs))}
 
 
 def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
@@ -150,7 +155,7 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "HOPPER_SMEM_BYTES": _allocation(forward, spec, recipe), "HOPPER_K_OFFSET": offsets["k"],
         "HOPPER_V_OFFSET": offsets["v"],
         "HOPPER_P_OFFSET": offsets["p"], "HOPPER_P_IN_K": int(p_in_k(spec, rows)),
-        "HOPPER_V_BUFFERS": V_BUFFERS.get(forward, 2),
+        "HOPPER_V_BUFFERS": V_BUFFERS.get(forward, 2), "HOPPER_P_REGISTERS": int(forward in P_REGISTERS),
         "HOPPER_ROWS": rows, "HOPPER_LANES": 128 * rows // 64,      # a warpgroup per 64 rows
         "HOPPER_S_VALUES": 64 * spec.block_size // 128, "HOPPER_O_VALUES": 64 * spec.value_dim // 128,
         "HOPPER_K_TILE_BYTES": tile_bytes(spec.block_size, spec.head_dim),

@@ -1,4 +1,4 @@
-<# part: takes ASYNC_COPY_HINT, DV_TILES, EX2, HOPPER_K_OFFSET, HOPPER_K_TILE_BYTES, HOPPER_LANES, HOPPER_MIN_WORKGROUPS_PER_SM, HOPPER_O_VALUES, HOPPER_P_IN_K, HOPPER_P_OFFSET, HOPPER_ROWS, HOPPER_SMEM_BYTES, HOPPER_S_VALUES, HOPPER_V_OFFSET, HOPPER_V_BUFFERS, HOPPER_V_TILE_BYTES, PACK_PAIR, RESCALE_SLACK, VOTE_ANY, selection #>
+<# part: takes ASYNC_COPY_HINT, DV_TILES, EX2, HOPPER_K_OFFSET, HOPPER_K_TILE_BYTES, HOPPER_LANES, HOPPER_MIN_WORKGROUPS_PER_SM, HOPPER_O_VALUES, HOPPER_P_IN_K, HOPPER_P_OFFSET, HOPPER_P_REGISTERS, HOPPER_ROWS, HOPPER_SMEM_BYTES, HOPPER_S_VALUES, HOPPER_V_OFFSET, HOPPER_V_BUFFERS, HOPPER_V_TILE_BYTES, PACK_PAIR, RESCALE_SLACK, VOTE_ANY, selection #>
 // The forward on Hopper's warpgroup MMA (sm_90a), a part of dense_forward.mlir (the sliding window's forward:
 // KernelSpec.window, kernels.DENSE) and wide_forward.mlir (64 heads per group: kernels.WIDE): the forward as
 // gpu/nvidia/dense_forward.mlir computes it, with the products on wgmma (gpu/hopper/wgmma.mlir) instead of mma.sync.
@@ -52,6 +52,8 @@ ${ dispatch.layout("hopper_dense_fwd_layout", 4, inputs, outputs) }
 <% set k_bytes, v_bytes = HOPPER_K_TILE_BYTES | int, HOPPER_V_TILE_BYTES | int %>
 <# HOPPER_V_BUFFERS 1 (the wide forward only): one V buffer, staged at the end of an iteration, not two. #>
 <% set one_v = HOPPER_V_BUFFERS == "1" %>
+<# HOPPER_P_REGISTERS 1 (the wide forward only): p stays in registers as o += p v's A operand (no p tile). #>
+<% set p_registers = HOPPER_P_REGISTERS == "1" %>
 <% if one_v and not selection %>${ fail("one V buffer is written for the selection's wide forward") }<% endif %>
 <% set rows = HOPPER_ROWS | int %>
 <# The k16 steps' byte offsets (wgmma.mlir's swizzled layout): K-major q [rows, D], k [BS, D] and p [rows, BS], 32
@@ -116,7 +118,7 @@ ${ wg.stage_rows("q", "!hfw_q", "%tile_row0", HOPPER_ROWS, D, "%c0", HOPPER_LANE
       %warpgroup_bytes = arith.constant 8192 : index
       %q_offset = arith.muli %warpgroup, %warpgroup_bytes : index
 ${ wg.descriptor("q_desc", "%q_offset", 16, 1024) }
-<% if HOPPER_P_IN_K == "0" %>
+<% if HOPPER_P_IN_K == "0" and not p_registers %>
       %p_region_bytes = arith.constant ${HOPPER_P_OFFSET} : index
       %p_offset = arith.addi %p_region_bytes, %q_offset : index
 ${ wg.descriptor("p_desc", "%p_offset", 16, 1024) }
@@ -221,7 +223,8 @@ ${ softmax.rescale_factors(EX2) }
             scf.yield %o_tile, %mx0, %mx1, %l0, %l1 : !hfw_o, f32, f32, f32, f32
           }
 ${ softmax.reference_max() }
-<% if HOPPER_P_IN_K == "1" %>
+<% if p_registers %>
+<% elif HOPPER_P_IN_K == "1" %>
           // p goes over the K tile just read (p_in_k): once every warpgroup's s is done.
           gpu.barrier
           %p_region = arith.divui %k_offset, %c4 : index
@@ -230,10 +233,15 @@ ${ wg.descriptor("p_desc", "%p_offset", 16, 1024) }
 <% else %>
           %p_region = arith.constant ${ (HOPPER_P_OFFSET | int) // 4 } : index
 <% endif %>
+<% if p_registers %>
+          // p = 2^(x - max), its sums per lane, and p as pairs of the input type in registers: the pair of values
+          // 4 i + 2 h (+ 1) is o += p v's A fragment word 2 (i mod 2) + h of k16 step i / 2.
+<% else %>
           // p = 2^(x - max), its sums per lane, and p into workgroup memory as pairs of the input type: the pair
           // at row R = 16 w + 8 h + r, keys 8 i + 2 c (+ 1) is at byte (i / 8) rows 128 + 128 R + 16 ((i mod 8) ^ r)
           // + 4 c (wgmma.mlir's layout of a [rows, BS] tile).
 ${ wg.pair_words("p", "%p_region", rows, BS) }
+<% endif %>
 <% for v in range(0, s_values, 2) %>
 <% set i, h = v // 4, (v // 2) % 2 %>
           %shifted_${v} = arith.subf %x_${v}, %safe_max_${h} : f32
@@ -242,7 +250,9 @@ ${ wg.pair_words("p", "%p_region", rows, BS) }
           %p_${v + 1} = ${EX2} %shifted_${v + 1} : (f32) -> f32
           %pair_sum_${v} = arith.addf %p_${v}, %p_${v + 1} : f32
           %packed_${v} = ${PACK_PAIR} %p_${v + 1}, %p_${v} : (f32, f32) -> i32
+<% if not p_registers %>
           memref.store %packed_${v}, %words[%p_at_${i}_${h}] : !hfw_words
+<% endif %>
 <% endfor %>
 <% for h in [0, 1] %>
           %psum_${h}_0 = arith.addf %l${h}_ref, %pair_sum_${2 * h} : f32
@@ -254,10 +264,16 @@ ${ wg.pair_words("p", "%p_region", rows, BS) }
           // (one V buffer: this tile's V, staged after the last tile's o += p v, has landed)
           nvvm.cp.async.wait.group 1
 <% endif %>
+<% if one_v or not p_registers %>
           llvm.inline_asm has_side_effects "fence.proxy.async.shared::cta;", "" : () -> ()
           gpu.barrier
+<% endif %>
           // o += p v over the tile's keys in 16-key steps (v MN-major: its rows are the product's K).
+<% if p_registers %>
+${ wg.chain_registers("o_new", "%o_ref", "%packed_", steps.v, "%v_desc", DV, E, "row", "!hfw_o") }
+<% else %>
 ${ wg.chain("o_new", "%o_ref", "%p_desc", steps.p, "%v_desc", steps.v, DV, E, "row", "!hfw_o") }
+<% endif %>
           scf.yield %o_new, %max_ref_0, %max_ref_1, %psum_0_${s_values // 4 - 1}, %psum_1_${s_values // 4 - 1} : !hfw_o, f32, f32, f32, f32
         } else {
           scf.yield %o_tile, %mx0, %mx1, %l0, %l1 : !hfw_o, f32, f32, f32, f32

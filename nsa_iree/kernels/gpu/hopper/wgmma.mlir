@@ -59,6 +59,33 @@
 ${ settled(result, (a_offsets | length) - 1, n, acc_t) }
 <% endmacro %>
 
+<# chain() with A from registers: %`result` (acc_t) = %`acc` + the sum over the k16 steps s (one per b_offsets[s])
+   of A times B (%`b`, b_offsets[s] bytes further; `b_layout` as chain's), A an m64 accumulator's values re-tiled:
+   %`a_pairs`<4 i + 2 h> (i32) holds its values 4 i + 2 h and + 1 (row 16 w + r + 8 h, columns 8 i + 2 c and + 1)
+   as a pair of `dtype` values, and step s takes pairs 8 s, 8 s + 2, 8 s + 4 and 8 s + 6 as its fragment's 4 words
+   (the mma.sync A fragment's layout: rows r, r + 8, r, r + 8, columns 2 c (+ 1) of the step, then 8 further).
+   Through inline PTX: IREE 3.13's nvvm.wgmma.mma_async takes A from workgroup memory only. Each accumulator value
+   keeps its operand number through the steps (d tied to the step before's); issued after a fence, committed,
+   waited for and settled as chain's. #>
+<% macro chain_registers(result, acc, a_pairs, b_offsets, b, n, dtype, b_layout, acc_t) %>
+<% set count = (n | int) // 2 %>
+<% set d_operands = "$" ~ (range(count) | map("string") | join(", $")) %>
+<% set constraints = (["=f"] * count + range(count) | map("string") | list + ["r"] * 4 + ["l"]) | join(",") %>
+      nvvm.wgmma.fence.aligned
+<% for s in range(b_offsets | length) %>
+<% set previous = acc if loop.first else "%" ~ result ~ "_" ~ (s - 1) %>
+      %${result}_b_step${s} = arith.constant ${ (b_offsets[s] | int) // 16 } : i64
+      %${result}_b${s} = arith.addi ${b}, %${result}_b_step${s} : i64
+${ values(result ~ "_in" ~ s ~ "_", previous, count, acc_t) }
+      %${result}_${s} = llvm.inline_asm has_side_effects "{ .reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.m64n${n}k16.f32.${dtype}.${dtype} {${d_operands}}, {$${2 * count}, $${2 * count + 1}, $${2 * count + 2}, $${2 * count + 3}}, $${2 * count + 4}, p, 1, 1, ${ 1 if b_layout == "row" else 0 }; }", "${constraints}"
+          <% for v in range(count) %>%${result}_in${s}__${v}, <% endfor %>${a_pairs}${8 * s}, ${a_pairs}${8 * s + 2}, ${a_pairs}${8 * s + 4}, ${a_pairs}${8 * s + 6}, %${result}_b${s}
+          : (${ (["f32"] * count + ["i32"] * 4 + ["i64"]) | join(", ") }) -> ${acc_t}
+<% endfor %>
+      nvvm.wgmma.commit.group.sync.aligned
+      nvvm.wgmma.wait.group.sync.aligned 0
+${ settled(result, (b_offsets | length) - 1, n, acc_t) }
+<% endmacro %>
+
 <# Several chains (each a tuple of chain's arguments but dtype: result, acc, a, a_offsets, b, b_offsets, n,
    b_layout, acc_t) issued one after the other in one group, committed and waited for once: the tensor cores take
    the second while the first drains. The call block's text, if any, comes between the commit and the wait (the
