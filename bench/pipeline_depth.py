@@ -6,11 +6,11 @@ repeat) and timed in one process with fla's forward.
     python -m bench.pipeline_depth compile          # here (iree-compile): every variant's recipe and modules
     python3 -m bench.pipeline_depth check           # on the GPU: o, lse and dq of every variant against f64
     python3 -m bench.pipeline_depth time [SEQ]      # on the GPU: the forward and dq of every variant, fla's forward
-    python3 -m bench.pipeline_depth sanitize [M]    # under compute-sanitizer: the package recipe's forward and dq of
-                                                    # the D 64 layouts (B 2, bad slots)
+    python3 -m bench.pipeline_depth sanitize [M [VARIANT]]  # under compute-sanitizer: a variant's forward and dq
+                                                    # of the D 64 layouts (B 2, bad slots; default: the recipe)
 
-A variant's recipe is the package's cuda and hopper recipes with `dq_stages` (and the cap) set, written under the
-cache directory ($NSA_IREE_CACHE_DIR/recipes/VARIANT, carried with it) and chosen per module through
+A variant's recipe is the package's cuda and hopper recipes with `dq_stages` or a register cap edited, written under
+the cache directory ($NSA_IREE_CACHE_DIR/recipes/VARIANT, carried with it) and chosen per module through
 NSA_IREE_PIPELINES_DIR.
 """
 
@@ -33,9 +33,14 @@ from nsa_iree.spec import KernelSpec
 from .hopper_checks import _dq, _error, _forward, _median_ms
 from .kernel_checks import _problem
 
-# variant -> (dq_stages, the forward's and dq's register cap; None: the recipe's)
-VARIANTS = {"stages2": (2, None), "stages3": (3, None), "stages4": (4, None), "stages2_cap128": (2, 128),
-            "stages3_cap128": (3, 128)}
+SMALL_DIMS_CAP = "register_cap_small_dims = { forward = 128, dq = 128 }"
+# variant -> edits of the package's cuda recipe ((old, new) text, each found once); "recipe" is the package's own.
+VARIANTS = {
+    "recipe": [],
+    "stages3": [("[kernels]\n", "[kernels]\ndq_stages = 3\n")],
+    "small_dims_168": [(SMALL_DIMS_CAP, SMALL_DIMS_CAP.replace("128", "168"))],
+    "small_dims_96": [(SMALL_DIMS_CAP, SMALL_DIMS_CAP.replace("128", "96"))],
+}
 LAYOUTS = {name: CONFIGS[name] for name in ("fla-default", "fla-d64-g1", "anchors")}
 CHECKS = [  # (layout, B, M, N, selection, bad slots)
     ("fla-default", 2, 700, 1000, "realistic", True),
@@ -49,19 +54,14 @@ def _recipe_dir(variant: str) -> Path:
 
 
 def _write_recipes(variant: str) -> None:
-    stages, cap = VARIANTS[variant]
     directory = _recipe_dir(variant)
     directory.mkdir(parents=True, exist_ok=True)
     for name in ("cuda", "hopper"):
         text = (PIPELINES_DIR / f"{name}.toml").read_text()
-        if name == "cuda":
-            edits = [("[kernels]\n", f"[kernels]\ndq_stages = {stages}\n")]
-            if cap:
-                edits += [("{ forward = 168, dq = 168,", f"{{ forward = {cap}, dq = {cap},")]
-            for old, new in edits:
-                if text.count(old) != 1:
-                    raise SystemExit(f"pipelines/cuda.toml: {old!r} not found once")
-                text = text.replace(old, new)
+        for old, new in VARIANTS[variant] if name == "cuda" else ():
+            if text.count(old) != 1:
+                raise SystemExit(f"pipelines/cuda.toml: {old!r} not found once")
+            text = text.replace(old, new)
         (directory / f"{name}.toml").write_text(text)
 
 
@@ -84,9 +84,6 @@ def _artifact(layout: str, variant: str, module: str):
 
 
 def compile_all() -> None:
-    for layout in LAYOUTS:           # the package recipe's (sanitize)
-        for module in ("forward", "two-pass"):
-            compile_artifact(KernelSpec(target="hopper", **LAYOUTS[layout]), module)
     for variant in VARIANTS:
         _write_recipes(variant)
         for layout in LAYOUTS:
@@ -132,8 +129,8 @@ def time(seq: int = 65536, repeats: int = 10) -> None:
         modules = {variant: _modules(layout, variant) for variant in VARIANTS}
         for selection in ("realistic", "uniform"):
             q, k, v, do, idx = _problem(cfg, 1, seq, seq, selection, False, 0)
-            o, lse = _forward(modules["stages2"][0], q, k, v, idx)
-            (delta,) = modules["stages2"][1].call("selection_attention_delta", o, do)
+            o, lse = _forward(modules["recipe"][0], q, k, v, idx)
+            (delta,) = modules["recipe"][1].call("selection_attention_delta", o, do)
             runs = {}
             for variant, (forward, two_pass) in modules.items():
                 runs[f"fwd_{variant}"] = lambda m=forward: _forward(m, q, k, v, idx)
@@ -145,23 +142,19 @@ def time(seq: int = 65536, repeats: int = 10) -> None:
                 print(json.dumps(row), flush=True)
 
 
-def sanitize(m: int = 300) -> None:
-    """The package recipe's forward and dq of the D = 64 layouts on small problems (B 2, M < N, bad slots)."""
-    from nsa_iree.runtime import device_for
-    device = device_for(torch.device("cuda"))
+def sanitize(m: int = 300, variant: str = "recipe") -> None:
+    """A variant's forward and dq of the D = 64 layouts on small problems (B 2, M < N, bad slots)."""
     for layout in ("fla-default", "fla-d64-g1"):
-        cfg = LAYOUTS[layout]
-        q, k, v, do, idx = _problem(cfg, 2, m, m + 100, "realistic", True, 0)
-        spec = KernelSpec(target="hopper", **cfg)
-        forward, two_pass = (device.module(compile_artifact(spec, v_).path) for v_ in ("forward", "two-pass"))
+        q, k, v, do, idx = _problem(LAYOUTS[layout], 2, m, m + 100, "realistic", True, 0)
+        forward, two_pass = _modules(layout, variant)
         o, lse = _forward(forward, q, k, v, idx)
         (delta,) = two_pass.call("selection_attention_delta", o, do)
         dq = _dq(two_pass, q, k, v, idx, lse, delta, do)
         torch.cuda.synchronize()
-        print(json.dumps({"layout": layout, "m": m, "finite": all(bool(torch.isfinite(x).all()) for x in (o, dq))}),
-              flush=True)
+        finite = all(bool(torch.isfinite(x).all()) for x in (o, dq))
+        print(json.dumps({"layout": layout, "variant": variant, "m": m, "finite": finite}), flush=True)
 
 
 if __name__ == "__main__":
-    what, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
+    what, args = sys.argv[1], [int(a) if a.isdigit() else a for a in sys.argv[2:]]
     {"compile": compile_all, "check": check, "time": time, "sanitize": sanitize}[what](*args)
