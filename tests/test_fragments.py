@@ -266,6 +266,9 @@ HOPPER_WIDE_CHOICE = [
     ("hopper_hpg64_d64_bs128", HOPPER_ANCHORS.replace(kv_heads=1, head_dim=64, value_dim=64, block_size=128,
                                                       num_blocks=8), ("hopper", "wide_forward")),
     ("hopper_hpg64_d192", HOPPER_ANCHORS.replace(kv_heads=1, head_dim=192), ("nvidia", "wide_forward")),
+    # BS 128 with Dv 64: 97 KiB of workgroup memory, fewer than the hopper wide forward's three workgroups
+    ("hopper_hpg64_bs128_dv64", HOPPER_ANCHORS.replace(kv_heads=1, value_dim=64, block_size=128, num_blocks=8),
+     ("nvidia", "wide_forward")),
     ("hopper_hpg32", HOPPER_ANCHORS.replace(kv_heads=2), ("nvidia", "wide_forward")),
     ("hopper_hpg48_d64", HOPPER_ANCHORS.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64),
      ("nvidia", "wide_forward")),
@@ -631,7 +634,7 @@ OCCUPANCY = [
     ("d64_forward_small_dims_cap", ANCHORS_CUDA.replace(head_dim=64, value_dim=64), "forward", 4),
     ("d64_dq_small_dims_cap", ANCHORS_CUDA.replace(head_dim=64, value_dim=64), "dq", 4),
     ("d64_dv32_forward_small_dims_cap", ANCHORS_CUDA.replace(head_dim=64, value_dim=32), "forward", 4),
-    ("d96_dv32_forward_recipe_cap", ANCHORS_CUDA.replace(head_dim=96, value_dim=32), "forward", 3),
+    ("d96_dv32_forward_register_cap", ANCHORS_CUDA.replace(head_dim=96, value_dim=32), "forward", 3),
 ]
 
 

@@ -23,13 +23,14 @@ assert DQ_ROWS == WIDE_HEADS    # (wide_dq.mlir: a workgroup's rows are one posi
 
 
 # Workgroups a multiprocessor holds at once, by design (a warpgroup's softmax beside another's products): the
-# dense forward's two of two warpgroups each, the wide forward's, dq's and dk/dv's two of one.
+# dense forward's two of two warpgroups each, dq's and dk/dv's two of one, the wide forward's three of one (a shape
+# whose workgroup memory holds fewer takes the NVIDIA wide kernel).
 RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 3, "wide_dq": 2, "dkdv": 2}
-# V buffers of a forward (2 unless named): the wide forward's one (V staged once the last tile's o += p v has read
-# it), which with q, two K tiles and no p region of its own fits three workgroups on a multiprocessor.
+# V buffers of a forward (2 unless named): the wide forward's one (V staged once the previous tile's o += p v has
+# read it), which with q, two K tiles and no p region of its own fits three workgroups on a multiprocessor.
 V_BUFFERS = {"wide_forward": 1}
-# Forwards whose p stays in registers as o += p v's A operand (wgmma's register A: no p tile, no barrier between the
-# softmax and the product where V is already in place): the wide forward's.
+# Forwards whose p stays in registers as o += p v's A operand (wgmma's register A): no p tile, no stores of it and
+# no barrier before it would go over K; the wide forward's.
 P_REGISTERS = ("wide_forward",)
 
 

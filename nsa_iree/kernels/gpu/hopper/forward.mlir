@@ -24,6 +24,9 @@
 // range of keys. With HOPPER_ROWS 64 and 64 heads per group a workgroup's rows are one position's heads, which share
 // its block list: the tile of slot t is block_indices[b, m, g, t] where that names a block (nv.selected_block: not
 // -1, not in the future), staged once for the 64 heads; other slots are skipped.
+// HOPPER_V_BUFFERS 1 (the wide forward): one V buffer, V of tile t staged once o += p v of tile t - 1 has read it and
+// waited for just before its own product (the top of an iteration stages and waits for K only). HOPPER_P_REGISTERS 1
+// (the wide forward): p stays in registers as o += p v's A operand (wg.chain_registers), with no p tile.
 <% set exe, function = ("hopper_wide_attention_fwd_exe", "wide_attention_fwd_tile") if selection else ("hopper_dense_attention_fwd_exe", "dense_attention_fwd_tile") %>
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
@@ -54,6 +57,7 @@ ${ dispatch.layout("hopper_dense_fwd_layout", 4, inputs, outputs) }
 <% set one_v = HOPPER_V_BUFFERS == "1" %>
 <# HOPPER_P_REGISTERS 1 (the wide forward only): p stays in registers as o += p v's A operand (no p tile). #>
 <% set p_registers = HOPPER_P_REGISTERS == "1" %>
+<% if p_registers and not selection %>${ fail("p in registers is written for the selection's wide forward") }<% endif %>
 <% if one_v and not selection %>${ fail("one V buffer is written for the selection's wide forward") }<% endif %>
 <% set rows = HOPPER_ROWS | int %>
 <# The k16 steps' byte offsets (wgmma.mlir's swizzled layout): K-major q [rows, D], k [BS, D] and p [rows, BS], 32
@@ -113,7 +117,8 @@ ${ nv.lane_ids() }
 ${ wg.stage_rows("q", "!hfw_q", "%tile_row0", HOPPER_ROWS, D, "%c0", HOPPER_LANES, "!hfw_elements", ASYNC_COPY_HINT) }
       nvvm.cp.async.commit.group
 
-      // A warpgroup's operands q and p: its 64 rows, 1024 bytes into each chunk of the workgroup's rows.
+      // A warpgroup's operands q and p (p where it is a tile): its 64 rows, 1024 bytes into each chunk of the
+      // workgroup's rows.
       %warpgroup = arith.divui %tid, %c128 : index
       %warpgroup_bytes = arith.constant 8192 : index
       %q_offset = arith.muli %warpgroup, %warpgroup_bytes : index
@@ -129,7 +134,8 @@ ${ wg.descriptor("p_desc", "%p_offset", 16, 1024) }
       %o_struct, %max_0, %max_1, %sum_0, %sum_1 = scf.for %t = %c0 to ${loop_steps} step %c1
           iter_args(%o_tile = %o_zero, %mx0 = %minus_inf, %mx1 = %minus_inf, %l0 = %zero, %l1 = %zero)
           -> (!hfw_o, f32, f32, f32, f32) {
-        // Stage tile t (its keys past the tile's last row's position as zeros, not read) into buffer t mod 2.
+        // Stage tile t (its keys past the tile's last row's position as zeros, not read) into buffer t mod 2 (with
+        // one V buffer, its K only).
         %stage_buffer = arith.remui %t, %stages : index
         %t_in_range = arith.cmpi ult, %t, ${tiles} : index
         scf.if %t_in_range {
@@ -154,7 +160,9 @@ ${ wg.stage_keys(x, "!hfw_" ~ x, "%stage_key0", "%stage_visible", BS, width, "%"
 <% endif %>
         }
         nvvm.cp.async.commit.group
+<% if one_v %>
         // (one V buffer: V of the tile computed now may still be in flight; waited for before o += p v)
+<% endif %>
         nvvm.cp.async.wait.group ${ 2 if one_v else 1 }
         // The copies (generic proxy) made visible to wgmma's reads (async proxy), then to the whole warpgroup.
         llvm.inline_asm has_side_effects "fence.proxy.async.shared::cta;", "" : () -> ()
@@ -261,7 +269,7 @@ ${ wg.pair_words("p", "%p_region", rows, BS) }
 <% endfor %>
 <% endfor %>
 <% if one_v %>
-          // (one V buffer: this tile's V, staged after the last tile's o += p v, has landed)
+          // (one V buffer: this tile's V, staged after the previous tile's o += p v, has landed)
           nvvm.cp.async.wait.group 1
 <% endif %>
 <% if one_v or not p_registers %>
@@ -270,7 +278,7 @@ ${ wg.pair_words("p", "%p_region", rows, BS) }
 <% endif %>
           // o += p v over the tile's keys in 16-key steps (v MN-major: its rows are the product's K).
 <% if p_registers %>
-${ wg.chain_registers("o_new", "%o_ref", "%packed_", steps.v, "%v_desc", DV, E, "row", "!hfw_o") }
+${ wg.chain_registers("o_new", "%o_ref", "%packed_", "%v_desc", steps.v, DV, E, "row", "!hfw_o") }
 <% else %>
 ${ wg.chain("o_new", "%o_ref", "%p_desc", steps.p, "%v_desc", steps.v, DV, E, "row", "!hfw_o") }
 <% endif %>

@@ -67,7 +67,7 @@ ${ settled(result, (a_offsets | length) - 1, n, acc_t) }
    Through inline PTX: IREE 3.13's nvvm.wgmma.mma_async takes A from workgroup memory only. Each accumulator value
    keeps its operand number through the steps (d tied to the step before's); issued after a fence, committed,
    waited for and settled as chain's. #>
-<% macro chain_registers(result, acc, a_pairs, b_offsets, b, n, dtype, b_layout, acc_t) %>
+<% macro chain_registers(result, acc, a_pairs, b, b_offsets, n, dtype, b_layout, acc_t) %>
 <% set count = (n | int) // 2 %>
 <% set d_operands = "$" ~ (range(count) | map("string") | join(", $")) %>
 <% set constraints = (["=f"] * count + range(count) | map("string") | list + ["r"] * 4 + ["l"]) | join(",") %>
