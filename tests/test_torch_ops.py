@@ -317,3 +317,29 @@ def test_torch_func_vmap_over_empty_problems_keeps_the_shapes(empty):
     assert o.shape == (3, *q.shape[:3], DV)
     grad = torch.func.grad(lambda q: torch.func.vmap(lambda q: attend(q, k, v, idx))(q).sum())(qs)
     assert grad.shape == qs.shape
+
+
+# Where no gradient can flow the public function runs the forward operator alone (no autograd.Function); where one
+# can, or under a torch.func transform, the Function. The output is the same either way.
+NEEDS_AUTOGRAD = [
+    ("no_grad_mode", False, (True, False, False), False),
+    ("no_input_requires_grad", True, (False, False, False), False),
+    ("q_requires_grad", True, (True, False, False), True),
+    ("only_v_requires_grad", True, (False, False, True), True),
+]
+
+
+@pytest.mark.parametrize("case,grad_mode,requires_grad,function", NEEDS_AUTOGRAD, ids=[c[0] for c in NEEDS_AUTOGRAD])
+def test_the_autograd_function_runs_only_where_a_gradient_can_flow(monkeypatch, case, grad_mode, requires_grad,
+                                                                   function):
+    q, k, v, idx, _ = inputs()
+    expected = attend(q, k, v, idx).detach()
+    calls = []
+    apply = api._SelectionAttention.apply
+    monkeypatch.setattr(api._SelectionAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    leaves = [t.clone().requires_grad_(r) for t, r in zip((q, k, v), requires_grad)]
+    with torch.set_grad_enabled(grad_mode):
+        o = attend(*leaves, idx)
+    assert bool(calls) == function
+    assert o.requires_grad == (grad_mode and any(requires_grad))
+    assert torch.equal(o.detach(), expected)
