@@ -652,13 +652,13 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
     check_variant(variant)
     idx = effective_block_indices(block_indices, block_counts)
     q, k, v = _autocast(q, k, v)
+    args = (q, k, v, idx, block_size, _scale_of(q, scale), variant, cu_seqlens)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
             or torch._C._are_functorch_transforms_active()):
         # No gradient can flow and no torch.func transform is active (a grad around a vmap sees no requires_grad
         # inside it): the operator alone, which has its own fake and autocast rule; the autograd.Function's
         # per-call setup, about 0.1 ms of host time, would buy nothing.
-        o, _ = torch.ops.nsa_iree.selection_attention_fwd(q, k, v, idx, block_size, _scale_of(q, scale), variant,
-                                                          cu_seqlens)
-        return o
-    o, _ = _SelectionAttention.apply(q, k, v, idx, block_size, _scale_of(q, scale), variant, cu_seqlens)
+        o, _ = torch.ops.nsa_iree.selection_attention_fwd(*args)
+    else:
+        o, _ = _SelectionAttention.apply(*args)
     return o

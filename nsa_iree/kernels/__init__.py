@@ -91,10 +91,9 @@ def choose(stage: str, spec, recipe) -> Choice:
             family = _first_serving(recipe.kernel_settings.get(form), form, spec, recipe)
             if family is not None:
                 return Choice(family, family, template=form)
-    named = recipe.kernel_settings.get(stage)
-    if isinstance(named, list):      # several families for the stage: the first that serves, else the last's limits
-        named = _first_serving(named, stage, spec, recipe) or (named[-1] if named else None)
-    wanted = named
+    wanted = recipe.kernel_settings.get(stage)
+    if isinstance(wanted, list):     # several families for the stage: the first that serves, else the last's limits
+        wanted = _first_serving(wanted, stage, spec, recipe) or (wanted[-1] if wanted else None)
     if stage not in LINALG.stages and stage not in COMMON.stages:
         # A stage without a linalg form (select_blocks): the recipe's family or nothing, whatever spec.kernels.
         if wanted not in FAMILIES or wanted == "linalg":
