@@ -155,8 +155,9 @@ def _cuda(dump: Path) -> list[DispatchInfo]:
         rows.append(DispatchInfo(m.group(1), pipeline, wg, {
             "regs(declared)": regs, "shared": shared,
             "mma": _count(r"^\s+mma\.sync", body),
-            # sm_90a's warpgroup products (the hopper kernels: inline PTX, one line each)
-            "wgmma": _count(r"^\s*wgmma\.mma_async", body),
+            # sm_90a's warpgroup products (the hopper kernels: inline PTX, one line each; A from registers after a
+            # predicate's setp on the same line)
+            "wgmma": _count(r"^.*\bwgmma\.mma_async", body),
             **_lds_reads(_count(r"^\s+(ld\.shared|ldmatrix)", body), _count(r"^\s+ld\.shared\.[bsu](8|16)\b", body),
                          _count(r"^\s+mma\.sync", body)),
             "gload": _count(r"^\s+ld\.global", body), "gstore": _count(r"^\s+st\.global", body),

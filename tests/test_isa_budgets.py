@@ -150,6 +150,8 @@ OCCUPANCY = [
     ("paper_h64g4_d192", ANCHORS.replace(target="cuda", head_dim=192), {FORWARD: 2, DQ: 2, DKDV: 1}),
     ("wide_hpg32_h64g2_d128", ANCHORS.replace(target="cuda", kv_heads=2), {WIDE_FORWARD: 3}),
     ("wide_hpg64_h64g1_d128", ANCHORS.replace(target="cuda", kv_heads=1), {WIDE_FORWARD: 3}),
+    # D and Dv <= 64: the recipe's register_cap_small_dims (128 registers), four
+    ("d64_h64g4", ANCHORS.replace(target="cuda", head_dim=64, value_dim=64), {FORWARD: 4, DQ: 4, DKDV: 1}),
 ]
 
 
@@ -157,3 +159,10 @@ OCCUPANCY = [
 def test_cuda_kernels_carry_their_occupancy_hint(case, spec, expected):
     rows = {r.name: r for variant in ("forward", "two-pass") for r in inspect_spec(spec, variant)}
     assert {name: rows[name].stats["min_ctas"] for name in expected} == expected
+
+
+def test_inspect_counts_every_warpgroup_product_of_the_hopper_wide_forward():
+    """s = q k^T as 8 k16 steps over D = 128 and o += p v as 4 over BS = 64, the latter with p from registers (an
+    inline-PTX line that sets its predicate first): 12 wgmma, no mma.sync."""
+    rows = {r.name: r for r in inspect_spec(ANCHORS.replace(target="hopper", kv_heads=1), "forward")}
+    assert (rows["wide_attention_fwd_tile"].stats["wgmma"], rows["wide_attention_fwd_tile"].stats["mma"]) == (12, 0)
