@@ -266,9 +266,9 @@ HOPPER_WIDE_CHOICE = [
     ("hopper_hpg64_d64_bs128", HOPPER_ANCHORS.replace(kv_heads=1, head_dim=64, value_dim=64, block_size=128,
                                                       num_blocks=8), ("hopper", "wide_forward")),
     ("hopper_hpg64_d192", HOPPER_ANCHORS.replace(kv_heads=1, head_dim=192), ("nvidia", "wide_forward")),
-    # BS 128 with Dv 64: 97 KiB of workgroup memory, fewer than the hopper wide forward's three workgroups
+    # BS 128 with Dv 64: 97 KiB of workgroup memory, two workgroups (REQUIRED) rather than three
     ("hopper_hpg64_bs128_dv64", HOPPER_ANCHORS.replace(kv_heads=1, value_dim=64, block_size=128, num_blocks=8),
-     ("nvidia", "wide_forward")),
+     ("hopper", "wide_forward")),
     ("hopper_hpg32", HOPPER_ANCHORS.replace(kv_heads=2), ("nvidia", "wide_forward")),
     ("hopper_hpg48_d64", HOPPER_ANCHORS.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64),
      ("nvidia", "wide_forward")),

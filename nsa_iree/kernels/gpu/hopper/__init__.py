@@ -26,6 +26,9 @@ assert DQ_ROWS == WIDE_HEADS    # (wide_dq.mlir: a workgroup's rows are one posi
 # dense forward's two of two warpgroups each, dq's and dk/dv's two of one, the wide forward's three of one (a shape
 # whose workgroup memory holds fewer takes the NVIDIA wide kernel).
 RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 3, "wide_dq": 2, "dkdv": 2}
+# The fewest a stage is served with (RESIDENT unless named): the wide forward runs at two where three do not fit
+# (BS 128 with Dv 64), and asks ptxas for no more than RESIDENT (six at D = 64 would leave 80 registers: spills).
+REQUIRED = {"wide_forward": 2}
 # V buffers of a forward (2 unless named): the wide forward's one (V staged once the previous tile's o += p v has
 # read it), which with q, two K tiles and no p region of its own fits three workgroups on a multiprocessor.
 V_BUFFERS = {"wide_forward": 1}
@@ -126,9 +129,10 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     if spec.block_size % 64 or spec.block_size > 256:
         why.append("BS not a multiple of 64 up to 256 (the layout's 128-byte lines; wgmma's n)")
     sm_memory = int(recipe.kernel_settings.get("sm_workgroup_memory", 0))
-    if sm_memory and _per_multiprocessor(stage, spec, recipe) < RESIDENT[stage]:
+    required = REQUIRED.get(stage, RESIDENT[stage])
+    if sm_memory and _per_multiprocessor(stage, spec, recipe) < required:
         why.append(f"needs {_allocation(stage, spec, recipe) + nvidia.WORKGROUP_RESERVED} bytes of workgroup memory: "
-                   f"fewer than {RESIDENT[stage]} workgroups per multiprocessor")
+                   f"fewer than {required} workgroups per multiprocessor")
     return why
 
 
@@ -161,7 +165,8 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "HOPPER_S_VALUES": 64 * spec.block_size // 128, "HOPPER_O_VALUES": 64 * spec.value_dim // 128,
         "HOPPER_K_TILE_BYTES": tile_bytes(spec.block_size, spec.head_dim),
         "HOPPER_V_TILE_BYTES": tile_bytes(spec.block_size, spec.value_dim),
-        "HOPPER_MIN_WORKGROUPS_PER_SM": _per_multiprocessor(forward, spec, recipe),
+        "HOPPER_MIN_WORKGROUPS_PER_SM": (min(_per_multiprocessor(forward, spec, recipe), RESIDENT[forward])
+                                         if forward in REQUIRED else _per_multiprocessor(forward, spec, recipe)),
     })
     # dk/dv's: the selection's (a piece's rows besides the tiles) where spec's dk/dv stage is it, else the window's
     dkdv_choice = choose("dkdv", spec, recipe)
