@@ -30,6 +30,7 @@ import torch
 
 from nsa_iree import api, window
 from nsa_iree.compiler import compile_artifact
+from nsa_iree.benchmark import CONFIGS
 from nsa_iree.kernels import choose
 from nsa_iree.recipes import load_recipe
 from nsa_iree.runtime import device_for
@@ -57,10 +58,11 @@ def compile_all() -> None:
             for variant in ("forward", "two-pass"):
                 print(compile_artifact(spec(target, case), variant).path.name, flush=True)
     for _, cfg, *_ in WIDE_CASES:
+        for target, kernels in (("cuda", "auto"), ("hopper", "auto"), ("cuda", "linalg")):
+            print(compile_artifact(KernelSpec(target=target, kernels=kernels, **cfg), "forward").path.name, flush=True)
+    for cfg in WIDE_TIMED.values():
         for target in ("cuda", "hopper"):
             print(compile_artifact(KernelSpec(target=target, **cfg), "forward").path.name, flush=True)
-    from nsa_iree.benchmark import CONFIGS
-
     two_pass = [KernelSpec(target="hopper", **cfg) for _, cfg, *_ in TWO_PASS_CASES]
     two_pass += [KernelSpec(target="cuda", **cfg) for _, cfg, *_ in TWO_PASS_CASES
                  if cfg["heads"] // cfg["kv_heads"] <= 16]
@@ -228,13 +230,13 @@ WIDE_CASES = [
 ]
 
 
-def _wide_module(target: str, cfg):
-    return _load(KernelSpec(target=target, **cfg), "forward")
+def _wide_module(target: str, cfg, kernels: str = "auto"):
+    return _load(KernelSpec(target=target, kernels=kernels, **cfg), "forward")
 
 
 def check_wide(seed: int = 0) -> None:
-    """o and lse of the hopper wide forward and the NVIDIA wide kernel against the f64 oracle, outputs poisoned;
-    the hopper forward twice (bitwise equal)."""
+    """o and lse of the hopper wide forward, the NVIDIA wide kernel and the linalg stages (the oracle's GPU twin)
+    against the f64 oracle, outputs poisoned; the hopper forward twice (bitwise equal)."""
     from nsa_iree.reference import selection_attention_reference
 
     for i, (name, cfg, *problem) in enumerate(WIDE_CASES):
@@ -243,32 +245,42 @@ def check_wide(seed: int = 0) -> None:
         # (the kernel the hopper target runs: a shape its wide forward does not serve falls back to NVIDIA's)
         row = {"case": name, "hopper_kernel": choose("forward", KernelSpec(target="hopper", **cfg),
                                                      load_recipe("hopper")).family}
-        for target in ("cuda", "hopper"):
-            module = _wide_module(target, cfg)
+        for label, target, kernels in (("cuda", "cuda", "auto"), ("linalg", "cuda", "linalg"),
+                                       ("hopper", "hopper", "auto")):
+            module = _wide_module(target, cfg, kernels)
             o, lse = _forward(module, q, k, v, idx)
             torch.cuda.synchronize()
-            row[f"{target}_o"], row[f"{target}_lse"] = _error(o, o_ref), _error(lse, lse_ref)
-            if target == "hopper":
+            row[f"{label}_o"], row[f"{label}_lse"] = _error(o, o_ref), _error(lse, lse_ref)
+            if label == "hopper":
                 again = _forward(module, q, k, v, idx)
                 torch.cuda.synchronize()
                 row["hopper_bitwise"] = torch.equal(o, again[0]) and torch.equal(lse, again[1])
         print(json.dumps(row), flush=True)
 
 
-def time_wide(seq: int = 65536, repeats: int = 10) -> None:
-    """The 64-heads-per-group forward (anchors D, BS, T 16; H 64, G 1) at seq tokens: hopper's wgmma kernel, the
-    NVIDIA wide kernel and fla's selection forward (nsa_iree.benchmark.fla_impl, as bench.bench times it),
-    alternating, realistic and uniform selections."""
-    from nsa_iree.benchmark import CONFIGS, fla_impl
+# the benchmark configs time_wide runs: 64 heads per group at the anchors' D and at D 64
+WIDE_TIMED = {"hpg64": CONFIGS["hpg64"], "hpg64_d64": dict(CONFIGS["hpg64"], head_dim=64, value_dim=64)}
 
-    cfg = CONFIGS["hpg64"]
+
+def time_wide(seq: int = 65536, repeats: int = 10) -> None:
+    """The 64-heads-per-group forward (WIDE_TIMED: H 64, G 1, BS 64, T 16 at D 128 and 64) at seq tokens: hopper's
+    wgmma kernel, the NVIDIA wide kernel and fla's selection forward (nsa_iree.benchmark.fla_impl, as bench.bench
+    times it), alternating, realistic and uniform selections."""
+    from nsa_iree.benchmark import fla_impl
+
+    for config in WIDE_TIMED:
+        _time_wide(config, seq, repeats, fla_impl)
+
+
+def _time_wide(config, seq, repeats, fla_impl):
+    cfg = WIDE_TIMED[config]
     modules = {target: _wide_module(target, cfg) for target in ("hopper", "cuda")}
     for selection in ("realistic", "uniform"):
         q, k, v, do, idx = _problem(cfg, 1, seq, seq, selection, False, 0)
         runs = {target: (lambda m=module: _forward(m, q, k, v, idx)) for target, module in modules.items()}
         runs["fla"], _ = fla_impl(cfg, q, k, v, do, idx)
         for _ in range(2):
-            row = {"seq": seq, "selection": selection}
+            row = {"config": config, "seq": seq, "selection": selection}
             row.update({f"{name}_ms": _median_ms(run, repeats) for name, run in runs.items()})
             print(json.dumps(row), flush=True)
 
@@ -352,8 +364,6 @@ TWO_PASS_LAYOUTS = {64: (64, 1), 16: (64, 4), 8: (32, 4), 4: (16, 4), 2: (8, 4),
 def time_two_pass(seq: int = 65536, repeats: int = 10) -> None:
     """The selection's dq call and dk/dv call (its inversion included) at seq tokens per group size, hopper's module
     and NVIDIA's (up to 16 heads per group), alternating, realistic and uniform selections."""
-    from nsa_iree.benchmark import CONFIGS
-
     for hpg, (heads, kv_heads) in TWO_PASS_LAYOUTS.items():
         cfg = dict(CONFIGS["anchors"], heads=heads, kv_heads=kv_heads)
         targets = ("hopper", "cuda") if hpg <= 16 else ("hopper",)

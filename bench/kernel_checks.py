@@ -6,6 +6,8 @@
     python3 -m bench.kernel_checks time [SEQ]   # dq stage and whole two-pass backward, custom vs linalg
     python3 -m bench.kernel_checks onepass_time [SEQ...]  # one-pass vs its atomic floor and the two-pass
 
+KERNEL_CASES=id,id,... narrows precompile and check to those CASES.
+
 The linalg stages are the oracle: both modules come from the same checkout, the linalg one rendered for
 KernelSpec(kernels="linalg") (nsa_iree/recipes.py: choose). Artifacts are compiled where the compiler is and carried
 in $NSA_IREE_CACHE_DIR (bench/run_h200.sh); `precompile` does that for every case here.
@@ -60,6 +62,12 @@ CASES = [
 ]
 
 
+def _cases():
+    """CASES, or those named in $KERNEL_CASES (comma-separated ids)."""
+    only = os.environ.get("KERNEL_CASES")
+    return [c for c in CASES if not only or c[0] in only.split(",")]
+
+
 def _spec(cfg, target="cuda"):
     return KernelSpec(target=target, **cfg)
 
@@ -71,7 +79,7 @@ def _artifact(spec, variant, kernels):
 
 def precompile():
     """Compile every module these checks load (run where iree-compile is installed)."""
-    specs = {_spec(cfg) for _, cfg, *_ in CASES} | {_spec(CONFIGS["anchors"])}
+    specs = {_spec(cfg) for _, cfg, *_ in _cases()} | {_spec(CONFIGS["anchors"])}
     for spec in sorted(specs, key=lambda s: s.name):
         for kernels in ("custom", "linalg"):
             for variant in ("two-pass", "forward"):
@@ -164,7 +172,7 @@ def check(seed=0):
     linalg stages and the f64 reference (the one-pass adds dk/dv with atomics: equal up to the order of f32
     additions)."""
     recipe = load_recipe("cuda")
-    for name, cfg, batch, m_rows, n, selection, bad in CASES:
+    for name, cfg, batch, m_rows, n, selection, bad in _cases():
         spec = _spec(cfg)
         custom, linalg = Backward(spec, "custom"), Backward(spec, "linalg")
         q, k, v, do, idx = _problem(cfg, batch, m_rows, n, selection, bad, seed)
