@@ -176,15 +176,15 @@ ${ push_constants() }
 
 <# dk/dv's host function: one dispatch of `executable`'s @selection_attention_dkdv_piece per piece, then the
    pieces summed per block in order (common/piece_sums.mlir). #>
-<% macro dkdv(executable) %>
+<% macro dkdv(executable, dq_partials=false) %>
 ${ dkdv_signature() }
 ${ sizes() }
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
 ${ push_constants(pieces=true) }
-  %dk_pieces, %dv_pieces = flow.dispatch @${executable}::@selection_attention_dkdv_piece[%pieces](
+  %dk_pieces, %dv_pieces${ ", %dq_pieces" if dq_partials else "" } = flow.dispatch @${executable}::@selection_attention_dkdv_piece[%pieces](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %pieces_i32, %q, %k, %v, %block_indices, %lse, %delta, %do, %entries)
       : (i32, i32, i32, i32, i32, ${ backward_operand_types() }, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces})
-      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces})
+      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces}${ ", tensor<?x" ~ ((ROWS_PER_PIECE | int) * (HPG | int)) ~ "x" ~ D ~ "xf32>{%pieces}" if dq_partials else "" })
   %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
       : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
       -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)

@@ -1,4 +1,4 @@
-<# part: takes ASYNC_COPY_HINT, EX2, HOPPER_DKDV_DO_OFFSET, HOPPER_DKDV_MIN_WORKGROUPS_PER_SM, HOPPER_DKDV_PT_OFFSET, HOPPER_DKDV_Q_OFFSET, HOPPER_DKDV_ROWS_OFFSET, HOPPER_DKDV_SMEM_BYTES, HOPPER_DKDV_STATS_OFFSET, HOPPER_DKDV_V_OFFSET, HOPPER_DQ_ROWS, HOPPER_DQ_VALUES, HOPPER_O_VALUES, PACK_PAIR, selection #>
+<# part: takes ASYNC_COPY_HINT, EX2, HOPPER_DKDV_DO_OFFSET, HOPPER_DKDV_MIN_WORKGROUPS_PER_SM, HOPPER_DKDV_PT_OFFSET, HOPPER_DKDV_Q_OFFSET, HOPPER_DKDV_ROWS_OFFSET, HOPPER_DKDV_SMEM_BYTES, HOPPER_DKDV_STATS_OFFSET, HOPPER_DKDV_V_OFFSET, HOPPER_DQ_ROWS, HOPPER_DQ_VALUES, HOPPER_O_VALUES, PACK_PAIR, dq_partials, selection #>
 // dk/dv on Hopper's warpgroup MMA (sm_90a), a part of dense_dkdv.mlir (the sliding window's dk/dv:
 // KernelSpec.window, kernels.DENSE) and dkdv.mlir (the selection's dk/dv over the block lists' inversion): one key
 // tile of 64 keys against a stream of chunks of 64 query rows, dk and dv of the tile accumulated in registers.
@@ -38,7 +38,7 @@
 
 <% set exe, function, layout = ("hopper_selection_dkdv_exe", "selection_attention_dkdv_piece", "hopper_dkdv_layout") if selection else ("hopper_dense_attention_dkdv_exe", "dense_attention_dkdv_tile", "hopper_dense_dkdv_layout") %>
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] + (['entries'] if selection else []) %>
-<% set outputs = ['dk_pieces', 'dv_pieces'] if selection else ['dk', 'dv'] %>
+<% set outputs = (['dk_pieces', 'dv_pieces'] + (['dq_pieces'] if dq_partials else [])) if selection else ['dk', 'dv'] %>
 <% set constants = ['batch', 'm_rows', 'n', 'scale'] + (['pieces'] if selection else []) %>
 <% set ids = ['piece'] if selection else ['key_tile', 'g', 'b'] %>
 <% set piece_rows_per_chunk = 64 // (HPG | int) %>
@@ -203,6 +203,10 @@ ${ wg.descriptor("k_desc", "%c0", 16, 1024) }
 ${ wg.descriptor("v_desc", "%v_offset", 16, 1024) }
       %pt_offset = arith.constant ${HOPPER_DKDV_PT_OFFSET} : index
 ${ wg.descriptor("pt_desc", "%pt_offset", 16, 1024) }
+<% if dq_partials %>
+${ wg.descriptor("pt_mn_desc", "%pt_offset", rows * 128, 1024) }
+${ wg.descriptor("k_mn_desc", "%c0", rows * 128, 1024) }
+<% endif %>
       %pt_region = arith.constant ${ (HOPPER_DKDV_PT_OFFSET | int) // 4 } : index
 ${ wg.pair_words("pt", "%pt_region", rows, rows) }
       // A chunk's lse and delta: f32 [2][64] per buffer; the lane's columns 8 i + 2 c (+ 1) read as pairs.
@@ -423,6 +427,24 @@ ${ wg.settle(dv_chain) }
           llvm.inline_asm has_side_effects "fence.proxy.async.shared::cta;", "" : () -> ()
           gpu.barrier
 ${ wg.chain("dk_new", "%dk_tile", "%pt_desc", steps.rows, "%q_mn_desc", steps.mn, D, E, "row", "!hdkv_dk") }
+<% if dq_partials %>
+          // The chunk rows' dq from this block, ds k (A: ds^T MN-major, B: K MN-major), as f32 partials: value
+          // 4 i + 2 h + e is chunk row 16 w + r + 8 h, column 8 i + 2 c + e, stored at row 64 chunk + that of the
+          // piece's [ROWS_PER_PIECE HPG, D].
+${ wg.chain("dq_part", none, "%pt_mn_desc", steps.mn, "%k_mn_desc", steps.mn, D, E, "row", "!hdkv_dk", "col") }
+          %dq_rows0 = arith.muli %chunk, %c64 : index
+<% for h in range(2) %>
+          %dq_row_${h} = arith.addi %dq_rows0, %lane_key_${h} : index
+<% for i in range(dk_values // 4) %>
+          %dq_${h}_${i}_lo = llvm.extractvalue %dq_part[${ 4 * i + 2 * h }] : !hdkv_dk
+          %dq_${h}_${i}_hi = llvm.extractvalue %dq_part[${ 4 * i + 2 * h + 1 }] : !hdkv_dk
+          %dq_${h}_${i}_pair = vector.from_elements %dq_${h}_${i}_lo, %dq_${h}_${i}_hi : vector<2xf32>
+          %dq_${h}_${i}_col0 = arith.constant ${ 8 * i } : index
+          %dq_${h}_${i}_col = arith.addi %dq_${h}_${i}_col0, %c2x : index
+          vector.store %dq_${h}_${i}_pair, %dq_pieces[%piece, %dq_row_${h}, %dq_${h}_${i}_col] : memref<?x${ (ROWS_PER_PIECE | int) * (HPG | int) }x${D}xf32>, vector<2xf32>
+<% endfor %>
+<% endfor %>
+<% endif %>
           scf.yield %dk_new, %dv_new : !hdkv_dk, !hdkv_dv
         } else {
           scf.yield %dk_tile, %dv_tile : !hdkv_dk, !hdkv_dv
@@ -471,7 +493,7 @@ ${ wg.chain("dk_new", "%dk_tile", "%pt_desc", steps.rows, "%q_mn_desc", steps.mn
 
 <% if selection %>
 // Host side: the kernel writes every used piece's partials, @dkdv_piece_sums adds them per block.
-${ host.dkdv(exe) }
+${ host.dkdv(exe, dq_partials) }
 <% else %>
 // Host side: the backward in one function: dq's dispatch (delta made there), then this one over the key tiles.
 ${ host.dense_backward(("hopper_dense_attention_dq_exe", "dense_attention_dq_tile"), HOPPER_DQ_ROWS, ("hopper_dense_attention_dkdv_exe", "dense_attention_dkdv_tile"), 64) }

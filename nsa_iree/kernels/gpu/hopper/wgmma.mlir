@@ -51,9 +51,9 @@
    accumulators, A K-major, B K-major (`b_layout` "col") or MN-major ("row"); issued after a fence, committed and
    waited for. The values then pass an empty asm statement that names them all, so nothing reads them before the
    wait. #>
-<% macro chain(result, acc, a, a_offsets, b, b_offsets, n, dtype, b_layout, acc_t) %>
+<% macro chain(result, acc, a, a_offsets, b, b_offsets, n, dtype, b_layout, acc_t, a_layout="row") %>
       nvvm.wgmma.fence.aligned
-      ${ steps(result, acc, a, a_offsets, b, b_offsets, n, dtype, b_layout, acc_t) | trim }
+      ${ steps(result, acc, a, a_offsets, b, b_offsets, n, dtype, b_layout, acc_t, a_layout) | trim }
       nvvm.wgmma.commit.group.sync.aligned
       nvvm.wgmma.wait.group.sync.aligned 0
 ${ settled(result, (a_offsets | length) - 1, n, acc_t) }
@@ -117,7 +117,7 @@ ${ settled(x[0], (x[3] | length) - 1, x[6], x[8]) }
 
 <# A chain's wgmma steps (chain's arguments): %`result`_<step> after each. `acc` none: the product alone (the first
    step's accumulator not read: no registers zeroed, none shared with a chain in flight). #>
-<% macro steps(result, acc, a, a_offsets, b, b_offsets, n, dtype, b_layout, acc_t) %>
+<% macro steps(result, acc, a, a_offsets, b, b_offsets, n, dtype, b_layout, acc_t, a_layout="row") %>
 <% if acc is none %>
       %${result}_undef = llvm.mlir.undef : ${acc_t}
 <% endif %>
@@ -130,7 +130,7 @@ ${ settled(x[0], (x[3] | length) - 1, x[6], x[8]) }
       %${result}_${s} = nvvm.wgmma.mma_async %${result}_a${s}, %${result}_b${s}, ${previous},
           #nvvm.shape<m = 64, n = ${n}, k = 16>,
           D [<f32>, #nvvm.wgmma_scale_out<${ "zero" if acc is none and loop.first else "one" }>],
-          A [<${dtype}>, #nvvm.wgmma_scale_in<one>, <row>],
+          A [<${dtype}>, #nvvm.wgmma_scale_in<one>, <${a_layout}>],
           B [<${dtype}>, #nvvm.wgmma_scale_in<one>, <${b_layout}>]
           : ${acc_t} -> ${acc_t}
 <% endfor %>
