@@ -297,6 +297,8 @@ TWO_PASS_CASES = [
     ("hpg2_d64_rising", _cfg(8, 4, 64, 64, 64, 16), 1, 1024, 1024, "realistic rising", False),
     ("hpg1_t1", _cfg(4, 4, 64, 64, 64, 1), 1, 300, 300, "uniform", False),
     ("hpg1_d128_bad", _cfg(2, 2, 128, 128, 64, 16), 1, 2000, 2100, "uniform", True),
+    ("hpg4_b2_duplicates", _cfg(16, 4, 128, 128, 64, 16), 2, 1000, 1000, "realistic duplicates", False),
+    ("hpg8_d64_f16_m_lt_n", _cfg(32, 4, 64, 64, 64, 16, "f16"), 1, 700, 1300, "realistic", True),
     ("hpg32_g2_bad", _cfg(64, 2, 128, 128, 64, 16), 1, 1000, 1000, "realistic", True),
     ("hpg64_d64_f16", _cfg(64, 1, 64, 64, 64, 8, "f16"), 1, 777, 777, "uniform", False),
     ("hpg64_b2_m_lt_n_bad", _cfg(64, 1, 128, 128, 64, 16), 2, 700, 1000, "realistic", True),
@@ -325,6 +327,24 @@ def _dq(module, q, k, v, idx, lse, delta, do):
     return dq
 
 
+def _dkdv_dq(module, q, k, v, idx, lse, delta, do):
+    """dq, dk, dv of a two-pass module whose dk/dv makes dq (kernels.SMALL: the inversion, then
+    selection_attention_dkdv_dq), outputs poisoned."""
+    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    entries, piece_start, piece_count = module.call("invert_block_indices", idx, k.shape[1])
+    module.call("selection_attention_dkdv_dq", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
+                q.shape[3] ** -0.5, dq, dk, dv)
+    return dq, dk, dv
+
+
+def _grads(spec_, module, *args):
+    """dq, dk, dv of a two-pass module's stages (outputs poisoned): dk/dv making dq where spec_'s does, else dq's
+    stage and dk/dv's."""
+    if api.dq_with_dkdv(spec_):
+        return _dkdv_dq(module, *args)
+    return (_dq(module, *args), *_dkdv(module, *args))
+
+
 def check_two_pass(seed: int = 0) -> None:
     """dq, dk and dv of the hopper two-pass module, the NVIDIA kernels' (up to 16 heads per group) and the linalg
     stages' against the f64 oracle (o, lse from the oracle's forward); the hopper module twice (bitwise equal)."""
@@ -344,14 +364,15 @@ def check_two_pass(seed: int = 0) -> None:
                                        ("linalg", "cuda", "linalg")):
             if label == "cuda" and cfg["heads"] // cfg["kv_heads"] > 16:
                 continue
-            module = _two_pass(KernelSpec(target=target, **cfg), kernels)
+            spec_ = KernelSpec(target=target, kernels=kernels, **cfg)
+            module = _two_pass(spec_, kernels)
             (delta,) = module.call("selection_attention_delta", o, do)
-            grads = (_dq(module, q, k, v, idx, lse, delta, do), *_dkdv(module, q, k, v, idx, lse, delta, do))
+            grads = _grads(spec_, module, q, k, v, idx, lse, delta, do)
             torch.cuda.synchronize()
             for grad, x, r in zip(("dq", "dk", "dv"), grads, ref):
                 row[f"{label}_{grad}"] = _error(x.cpu(), r)
             if label == "hopper":
-                again = (_dq(module, q, k, v, idx, lse, delta, do), *_dkdv(module, q, k, v, idx, lse, delta, do))
+                again = _grads(spec_, module, q, k, v, idx, lse, delta, do)
                 torch.cuda.synchronize()
                 row["hopper_bitwise"] = all(torch.equal(a, b) for a, b in zip(grads, again))
         print(json.dumps(row), flush=True)
@@ -374,6 +395,9 @@ def time_two_pass(seq: int = 65536, repeats: int = 10) -> None:
             delta = torch.randn(1, seq, heads, device="cuda")
             runs = {}
             for target, module in modules.items():
+                if api.dq_with_dkdv(KernelSpec(target=target, **cfg)):
+                    runs[f"{target}_dkdv_dq"] = functools.partial(_dkdv_dq, module, q, k, v, idx, lse, delta, do)
+                    continue
                 runs[f"{target}_dq"] = functools.partial(_dq, module, q, k, v, idx, lse, delta, do)
                 runs[f"{target}_dkdv"] = functools.partial(_dkdv, module, q, k, v, idx, lse, delta, do)
             for _ in range(2):
@@ -406,8 +430,8 @@ def sanitize(m: int = 300) -> None:
         q, k, v, do, idx = _problem(cfg, 2, m, m + 100, selection, bad, 0)
         lse = torch.randn(2, cfg["heads"], m, device="cuda").abs() + 4.0
         delta = torch.randn(2, m, cfg["heads"], device="cuda")
-        module = _two_pass(KernelSpec(target="hopper", **cfg))
-        grads = (_dq(module, q, k, v, idx, lse, delta, do), *_dkdv(module, q, k, v, idx, lse, delta, do))
+        spec_ = KernelSpec(target="hopper", **cfg)
+        grads = _grads(spec_, _two_pass(spec_), q, k, v, idx, lse, delta, do)
         torch.cuda.synchronize()
         print(json.dumps({"case": name, "m": m, "finite": all(bool(torch.isfinite(x).all()) for x in grads)}),
               flush=True)

@@ -104,6 +104,8 @@ def _problem(cfg, batch, m_rows, n, selection, bad, seed):
     k = torch.randn(batch, n, g, d, generator=gen, device="cuda").to(dtype)
     v = torch.randn(batch, n, g, dv, generator=gen, device="cuda").to(dtype)
     do = torch.randn(batch, m_rows, h, dv, generator=gen, device="cuda").to(dtype)
+    duplicates = selection.endswith(" duplicates")    # every other row lists its slot-2 block again in slot 3
+    selection = selection.removesuffix(" duplicates")
     if selection.endswith(" rising"):          # key n scaled by 1 + 8 n / N
         selection = selection.removesuffix(" rising")
         ramp = 1 + 8 * torch.arange(n, device="cuda", dtype=torch.float32) / n
@@ -111,6 +113,8 @@ def _problem(cfg, batch, m_rows, n, selection, bad, seed):
     pick = {"realistic": realistic_block_indices, "uniform": uniform_block_indices,
             "local": local_block_indices}[selection]
     idx = pick(batch, m_rows, n, g, cfg["num_blocks"], cfg["block_size"], generator=gen, device="cuda")
+    if duplicates:
+        idx[:, ::2, :, 3] = idx[:, ::2, :, 2]
     if bad:
         nb = -(-n // cfg["block_size"])
         if cfg["num_blocks"] > 2:       # (with two slots, one stays a selected block: the rows are not all empty)

@@ -180,6 +180,17 @@ def dense_backward(spec: KernelSpec) -> bool:
     return dense(spec, load_recipe(spec.target))
 
 
+@functools.lru_cache(maxsize=None)
+def dq_with_dkdv(spec: KernelSpec) -> bool:
+    """kernels.dq_with_dkdv on spec's target's recipe (once per spec): the two-pass's dk/dv call makes dq too,
+    selection_attention_dkdv_dq(q, k, v, block_indices, lse, delta, do, entries, piece_start, piece_count, scale)
+    -> dq, dk, dv."""
+    from .kernels import dq_with_dkdv as fused
+    from .recipes import load_recipe
+
+    return fused(spec, load_recipe(spec.target))
+
+
 def _inverted_blocks(module, idx: Tensor, n: int, fixed: bool):
     """(entries, piece_start, piece_count): the two-pass's block -> rows lists of idx, made by the module, or, for a
     fixed idx (backward_into's fixed_blocks), the ones the module made for this version of it before: kept by the
@@ -264,7 +275,18 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     if dk is not None and dk.dtype == torch.float32 != q.dtype:
         spec = spec.replace(dkdv_dtype="f32")          # dk and dv left unrounded (nsa_iree.distributed)
     module = kernels(spec, variant, q.device)
-    if variant == "two-pass" and not dense_backward(spec):
+    if variant == "two-pass" and dq_with_dkdv(spec):
+        # dk/dv makes dq too (kernels.SMALL): one call writes all three (the ones not asked for into scratch)
+        (delta,) = module.call("selection_attention_delta", o, do)
+        entries, piece_start, piece_count = _inverted_blocks(module, idx, n, fixed_blocks and split == 1)
+        dkdv_dtype = torch.float32 if spec.dkdv_dtype == "f32" else k.dtype
+        module.call("selection_attention_dkdv_dq", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
+                    scale, dq if dq is not None else _empty(q.shape, q),
+                    dk if dk is not None else _empty(k.shape, k, dkdv_dtype),
+                    dv if dv is not None else _empty(v.shape, v, dkdv_dtype), wait_for_torch=False)
+        if dk is None:
+            return dq, dk, dv
+    elif variant == "two-pass" and not dense_backward(spec):
         (delta,) = module.call("selection_attention_delta", o, do)
         if dk is not None:
             entries, piece_start, piece_count = _inverted_blocks(module, idx, n, fixed_blocks and split == 1)
@@ -280,7 +302,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         if dq is not None:
             module.call("selection_attention_dq", q, k, v, idx, lse, delta, do, scale, dq, wait_for_torch=False)
         return dq, dk, dv
-    if variant == "two-pass":
+    elif variant == "two-pass":
         # The backward in one call (the compressed attention on the CPU, the window on Hopper:
         # kernels.dense_backward): it makes delta and writes all three (dk and dv, when not asked for, into scratch
         # of the module's types).

@@ -13,7 +13,7 @@ import pytest
 
 from nsa_iree.fragments import LAYOUTS, Unit, covers_tile, element_position, evaluate_map
 from nsa_iree.recipes import load_recipe
-from nsa_iree.kernels import choose, dense_backward, group_split
+from nsa_iree.kernels import choose, dense_backward, dq_with_dkdv, group_split
 from nsa_iree.render import module_templates, render_module
 from nsa_iree.spec import KernelSpec
 
@@ -286,9 +286,15 @@ HOPPER_BACKWARD_CHOICE = [
     ("hopper_hpg64_g2", HOPPER_ANCHORS.replace(heads=128, kv_heads=2), ("hopper", "wide_dq"), ("hopper", None)),
     ("hopper_hpg32", HOPPER_ANCHORS.replace(kv_heads=2), ("linalg", None), ("hopper", None)),
     ("hopper_hpg16", HOPPER_ANCHORS, ("nvidia", None), ("hopper", None)),
+    # fewer heads per group than a tile: dk/dv makes dq (kernels.SMALL; the dq stage's choice is not rendered)
+    ("hopper_hpg8", HOPPER_ANCHORS.replace(heads=32), ("nvidia", None), ("hopper", "dkdv_dq")),
     ("hopper_hpg4_d64", HOPPER_ANCHORS.replace(heads=16, head_dim=64, value_dim=64), ("nvidia", None),
-     ("hopper", None)),
-    ("hopper_hpg1", HOPPER_ANCHORS.replace(heads=4), ("nvidia", None), ("hopper", None)),
+     ("hopper", "dkdv_dq")),
+    ("hopper_hpg1", HOPPER_ANCHORS.replace(heads=4), ("nvidia", None), ("hopper", "dkdv_dq")),
+    ("hopper_hpg4_bs32", HOPPER_ANCHORS.replace(heads=16, block_size=32, num_blocks=32), ("nvidia", None),
+     ("nvidia", None)),
+    ("hopper_hpg4_window", HOPPER_WINDOW.replace(heads=16), ("hopper", "dense_dq"), ("hopper", "dense_dkdv")),
+    ("hopper_hpg4_linalg", HOPPER_ANCHORS.replace(heads=16, kernels="linalg"), ("linalg", None), ("linalg", None)),
     ("hopper_hpg16_bs32", HOPPER_ANCHORS.replace(block_size=32, num_blocks=32), ("nvidia", None), ("nvidia", None)),
     ("hopper_hpg16_d192", HOPPER_ANCHORS.replace(head_dim=192), ("nvidia", None), ("nvidia", None)),
     ("hopper_hpg48_d64", HOPPER_ANCHORS.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64), ("linalg", None),
@@ -306,6 +312,18 @@ def test_hopper_backward_choice(case, spec, dq, dkdv):
     recipe = load_recipe("hopper")
     chosen = [choose(stage, spec, recipe) for stage in ("dq", "dkdv")]
     assert [(c.family, c.template) for c in chosen] == [dq, dkdv]
+
+
+@pytest.mark.parametrize("case,spec,dq,dkdv", HOPPER_BACKWARD_CHOICE, ids=[c[0] for c in HOPPER_BACKWARD_CHOICE])
+def test_hopper_two_pass_functions(case, spec, dq, dkdv):
+    """The two-pass module has dq's stage or dk/dv's making dq (selection_attention_dkdv_dq), never both, as
+    kernels.dq_with_dkdv says; the one-call backward (the window) neither."""
+    recipe = load_recipe("hopper")
+    text = render_module(spec, "two-pass", recipe)
+    fused = dq_with_dkdv(spec, recipe)
+    assert fused == (dkdv == ("hopper", "dkdv_dq"))
+    assert ("func.func @selection_attention_dkdv_dq(" in text) == fused
+    assert ("func.func @selection_attention_dq(" in text) == (not fused and not dense_backward(spec, recipe))
 
 
 def test_hopper_dkdv_chunks_hold_whole_pieces_rows():

@@ -64,7 +64,11 @@ DENSE = {"forward": ("dense_forward",), "dq": ("dense_dq",), "dkdv": ("dense_bac
 # those whose results it computes itself (the CPU's dense_backward: delta and dq; Hopper's dense_dkdv: delta,
 # made by its dq kernel, whose dispatch it makes) and those it needs no more (the block lists' inversion and their
 # pieces' sums: both take the keys in tiles).
-COVERS = {"dense_backward": ("delta", "dq", "inversion"), "dense_dkdv": ("delta", "inversion", "piece_sums")}
+# The dk/dv form that makes dq too without being the whole backward (SMALL: dkdv_dq) covers the dq stage.
+COVERS = {"dense_backward": ("delta", "dq", "inversion"), "dense_dkdv": ("delta", "inversion", "piece_sums"),
+          "dkdv_dq": ("dq",)}
+# The forms among COVERS whose template is the whole backward in one function.
+ONE_CALL = ("dense_backward", "dense_dkdv")
 
 
 # Stages with a form for wide groups: more query heads per kv head than the hand-written kernels' 16-row tiles,
@@ -73,12 +77,19 @@ COVERS = {"dense_backward": ("delta", "dq", "inversion"), "dense_dkdv": ("delta"
 # group_split runs such groups as several smaller ones.
 WIDE = {"forward": ("wide_forward",), "dq": ("wide_dq",)}
 
+# Stages with a form for small groups: fewer query heads per kv head than the 16-row tiles, where the recipe names a
+# family for the small form and it serves spec. The position-major dq reads each selected block once per position
+# and kv head, whatever its heads; dkdv_dq makes dq from dk/dv's products (ds k per piece of the block lists'
+# inversion, summed per row in slot order), so each block is read once per piece of its rows (COVERS: no dq stage).
+SMALL = {"dkdv": ("dkdv_dq",)}
+
 
 def choose(stage: str, spec, recipe) -> Choice:
     """The one place that picks the kernel of a stage: the recipe's dense kernel for a stage with a dense form
     (DENSE: compressed attention, the sliding window) where it serves spec (the first that does, where the recipe
-    names a list), the recipe's wide kernel for a stage with
-    a wide form (WIDE: more heads per group than a tile) where it serves spec, else the recipe's hand-written family
+    names a list), the recipe's wide kernel for a stage with a wide form (WIDE: more heads per group than a tile) and
+    its small kernel for a stage with a small form (SMALL: fewer) where it serves spec, else the recipe's hand-written
+    family
     where it serves spec (a recipe may name a list for a stage too: the first that serves spec, else the linalg
     stage with the last one's limits as `crossed`), the linalg stage otherwise, and everywhere when spec.kernels is
     "linalg". A stage with no
@@ -86,7 +97,8 @@ def choose(stage: str, spec, recipe) -> Choice:
     Reads nothing but its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made,
     nsa_iree.api.describe)."""
     # the stage's other forms, in order: dense (compressed attention, the window), then wide (more heads than a tile)
-    for forms, applies in ((DENSE, spec.key_stride > 1 or spec.window), (WIDE, spec.heads_per_group > HEAD_ROWS)):
+    for forms, applies in ((DENSE, spec.key_stride > 1 or spec.window), (WIDE, spec.heads_per_group > HEAD_ROWS),
+                           (SMALL, spec.heads_per_group < HEAD_ROWS)):
         for form in forms.get(stage, ()) if applies and spec.kernels != "linalg" else ():
             family = _first_serving(recipe.kernel_settings.get(form), form, spec, recipe)
             if family is not None:
@@ -166,7 +178,15 @@ def covered(stages: tuple[str, ...], spec, recipe) -> frozenset[str]:
 def dense_backward(spec, recipe) -> bool:
     """Whether the two-pass backward of spec is one call (choose()'s form of its dk/dv stage is in COVERS):
     selection_attention_backward(q, k, v, block_indices, lse, o, do, scale) -> dq, dk, dv, delta made inside."""
-    return choose("dkdv", spec, recipe).template in COVERS
+    return choose("dkdv", spec, recipe).template in ONE_CALL
+
+
+def dq_with_dkdv(spec, recipe) -> bool:
+    """Whether spec's dk/dv stage makes dq too (its form covers dq and is not the whole backward: SMALL's dkdv_dq):
+    selection_attention_dkdv_dq(q, k, v, block_indices, lse, delta, do, entries, piece_start, piece_count, scale)
+    -> dq, dk, dv, and no selection_attention_dq."""
+    template = choose("dkdv", spec, recipe).template
+    return "dq" in COVERS.get(template, ()) and template not in ONE_CALL
 
 
 def template_for(stage: str, spec, recipe) -> tuple[str, Family]:

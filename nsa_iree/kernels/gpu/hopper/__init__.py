@@ -9,7 +9,9 @@ from ....spec import KernelSpec
 from ...family import Family
 from .. import nvidia
 
-STAGES = ("dense_forward", "dense_dq", "dense_dkdv", "wide_forward", "wide_dq", "dkdv")
+STAGES = ("dense_forward", "dense_dq", "dense_dkdv", "wide_forward", "wide_dq", "dkdv", "dkdv_dq")
+# the selection's dk/dv kernel (dkdv_tile.mlir over the block lists' pieces), alone or making dq's partials too
+PIECE_STAGES = ("dkdv", "dkdv_dq")
 WARPGROUPS = 2               # warpgroups of a workgroup: each takes 64 rows (its m64 tile, 4 subgroups of 16)
 ROWS = 64 * WARPGROUPS       # rows of a workgroup, against each key tile staged once
 # the wide forward's (wide_forward.mlir: the part forward.mlir over block lists): one warpgroup, one position's heads
@@ -25,7 +27,8 @@ assert DQ_ROWS == WIDE_HEADS    # (wide_dq.mlir: a workgroup's rows are one posi
 # Workgroups a multiprocessor holds at once, by design (a warpgroup's softmax beside another's products): the
 # dense forward's two of two warpgroups each, dq's and dk/dv's two of one, the wide forward's three of one (a shape
 # whose workgroup memory holds fewer takes the NVIDIA wide kernel).
-RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 3, "wide_dq": 2, "dkdv": 2}
+RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 3, "wide_dq": 2, "dkdv": 2,
+            "dkdv_dq": 2}
 # The fewest a stage is served with (RESIDENT unless named): the wide forward runs at two where three do not fit
 # (BS 128 with Dv 64), and asks ptxas for no more than RESIDENT (six at D = 64 would leave 80 registers: spills).
 REQUIRED = {"wide_forward": 2}
@@ -65,18 +68,18 @@ def workgroup_memory(stage: str, spec: KernelSpec, rows_per_piece: int = 0) -> d
     [DQ_ROWS, BS] unless it goes over the V tile it was computed from (ds_in_v); wide_dq: dense_dq's (DQ_ROWS =
     WIDE_HEADS: one position's heads).
     dense_dkdv: K [64, D], V [64, Dv], two q chunks [64, D], two do chunks [64, Dv], p^T (then ds^T) [64, 64], and
-    two chunks' lse and delta ("stats", f32 [2][2][64]). dkdv: dense_dkdv's, then the piece's rows ("rows", i32
-    [rows_per_piece][4]) and their count (16 bytes). wide_forward: dense_forward's with 64 rows, V_BUFFERS V tiles and
-    no p (P_REGISTERS)."""
+    two chunks' lse and delta ("stats", f32 [2][2][64]). dkdv and dkdv_dq: dense_dkdv's, then the piece's rows
+    ("rows", i32 [rows_per_piece][4]) and their count (16 bytes). wide_forward: dense_forward's with 64 rows,
+    V_BUFFERS V tiles and no p (P_REGISTERS)."""
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
-    if stage in ("dense_dkdv", "dkdv"):
+    if stage in ("dense_dkdv", *PIECE_STAGES):
         v = tile_bytes(64, d)
         q = v + tile_bytes(64, dv)
         do = q + 2 * tile_bytes(64, d)
         pt = do + 2 * tile_bytes(64, dv)
         stats = pt + tile_bytes(64, 64)
         tiles = {"v": v, "q": q, "do": do, "pt": pt, "stats": stats, "end": stats + 2 * 2 * 64 * 4}
-        if stage == "dkdv":
+        if stage in PIECE_STAGES:
             tiles.update(rows=tiles["end"], end=tiles["end"] + rows_per_piece * 16 + 16)
         return tiles
     if stage in ("dense_dq", "wide_dq"):
@@ -100,18 +103,18 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     # (the NVIDIA family's limits of the same stage: dtype, instructions, head dims; the window's dk/dv takes its
     # dense dq's, the wide dq the wide forward's (a multiple of 16 heads, block lists; its vote_any instruction too,
     # which hopper.toml names), the selection's dk/dv the NVIDIA dk/dv's but its 16 heads per group)
-    like = {"dense_dkdv": "dense_dq", "wide_dq": "wide_forward"}.get(stage, stage)
+    like = {"dense_dkdv": "dense_dq", "wide_dq": "wide_forward", "dkdv_dq": "dkdv"}.get(stage, stage)
     why = [w for w in nvidia.limits(like, spec, recipe)
-           if "workgroup memory" not in w and not (stage == "dkdv" and "heads per group" in w)]
+           if "workgroup memory" not in w and not (stage in PIECE_STAGES and "heads per group" in w)]
     if stage in WIDE_STAGES and spec.heads_per_group != WIDE_HEADS:
         why.append(f"takes {WIDE_HEADS} heads per group (a position's heads, one warpgroup's m64 tile)")
     if stage in WIDE_STAGES and max(spec.head_dim, spec.value_dim, spec.block_size) > 128:
         why.append("D, Dv or BS above 128 (the layouts run on an H200: bench.hopper_checks check_wide)")
-    if stage in ("dense_dkdv", "dkdv") and spec.block_size != 64:
+    if stage in ("dense_dkdv", *PIECE_STAGES) and spec.block_size != 64:
         why.append("BS is not 64 (a warpgroup's m64 tile of keys)")
-    if stage in ("dense_dkdv", "dkdv") and spec.head_dim + spec.value_dim > 256:
+    if stage in ("dense_dkdv", *PIECE_STAGES) and spec.head_dim + spec.value_dim > 256:
         why.append("D + Dv above 256 (dk and dv accumulate in a lane's registers)")
-    if stage == "dkdv":
+    if stage in PIECE_STAGES:
         if 64 % spec.heads_per_group:
             why.append("the heads per group do not divide 64 (a chunk of 64 rows holds whole positions)")
         elif recipe.rows_per_piece % (64 // spec.heads_per_group):
@@ -170,7 +173,7 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
     })
     # dk/dv's: the selection's (a piece's rows besides the tiles) where spec's dk/dv stage is it, else the window's
     dkdv_choice = choose("dkdv", spec, recipe)
-    dkdv_form = "dkdv" if (dkdv_choice.family, dkdv_choice.template) == ("hopper", None) else "dense_dkdv"
+    dkdv_form = (dkdv_choice.template or "dkdv") if dkdv_choice.family == "hopper" else "dense_dkdv"
     dkdv = workgroup_memory(dkdv_form, spec, recipe.rows_per_piece)
     out.update({
         "HOPPER_DKDV_SMEM_BYTES": _allocation(dkdv_form, spec, recipe), "HOPPER_DKDV_V_OFFSET": dkdv["v"],
