@@ -1,6 +1,6 @@
 """The dq sums of the dk/dv kernel that makes dq (common/dq_sums.mlir) on their own, on the CPU: each row's dq is
-its dq partials, found through the block lists' inversion, summed in f32 in slot order over the blocks it reads
-(each once) and rounded once, bit for bit as the contract restated in plain torch below."""
+its per-slot dq partials summed in f32 in slot order over the slots naming a block it reads (each block once) and
+rounded once, bit for bit as the contract restated in plain torch below; the other slots are never read."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ from iree.compiler import compile_str
 from nsa_iree.cache import write_artifact
 from nsa_iree.kernels import COMMON
 from nsa_iree.recipes import load_recipe
-from nsa_iree.reference import block_lists_reference
 from nsa_iree.render import render_template
 from nsa_iree.runtime import device_for
 from nsa_iree.spec import KernelSpec
 
 RECIPE = load_recipe("cpu")
-ROWS_PER_PIECE = RECIPE.rows_per_piece
 INT32_MIN = torch.iinfo(torch.int32).min
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -27,9 +25,8 @@ CASES = {
     # Both batches, two groups of 4 heads; -1, INT32_MIN, a block past the end, future blocks of the early rows and
     # the same block in two slots of a row.
     "hpg4_b2_m_lt_n_bad_slots_duplicates": (2, 40, 100, 8, 2, 32, 16, 6),
-    # One head per group; blocks 0 and 1 are read by every row (of each group) that sees them: lists of 2 RPP + 1
-    # and 2 RPP - 8 rows, three and two pieces, whose rows past the first piece are found in the later ones.
-    "hpg1_piece_boundary": (1, 2 * ROWS_PER_PIECE + 1, 2 * ROWS_PER_PIECE + 8, 2, 2, 16, 16, 4),
+    # One head per group; every slot of the even rows names block 0: counted once.
+    "hpg1_one_block_in_every_slot": (1, 50, 60, 2, 2, 16, 16, 4),
     # Rows whose every slot is skipped (dq exactly 0), beside one that reads a block, on the first case's layout.
     "empty_row": (1, 3, 34, 8, 2, 32, 16, 6),
 }
@@ -45,9 +42,8 @@ def special(case: str, idx: torch.Tensor, n: int, bs: int) -> None:
         idx[:, :8, :, 3] = num_blocks - 1               # pos(m) = m + 60 < 96: the last block is future to rows < 36
         idx[:, 3::5, :, 4] = idx[:, 3::5, :, 1]         # duplicates: slot 4 names what slot 1 names
         idx[:, 5, :, 5] = idx[:, 5, :, 0] = 2           # and slot 5 what slot 0 names, a block the row reads
-    elif case == "hpg1_piece_boundary":
-        idx[:, :, :, 0] = 0                             # every row reads block 0
-        idx[:, :, :, 2] = 1                             # and block 1 from pos(m) = m + 7 >= 16 on: a future one before
+    elif case == "hpg1_one_block_in_every_slot":
+        idx[:, ::2] = 0
     elif case == "empty_row":
         # pos(m) = m + 31: row 0 reads blocks 0 and 1, rows 1 and 2 blocks 0 to 2
         idx[0, 0] = torch.tensor([-1, INT32_MIN, num_blocks + 5, 2, -1, -7], dtype=torch.int32)
@@ -57,32 +53,30 @@ def special(case: str, idx: torch.Tensor, n: int, bs: int) -> None:
         raise ValueError(case)
 
 
-def expected_dq(dq_pieces, idx, entries, n: int, bs: int, heads: int, dtype: torch.dtype) -> torch.Tensor:
-    """The contract restated: dq[b, m, h] = the f32 sum, in slot order, over the slots that name a block row
-    (b, m, g = h // HPG) reads and no earlier slot of the row names, of the partial of (h, the row's place in that
-    block's list) (place = p RPP + r where entries[p, r] = (row, flat block)), rounded once to dtype."""
+def counted_slots(idx: torch.Tensor, n: int, bs: int) -> torch.Tensor:
+    """[B, M, G, T] bool: the slot names a block the row reads (not negative, not past pos(m) // BS, which also
+    rules out blocks past the end) that no earlier slot of the row names."""
     batch, m_rows, groups, slots = idx.shape
-    hpg = heads // groups
-    num_blocks = -(-n // bs)
-    place = {(int(c), int(fb)): p * ROWS_PER_PIECE + r
-             for p, piece in enumerate(entries.tolist()) for r, (c, fb) in enumerate(piece) if c >= 0}
-    dq = torch.zeros(batch, m_rows, heads, dq_pieces.shape[-1], dtype=torch.float32)
+    counted = torch.zeros(idx.shape, dtype=torch.bool)
     for b in range(batch):
         for m in range(m_rows):
-            last_visible = (m + n - m_rows) // bs                    # pos(m) // BS: no block past it is read
+            last_visible = (m + n - m_rows) // bs
             for g in range(groups):
-                row = (b * m_rows + m) * groups + g
-                acc = torch.zeros(hpg, dq_pieces.shape[-1], dtype=torch.float32)
                 named = set()
-                for block in idx[b, m, g].tolist():
-                    reads = 0 <= block <= last_visible and block not in named
+                for t, block in enumerate(idx[b, m, g].tolist()):
+                    counted[b, m, g, t] = 0 <= block <= last_visible and block not in named
                     named.add(block)
-                    if reads:
-                        at = place[(row, (b * groups + g) * num_blocks + block)]
-                        p, r = divmod(at, ROWS_PER_PIECE)
-                        acc = acc + dq_pieces[p, r * hpg:(r + 1) * hpg]
-                dq[b, m, g * hpg:(g + 1) * hpg] = acc
-    return dq.to(dtype)
+    return counted
+
+
+def expected_dq(dq_slots: torch.Tensor, counted: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The contract restated: dq[b, m, h] = the f32 sum, in slot order, of dq_slots[b, m, h // HPG, t, h mod HPG]
+    over the counted slots t, rounded once to dtype."""
+    batch, m_rows, groups, slots, hpg, d = dq_slots.shape
+    acc = torch.zeros(batch, m_rows, groups, hpg, d, dtype=torch.float32)
+    for t in range(slots):
+        acc = torch.where(counted[:, :, :, t, None, None], acc + dq_slots[:, :, :, t], acc)
+    return acc.reshape(batch, m_rows, groups * hpg, d).to(dtype)
 
 
 _MODULES = {}
@@ -91,17 +85,12 @@ _MODULES = {}
 def dq_sums_module(spec: KernelSpec, directory):
     """The CPU module of dq_sums.mlir for spec with a public @dq_sums calling @dq_partial_sums (compiled once)."""
     if spec not in _MODULES:
-        h, g, d, t, e = spec.heads, spec.kv_heads, spec.head_dim, spec.num_blocks, spec.dtype
-        rows = ROWS_PER_PIECE * spec.heads_per_group
-        types = (f"tensor<?x{rows}x{d}xf32>, tensor<?x?x{g}x{t}xi32>, tensor<?x{ROWS_PER_PIECE}x2xi32>, "
-                 f"tensor<?xi32>, tensor<?xi32>, index")
-        result = f"tensor<?x?x{h}x{d}x{e}>"
+        h, g, d, t, e, hpg = spec.heads, spec.kv_heads, spec.head_dim, spec.num_blocks, spec.dtype, spec.heads_per_group
+        slots_type, result = f"tensor<?x?x{g}x{t}x{hpg}x{d}xf32>", f"tensor<?x?x{h}x{d}x{e}>"
         wrapper = f"""
-func.func @dq_sums(%dq_pieces: tensor<?x{rows}x{d}xf32>, %block_indices: tensor<?x?x{g}x{t}xi32>,
-    %entries: tensor<?x{ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
-    %n: index) -> {result} {{
-  %dq = func.call @dq_partial_sums(%dq_pieces, %block_indices, %entries, %piece_start, %piece_count, %n)
-      : ({types}) -> {result}
+func.func @dq_sums(%dq_slots: {slots_type}, %block_indices: tensor<?x?x{g}x{t}xi32>, %n: index) -> {result} {{
+  %dq = func.call @dq_partial_sums(%dq_slots, %block_indices, %n)
+      : ({slots_type}, tensor<?x?x{g}x{t}xi32>, index) -> {result}
   return %dq : {result}
 }}
 """
@@ -127,19 +116,19 @@ def test_each_rows_dq_is_its_read_blocks_partials_summed_in_slot_order_and_round
     num_blocks = -(-n // bs)
     idx = torch.randint(-1, num_blocks + 2, (b, m, g, t), generator=gen, dtype=torch.int32)
     special(case, idx, n, bs)
-    entries, piece_start, piece_count = block_lists_reference(idx, bs, n, ROWS_PER_PIECE)
-    dq_pieces = torch.randn(entries.shape[0], ROWS_PER_PIECE * spec.heads_per_group, d, generator=gen)
-    want = expected_dq(dq_pieces, idx, entries, n, bs, h, DTYPES[dtype])
+    counted = counted_slots(idx, n, bs)
+    dq_slots = torch.randn(b, m, g, t, spec.heads_per_group, d, generator=gen)
+    dq_slots[~counted] = float("nan")                  # the slots no block's piece writes: never read
+    want = expected_dq(dq_slots, counted, DTYPES[dtype])
 
     module = dq_sums_module(spec, build_dir)
-    got = module.device.export_tensor(module.call("dq_sums", dq_pieces, idx, entries, piece_start, piece_count,
-                                                  n)[0]).clone()
+    got = module.device.export_tensor(module.call("dq_sums", dq_slots, idx, n)[0]).clone()
 
     assert got.shape == want.shape and got.dtype == want.dtype
     differ = (got != want).any(dim=-1).nonzero().tolist()
     assert torch.equal(got, want), f"(b, m, h) whose dq differs: {differ[:20]} ({len(differ)} in all)"
-    if case == "hpg1_piece_boundary":
-        assert int(piece_count.max()) == 3             # the case covers what it names: lists of three pieces
+    if case == "hpg1_one_block_in_every_slot":
+        assert (counted[:, ::2].sum(-1) <= 1).all()     # the case covers what it names: one slot counted
     if case == "empty_row":
         assert not got[0, :2].any() and not got[0, 2, :4].any()    # every slot skipped: exactly 0
         assert got[0, 2, 4:].any()

@@ -207,25 +207,23 @@ ${ push_constants(pieces=true) }
 <% endmacro %>
 
 <# dk/dv with dq (dkdv_dq_signature): one dispatch of `executable`'s @selection_attention_dkdv_piece per piece, which
-   writes dk's and dv's f32 partials per piece and dq's per (piece row, head) [pieces, ROWS_PER_PIECE HPG, D]; then
-   the dk/dv pieces summed per block (common/piece_sums.mlir) and each row's dq partials in slot order
-   (common/dq_sums.mlir). #>
+   writes dk's and dv's f32 partials per piece and dq's per (row, slot) [B, M, G, T, HPG, D]; then the dk/dv pieces
+   summed per block (common/piece_sums.mlir) and each row's dq partials in slot order (common/dq_sums.mlir). #>
 <% macro dkdv_dq(executable) %>
-<% set dq_rows = (ROWS_PER_PIECE | int) * (HPG | int) %>
+<% set dq_slots_type = "tensor<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ D ~ "xf32>" %>
 ${ dkdv_dq_signature() }
 ${ sizes() }
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
 ${ push_constants(pieces=true) }
-  %dk_pieces, %dv_pieces, %dq_pieces = flow.dispatch @${executable}::@selection_attention_dkdv_piece[%pieces](
+  %dk_pieces, %dv_pieces, %dq_slots = flow.dispatch @${executable}::@selection_attention_dkdv_piece[%pieces](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %pieces_i32, %q, %k, %v, %block_indices, %lse, %delta, %do, %entries)
       : (i32, i32, i32, i32, i32, ${ backward_operand_types() }, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces})
-      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces}, tensor<?x${dq_rows}x${D}xf32>{%pieces})
+      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces}, ${dq_slots_type}{%batch, %m_rows})
   %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
       : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
       -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)
-  %dq = func.call @dq_partial_sums(%dq_pieces, %block_indices, %entries, %piece_start, %piece_count, %n)
-      : (tensor<?x${dq_rows}x${D}xf32>, tensor<?x?x${G}x${T}xi32>, tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>,
-         tensor<?xi32>, index) -> tensor<?x?x${H}x${D}x${E}>
+  %dq = func.call @dq_partial_sums(%dq_slots, %block_indices, %n)
+      : (${dq_slots_type}, tensor<?x?x${G}x${T}xi32>, index) -> tensor<?x?x${H}x${D}x${E}>
   return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
 }
 <% endmacro %>

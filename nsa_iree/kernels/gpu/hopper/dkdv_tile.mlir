@@ -38,7 +38,7 @@
 
 <% set exe, function, layout = ("hopper_selection_dkdv_exe", "selection_attention_dkdv_piece", "hopper_dkdv_layout") if selection else ("hopper_dense_attention_dkdv_exe", "dense_attention_dkdv_tile", "hopper_dense_dkdv_layout") %>
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] + (['entries'] if selection else []) %>
-<% set outputs = (['dk_pieces', 'dv_pieces'] + (['dq_pieces'] if dq_partials else [])) if selection else ['dk', 'dv'] %>
+<% set outputs = (['dk_pieces', 'dv_pieces'] + (['dq_slots'] if dq_partials else [])) if selection else ['dk', 'dv'] %>
 <% set constants = ['batch', 'm_rows', 'n', 'scale'] + (['pieces'] if selection else []) %>
 <% set ids = ['piece'] if selection else ['key_tile', 'g', 'b'] %>
 <% set piece_rows_per_chunk = 64 // (HPG | int) %>
@@ -147,6 +147,23 @@ ${ nv.lane_ids() }
           %row_log2 = arith.select %row_used, %weight_log2, %minus_inf : f32
           %row_log2_bits = arith.bitcast %row_log2 : f32 to i32
           memref.store %row_log2_bits, %row_info[%row, %c3] : !dkv_row_info
+<% if dq_partials %>
+          // (dq_partials) the first of the row's slots that names the block as its third word (the weight's, now
+          // read): where its dq partial goes, dq_slots[b, m, g, that slot]
+          %info_m_safe = arith.maxsi %info_m, %c0_i32 : i32
+          %slot_m = arith.index_castui %info_m_safe : i32 to index
+          %slots_i32 = arith.constant ${T} : i32
+          %first_slot = scf.for %t = %c0 to %slots step %c1 iter_args(%found = %slots_i32) -> (i32) {
+            %listed = memref.load %block_indices[%b, %slot_m, %g, %t] : memref<?x?x${G}x${T}xi32>
+            %same = arith.cmpi eq, %listed, %block_i32 : i32
+            %none_yet = arith.cmpi eq, %found, %slots_i32 : i32
+            %first_here = arith.andi %same, %none_yet : i1
+            %t_i32 = arith.index_cast %t : index to i32
+            %found_next = arith.select %first_here, %t_i32, %found : i32
+            scf.yield %found_next : i32
+          }
+          memref.store %first_slot, %row_info[%row, %c2] : !dkv_row_info
+<% endif %>
           %next = arith.addi %row, %c1 : index
           %next_in = arith.cmpi ult, %next, %rows : index
           %next_at = arith.select %next_in, %next, %c0 : index
@@ -426,24 +443,38 @@ ${ wg.settle(dv_chain) }
 <% endfor %>
           llvm.inline_asm has_side_effects "fence.proxy.async.shared::cta;", "" : () -> ()
           gpu.barrier
-${ wg.chain("dk_new", "%dk_tile", "%pt_desc", steps.rows, "%q_mn_desc", steps.mn, D, E, "row", "!hdkv_dk") }
+<% set dk_chain = ("dk_new", "%dk_tile", "%pt_desc", steps.rows, "%q_mn_desc", steps.mn, D, "row", "!hdkv_dk") %>
+<% set dq_chain = ("dq_part", none, "%pt_mn_desc", steps.mn, "%k_mn_desc", steps.mn, D, "row", "!hdkv_dk", "col") %>
 <% if dq_partials %>
-          // The chunk rows' dq from this block, ds k (A: ds^T MN-major, B: K MN-major), as f32 partials: value
-          // 4 i + 2 h + e is chunk row 16 w + r + 8 h, column 8 i + 2 c + e, stored at row 64 chunk + that of the
-          // piece's [ROWS_PER_PIECE HPG, D].
-${ wg.chain("dq_part", none, "%pt_mn_desc", steps.mn, "%k_mn_desc", steps.mn, D, E, "row", "!hdkv_dk", "col") }
-          %dq_rows0 = arith.muli %chunk, %c64 : index
+          // and the chunk rows' dq from this block in the same group, ds k (A: ds^T MN-major, B: K MN-major), as f32
+          // partials: value 4 i + 2 h + e is chunk row 16 w + r + 8 h, column 8 i + 2 c + e, stored in the row's
+          // place of dq_slots [B, M, G, T, HPG, D] (its first slot naming the block; common/dq_sums.mlir).
+${ wg.chains([dk_chain, dq_chain], E) }
+          // Row R of the chunk (the lane's rows lane_key_h) is the piece's row chunk_row0 + R / HPG, head R mod HPG;
+          // a padding row (m -1) stores nothing.
 <% for h in range(2) %>
-          %dq_row_${h} = arith.addi %dq_rows0, %lane_key_${h} : index
+          %dq_piece_row_${h}_in = arith.divui %lane_key_${h}, %heads_per_group : index
+          %dq_piece_row_${h} = arith.addi %chunk_row0, %dq_piece_row_${h}_in : index
+          %dq_head_${h} = arith.remui %lane_key_${h}, %heads_per_group : index
+          %dq_info_${h} = vector.load %row_info[%dq_piece_row_${h}, %c0] : !dkv_row_info, vector<4xi32>
+          %dq_m_${h}_i32 = vector.extract %dq_info_${h}[0] : i32 from vector<4xi32>
+          %dq_slot_${h}_i32 = vector.extract %dq_info_${h}[2] : i32 from vector<4xi32>
+          %dq_real_${h} = arith.cmpi sge, %dq_m_${h}_i32, %c0_i32 : i32
+          scf.if %dq_real_${h} {
+            %dq_m_${h} = arith.index_castui %dq_m_${h}_i32 : i32 to index
+            %dq_slot_${h} = arith.index_castui %dq_slot_${h}_i32 : i32 to index
 <% for i in range(dk_values // 4) %>
-          %dq_${h}_${i}_lo = llvm.extractvalue %dq_part[${ 4 * i + 2 * h }] : !hdkv_dk
-          %dq_${h}_${i}_hi = llvm.extractvalue %dq_part[${ 4 * i + 2 * h + 1 }] : !hdkv_dk
-          %dq_${h}_${i}_pair = vector.from_elements %dq_${h}_${i}_lo, %dq_${h}_${i}_hi : vector<2xf32>
-          %dq_${h}_${i}_col0 = arith.constant ${ 8 * i } : index
-          %dq_${h}_${i}_col = arith.addi %dq_${h}_${i}_col0, %c2x : index
-          vector.store %dq_${h}_${i}_pair, %dq_pieces[%piece, %dq_row_${h}, %dq_${h}_${i}_col] : memref<?x${ (ROWS_PER_PIECE | int) * (HPG | int) }x${D}xf32>, vector<2xf32>
+            %dq_${h}_${i}_lo = llvm.extractvalue %dq_part[${ 4 * i + 2 * h }] : !hdkv_dk
+            %dq_${h}_${i}_hi = llvm.extractvalue %dq_part[${ 4 * i + 2 * h + 1 }] : !hdkv_dk
+            %dq_${h}_${i}_pair = vector.from_elements %dq_${h}_${i}_lo, %dq_${h}_${i}_hi : vector<2xf32>
+            %dq_${h}_${i}_col0 = arith.constant ${ 8 * i } : index
+            %dq_${h}_${i}_col = arith.addi %dq_${h}_${i}_col0, %c2x : index
+            vector.store %dq_${h}_${i}_pair, %dq_slots[%b, %dq_m_${h}, %g, %dq_slot_${h}, %dq_head_${h}, %dq_${h}_${i}_col] : memref<?x?x${G}x${T}x${HPG}x${D}xf32>, vector<2xf32>
 <% endfor %>
+          }
 <% endfor %>
+<% else %>
+${ wg.chain("dk_new", "%dk_tile", "%pt_desc", steps.rows, "%q_mn_desc", steps.mn, D, E, "row", "!hdkv_dk") }
 <% endif %>
           scf.yield %dk_new, %dv_new : !hdkv_dk, !hdkv_dv
         } else {

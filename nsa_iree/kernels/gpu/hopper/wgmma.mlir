@@ -87,7 +87,7 @@ ${ settled(result, (b_offsets | length) - 1, n, acc_t) }
 <% endmacro %>
 
 <# Several chains (each a tuple of chain's arguments but dtype: result, acc, a, a_offsets, b, b_offsets, n,
-   b_layout, acc_t) issued one after the other in one group, committed and waited for once: the tensor cores take
+   b_layout, acc_t, and optionally a_layout) issued one after the other in one group, committed and waited for once: the tensor cores take
    the second while the first drains. The call block's text, if any, comes between the commit and the wait (the
    lanes' work while the tensor cores multiply). #>
 <% macro chains(items, dtype) %>
@@ -102,7 +102,7 @@ ${ settle(items) }
 <% macro issue(items, dtype) %>
       nvvm.wgmma.fence.aligned
 <% for x in items %>
-      ${ steps(x[0], x[1], x[2], x[3], x[4], x[5], x[6], dtype, x[7], x[8]) | trim }
+      ${ steps(x[0], x[1], x[2], x[3], x[4], x[5], x[6], dtype, x[7], x[8], x[9] if x | length > 9 else "row") | trim }
 <% endfor %>
       nvvm.wgmma.commit.group.sync.aligned
 <%- endmacro %>
