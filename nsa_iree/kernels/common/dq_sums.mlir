@@ -9,7 +9,7 @@
 //                         it, in its p: its partial holds them all)
 //   dq[b, m, h, :]      = sum over the counted t of dq_slots[b, m, h / HPG, t, h mod HPG, :]
 //
-// The partials of the other slots are never written, nor read.
+// The partials of the other slots are never written, and never added.
 <% import "common/blocks.mlir" as blocks %>
 <% import "common/rules.mlir" as rules %>
 func.func private @dq_partial_sums(%dq_slots: tensor<?x?x${G}x${T}x${HPG}x${D}xf32>,
@@ -19,9 +19,7 @@ func.func private @dq_partial_sums(%dq_slots: tensor<?x?x${G}x${T}x${HPG}x${D}xf
   %c0_i32 = arith.constant 0 : i32
   %c1_i32 = arith.constant 1 : i32
   %false = arith.constant false
-  %zero = arith.constant 0.0 : f32
   %block_size = arith.constant ${BS} : index
-  %slots = arith.constant ${T} : index
   %heads_per_group = arith.constant ${HPG} : index
   %batch = tensor.dim %block_indices, %c0 : tensor<?x?x${G}x${T}xi32>
   %m_rows = tensor.dim %block_indices, %c1 : tensor<?x?x${G}x${T}xi32>
@@ -61,19 +59,18 @@ ${ blocks.selected("chosen") }
       %d = linalg.index 3 : index
       %g = arith.divui %h, %heads_per_group : index
       %head_in_group = arith.remui %h, %heads_per_group : index
-      %total = scf.for %t = %c0 to %slots step %c1 iter_args(%acc = %zero) -> (f32) {
-        %counted_i32 = tensor.extract %counted[%b, %m, %g, %t] : tensor<?x?x${G}x${T}xi32>
-        %is_counted = arith.cmpi ne, %counted_i32, %c0_i32 : i32
-        %next = scf.if %is_counted -> (f32) {
-          %x = tensor.extract %dq_slots[%b, %m, %g, %t, %head_in_group, %d] : tensor<?x?x${G}x${T}x${HPG}x${D}xf32>
-          %sum = arith.addf %acc, %x : f32
-          scf.yield %sum : f32
-        } else {
-          scf.yield %acc : f32
-        }
-        scf.yield %next : f32
-      }
-      %total_e = ${TRUNCF} %total : f32 to ${E}
+      // The slots unrolled: each read whether counted or not, so that a row's loads go out together (an unwritten
+      // slot's value, whatever it is, is not added).
+      %acc_0 = arith.constant 0.0 : f32
+<% for t in range(T | int) %>
+      %t_${t} = arith.constant ${t} : index
+      %counted_${t}_i32 = tensor.extract %counted[%b, %m, %g, %t_${t}] : tensor<?x?x${G}x${T}xi32>
+      %is_counted_${t} = arith.cmpi ne, %counted_${t}_i32, %c0_i32 : i32
+      %x_${t} = tensor.extract %dq_slots[%b, %m, %g, %t_${t}, %head_in_group, %d] : tensor<?x?x${G}x${T}x${HPG}x${D}xf32>
+      %sum_${t} = arith.addf %acc_${t}, %x_${t} : f32
+      %acc_${t + 1} = arith.select %is_counted_${t}, %sum_${t}, %acc_${t} : f32
+<% endfor %>
+      %total_e = ${TRUNCF} %acc_${T} : f32 to ${E}
       linalg.yield %total_e : ${E}
     } -> tensor<?x?x${H}x${D}x${E}>
     flow.return %dq_sum : tensor<?x?x${H}x${D}x${E}>
