@@ -8,6 +8,7 @@
     python3 -m bench.gpu_checks inversion     # the inversion stage's lists on the GPU against the oracle
     python3 -m bench.gpu_checks nonfinite     # NaN / Inf in an unselected block reaches no output
     python3 -m bench.gpu_checks packed [SEQ]  # cu_seqlens at 64k: each document alone, fla, determinism
+    python3 -m bench.gpu_checks row_slices    # the two-pass in slices of query rows against f64 and unsliced
     python3 -m bench.gpu_checks dkdv_f32 [SEQ] # the float32 dk/dv modules (nsa_iree.distributed's) against the
                                               #   input-dtype ones: two-pass rounded bitwise equal, one-pass close
 """
@@ -172,6 +173,40 @@ def dkdv_f32(seq=4000):
     print(json.dumps({"seq": seq, "dkdv_f32": out}, indent=1))
 
 
+def row_slices(seq=3000, rows=700, configs=("hpg4", "hpg1")):
+    """The two-pass in slices of `rows` query rows (backward_into's rows_per_slice, the default where dk/dv makes
+    dq's partials on the hopper target) against the f64 reference and the unsliced call, B 2, bad slots: dq bitwise
+    the unsliced dq, dk and dv close (summed over the slices in f32), a second sliced run bitwise equal, every
+    output written."""
+    from nsa_iree.api import backward_into
+    from nsa_iree.reference import selection_attention_backward_reference
+
+    for name in configs:
+        cfg = CONFIGS[name]
+        q, k, v, do, idx = _inputs(cfg, 2, seq)
+        idx = _with_bad_slots(idx, seq, cfg["block_size"]).to(torch.int32)
+        scale = cfg["head_dim"] ** -0.5
+        o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, cfg["block_size"])
+        runs = []
+        for slice_rows in (rows, rows, None):
+            grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+            backward_into(*grads, q, k, v, o, lse, do, idx, cfg["block_size"], scale, "two-pass",
+                          rows_per_slice=slice_rows)
+            torch.cuda.synchronize()
+            runs.append(grads)
+        _, *ref = selection_attention_backward_reference(q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(),
+                                                         idx.cpu(), cfg["block_size"])
+        sliced, again, whole = runs
+        row = {"config": name, "seq": seq, "rows_per_slice": rows,
+               "finite": all(bool(torch.isfinite(t).all()) for t in sliced),
+               "bitwise_repeat": all(torch.equal(a, b) for a, b in zip(sliced, again)),
+               "dq_bitwise_unsliced": torch.equal(sliced[0], whole[0])}
+        for what, x, y, r in zip(("dq", "dk", "dv"), sliced, whole, ref):
+            row[f"{what}_sliced_vs_f64"] = relative_rms_error(x.cpu(), r, rms_floor=1e-3)
+            row[f"{what}_unsliced_vs_f64"] = relative_rms_error(y.cpu(), r, rms_floor=1e-3)
+        print(json.dumps(row), flush=True)
+
+
 def packed(seq=65536, device="cuda", config="anchors", doc_lengths=DOC_LENGTHS):
     """Documents of 1k to 16k tokens packed with cu_seqlens (realistic selections inside each): the packed
     call against nsa_iree's unpacked call on every document alone (bit for bit expected from the two-pass
@@ -215,7 +250,7 @@ def packed(seq=65536, device="cuda", config="anchors", doc_lengths=DOC_LENGTHS):
 
 if __name__ == "__main__":
     check = {"sanitize": sanitize, "large": large, "determinism": determinism, "inversion": inversion,
-             "nonfinite": nonfinite, "packed": packed, "dkdv_f32": dkdv_f32}[sys.argv[1]]
+             "nonfinite": nonfinite, "packed": packed, "dkdv_f32": dkdv_f32, "row_slices": row_slices}[sys.argv[1]]
     sizes = [int(s) for s in sys.argv[2:]]        # optional sequence lengths
     if sizes:
         check(*([sizes] if check in (large, inversion) else sizes))

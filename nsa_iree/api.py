@@ -23,6 +23,7 @@ Shapes, masking and numerics are specified in docs/semantics.md.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import warnings
 import weakref
@@ -214,8 +215,22 @@ def _repeat_groups(x: Tensor, split: int) -> Tensor:
     return x.repeat_interleave(split, dim=2)
 
 
+# The most bytes of dq partials one backward call may hold where dk/dv makes dq (kernels.SMALL: T x H x D x 4 bytes a
+# query row and batch); a longer sequence runs in row slices (backward_into). NSA_IREE_DQ_PARTIALS_BYTES sets it.
+DQ_PARTIALS_BYTES = int(os.environ.get("NSA_IREE_DQ_PARTIALS_BYTES", 8 << 30))
+
+
+def _rows_per_slice(spec: KernelSpec, batch: int) -> int | None:
+    """The query rows of a backward call whose dq partials fit DQ_PARTIALS_BYTES (at least 64); None where spec's
+    dk/dv makes no partials."""
+    if not dq_with_dkdv(spec):
+        return None
+    per_row = batch * spec.num_blocks * spec.heads * spec.head_dim * 4
+    return max(64, DQ_PARTIALS_BYTES // per_row)
+
+
 def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None,
-                  after_dkdv=None, key_stride=1, window=0, fixed_blocks=False):
+                  after_dkdv=None, key_stride=1, window=0, fixed_blocks=False, rows_per_slice=None):
     """Run delta and the backward `variant`, writing into caller-owned dq, dk and dv (q's dtype; dk and dv may
     be float32 for 16-bit inputs: their sums before the rounding to q's dtype).
 
@@ -231,7 +246,9 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     need padding, called at the end (dk and dv are copied out of the padded layout last). key_stride, window: as
     for forward_into. fixed_blocks: idx is a tensor made once per shape and only read (the band of the sliding
     window, the compressed attention's tiles): the two-pass's inversion of it is made once and kept as long as idx
-    lives (a change to idx in place makes it again).
+    lives (a change to idx in place makes it again). rows_per_slice: run the two-pass in slices of that many query
+    rows (default: where dk/dv makes dq, as many as DQ_PARTIALS_BYTES of partials hold; else all), each slice's dk and
+    dv summed over the slices in float32 and rounded once.
     """
     check_variant(variant)
     if (dk is None) != (dv is None) or (variant == "one-pass" and None in (dq, dk, dv)):
@@ -265,6 +282,10 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     if dq is None and dk is None:
         return dq, dk, dv
     spec, split = loaded_spec(describe(q, k, v, idx, block_size, key_stride, window), variant)
+    if variant == "two-pass" and key_stride == 1 and not window:
+        rows = rows_per_slice or _rows_per_slice(spec, batch)
+        if rows is not None and rows < m_rows:
+            return _backward_in_row_slices(rows, dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, after_dkdv)
     dk_out, dv_out = dk, dv
     if split > 1:
         # Each kv head's query heads as `split` groups (loaded_spec); their dk and dv summed after.
@@ -320,6 +341,36 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     dk, dv = _sum_groups(dk_out, dk, split), _sum_groups(dv_out, dv, split)
     if after_dkdv is not None:
         after_dkdv()
+    return dq, dk, dv
+
+
+def _backward_in_row_slices(rows, dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, after_dkdv):
+    """backward_into's two-pass over slices of `rows` query rows, in order: slice [m0, m1) against the keys its rows
+    may see (the first N - M + m1: its last row's position and before), dq written per slice, dk and dv summed over
+    the slices in float32 and rounded once."""
+    batch, m_rows = q.shape[:2]
+    n = k.shape[1]
+    dk_sum, dv_sum = (None if t is None else torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+                      for t in (dk, dv))
+    for m0 in range(0, m_rows, rows):
+        m1 = min(m_rows, m0 + rows)
+        keys = n - m_rows + m1
+        dq_part = None if dq is None else _empty((batch, m1 - m0, *dq.shape[2:]), dq)
+        dk_part, dv_part = (None if t is None else _empty((batch, keys, *t.shape[2:]), t, torch.float32)
+                            for t in (dk, dv))
+        backward_into(dq_part, dk_part, dv_part, q[:, m0:m1], k[:, :keys], v[:, :keys], o[:, m0:m1],
+                      lse[:, :, m0:m1], do[:, m0:m1], idx[:, m0:m1], block_size, scale, "two-pass",
+                      rows_per_slice=m1 - m0)
+        if dq is not None:
+            dq[:, m0:m1].copy_(dq_part)
+        if dk is not None:
+            dk_sum[:, :keys] += dk_part
+            dv_sum[:, :keys] += dv_part
+    if dk is not None:
+        dk.copy_(dk_sum)
+        dv.copy_(dv_sum)
+        if after_dkdv is not None:
+            after_dkdv()
     return dq, dk, dv
 
 

@@ -1,0 +1,89 @@
+"""The two-pass backward in slices of query rows (backward_into's rows_per_slice; by default where dk/dv makes dq's
+partials, kernels.SMALL, as many rows as api.DQ_PARTIALS_BYTES of partials hold): each slice against the keys its
+rows may see, dq per slice exactly as unsliced, dk and dv summed over the slices in f32 and rounded once: close to
+the f64 reference, reproducible bit for bit, every output written."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nsa_iree import api
+from nsa_iree.api import backward_into, effective_block_indices, forward_into
+from nsa_iree.spec import KernelSpec
+
+from nsa_iree.testing import TOLERANCE, relative_rms_error
+
+from conftest import (DTYPES, RMS_FLOOR, Problem, assert_bitwise_equal, make_inputs, poisoned, realistic_indices,
+                      reference_outputs)
+
+# (problem, rows per slice)
+CASES = {
+    "three_slices_m_eq_n": (Problem(batch=1, m_rows=96, n=96), 40),
+    "b2_m_lt_n_partial_block": (Problem(batch=2, m_rows=70, n=101, select=realistic_indices), 32),
+    "last_slice_one_row": (Problem(batch=1, m_rows=65, n=80, heads=2, kv_heads=2), 64),
+    "slice_of_one_row": (Problem(batch=1, m_rows=5, n=40, heads=4, kv_heads=1), 1),
+}
+
+
+def _backward(p: Problem, dtype, rows_per_slice, wanted=("dq", "dk", "dv")):
+    q, k, v, do, block_indices, block_counts = make_inputs(p, dtype)
+    scale = p.head_dim ** -0.5
+    idx = effective_block_indices(block_indices, block_counts)
+    o, lse = poisoned((p.batch, p.m_rows, p.heads, p.value_dim), dtype), poisoned((p.batch, p.heads, p.m_rows),
+                                                                                  torch.float32)
+    forward_into(o, lse, q, k, v, idx, p.block_size, scale)
+    grads = {name: poisoned(x.shape, dtype) if name in wanted else None for name, x in zip(("dq", "dk", "dv"),
+                                                                                           (q, k, v))}
+    backward_into(grads["dq"], grads["dk"], grads["dv"], q, k, v, o, lse, do, idx, p.block_size, scale, "two-pass",
+                  rows_per_slice=rows_per_slice)
+    return (q, k, v, do, block_indices, block_counts, o, lse), grads
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_sliced_backward_matches_the_reference(case, dtype):
+    p, rows = CASES[case]
+    (q, k, v, do, block_indices, block_counts, o, lse), grads = _backward(p, DTYPES[dtype], rows)
+    refs = reference_outputs(p, q, k, v, do, block_indices, block_counts, o, lse)[2:]
+    for (name, x), ref in zip(grads.items(), refs):
+        assert not torch.isnan(x).any(), f"{name}: an element was never written"
+        assert relative_rms_error(x, ref, rms_floor=RMS_FLOOR) < TOLERANCE[DTYPES[dtype]], name
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_sliced_dq_is_the_unsliced_dq_and_dk_dv_are_reproducible(case):
+    p, rows = CASES[case]
+    _, sliced = _backward(p, torch.bfloat16, rows)
+    _, again = _backward(p, torch.bfloat16, rows)
+    _, whole = _backward(p, torch.bfloat16, None)
+    assert_bitwise_equal(list(sliced.values()), list(again.values()), ("dq", "dk", "dv"))
+    assert_bitwise_equal([sliced["dq"]], [whole["dq"]], ("dq",))
+
+
+@pytest.mark.parametrize("wanted", [("dq",), ("dk", "dv")], ids=["dq_only", "dk_dv_only"])
+def test_sliced_backward_writes_only_what_is_asked(wanted):
+    p, rows = CASES["three_slices_m_eq_n"]
+    _, grads = _backward(p, torch.float32, rows, wanted)
+    _, whole = _backward(p, torch.float32, None)
+    for name, x in grads.items():
+        assert (x is None) == (name not in wanted)
+        if x is not None:
+            torch.testing.assert_close(x, whole[name], rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_slice_holds_the_partials_budget(monkeypatch):
+    """Where dk/dv makes dq's partials (T x H x D x 4 bytes a row and batch) a call takes as many rows as
+    DQ_PARTIALS_BYTES hold, at least 64; elsewhere no slicing."""
+    spec = KernelSpec(target="hopper", heads=16, kv_heads=4, head_dim=128, value_dim=128, block_size=64,
+                      num_blocks=16, dtype="bf16")
+    monkeypatch.setattr(api, "DQ_PARTIALS_BYTES", 1 << 30)
+    per_row = 16 * 16 * 128 * 4
+    assert api._rows_per_slice(spec, 1) == (1 << 30) // per_row
+    assert api._rows_per_slice(spec, 2) == (1 << 30) // (2 * per_row)
+    monkeypatch.setattr(api, "DQ_PARTIALS_BYTES", 1)
+    assert api._rows_per_slice(spec, 1) == 64
+    assert api._rows_per_slice(dataclasses.replace(spec, heads=64), 1) is None      # 16 heads per group: no partials
+    assert api._rows_per_slice(dataclasses.replace(spec, target="cpu"), 1) is None
