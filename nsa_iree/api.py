@@ -216,8 +216,18 @@ def _repeat_groups(x: Tensor, split: int) -> Tensor:
 
 
 # The most bytes of dq partials one backward call may hold where dk/dv makes dq (kernels.SMALL: T x H x D x 4 bytes a
-# query row and batch); a longer sequence runs in row slices (backward_into). NSA_IREE_DQ_PARTIALS_BYTES sets it.
-DQ_PARTIALS_BYTES = int(os.environ.get("NSA_IREE_DQ_PARTIALS_BYTES", 8 << 30))
+# query row and batch); a longer sequence runs in row slices (backward_into). NSA_IREE_DQ_PARTIALS_BYTES sets it
+# (docs/runtime.md).
+def _partials_bytes_from_environment(default: int = 16 << 30) -> int:
+    text = os.environ.get("NSA_IREE_DQ_PARTIALS_BYTES")
+    if text is None:
+        return default
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise ValueError(f"NSA_IREE_DQ_PARTIALS_BYTES must be a positive number of bytes, got {text!r}")
+    return int(text)
+
+
+DQ_PARTIALS_BYTES = _partials_bytes_from_environment()
 
 
 def _rows_per_slice(spec: KernelSpec, batch: int) -> int | None:

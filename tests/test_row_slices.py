@@ -87,3 +87,17 @@ def test_the_default_slice_holds_the_partials_budget(monkeypatch):
     assert api._rows_per_slice(spec, 1) == 64
     assert api._rows_per_slice(dataclasses.replace(spec, heads=64), 1) is None      # 16 heads per group: no partials
     assert api._rows_per_slice(dataclasses.replace(spec, target="cpu"), 1) is None
+
+
+@pytest.mark.parametrize("value", ["", "-1", "0", "2GiB"])
+def test_a_bad_partials_budget_in_the_environment_is_named(monkeypatch, value):
+    monkeypatch.setenv("NSA_IREE_DQ_PARTIALS_BYTES", value)
+    with pytest.raises(ValueError, match="NSA_IREE_DQ_PARTIALS_BYTES"):
+        api._partials_bytes_from_environment()
+
+
+def test_the_partials_budget_from_the_environment(monkeypatch):
+    monkeypatch.setenv("NSA_IREE_DQ_PARTIALS_BYTES", "1048576")
+    assert api._partials_bytes_from_environment() == 1 << 20
+    monkeypatch.delenv("NSA_IREE_DQ_PARTIALS_BYTES")
+    assert api._partials_bytes_from_environment() == 16 << 30

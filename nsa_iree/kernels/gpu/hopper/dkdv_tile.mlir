@@ -24,6 +24,9 @@
 // heads, not a 16-row tile. A row sees the block's keys up to its last (the rule, common/rules.mlir) and counts the
 // block as often as it lists it (its weight, folded into the exponent as log2 of it); the piece writes its f32
 // partials [64, D] and [64, Dv] once, and @dkdv_piece_sums adds a block's pieces in piece order.
+// With `dq_partials` too (dkdv_dq.mlir, fewer heads per group than 16) each chunk also makes its rows' dq from the
+// block, ds k, and writes it as f32 partials in each row's place of dq_slots [B, M, G, T, HPG, D] (the first of the
+// row's slots naming the block); common/dq_sums.mlir adds a row's partials in slot order.
 //
 // Workgroup memory (bytes, from the allocation's first 1024-byte boundary): K [64, D] at 0, V [64, Dv] at
 // HOPPER_DKDV_V_OFFSET, q chunks [2][64, D] at HOPPER_DKDV_Q_OFFSET, do chunks [2][64, Dv] at HOPPER_DKDV_DO_OFFSET,
