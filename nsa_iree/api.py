@@ -216,8 +216,11 @@ def _repeat_groups(x: Tensor, split: int) -> Tensor:
 
 
 # The most bytes of dq partials one backward call may hold where dk/dv makes dq (kernels.SMALL: T x H x D x 4 bytes a
-# query row and batch); a longer sequence runs in row slices (backward_into). NSA_IREE_DQ_PARTIALS_BYTES sets it
-# (docs/runtime.md).
+# query row and batch); a longer sequence runs in row slices (backward_into). None: NSA_IREE_DQ_PARTIALS_BYTES, read
+# at each such call, else 16 GiB (docs/runtime.md).
+DQ_PARTIALS_BYTES: int | None = None
+
+
 def _partials_bytes_from_environment(default: int = 16 << 30) -> int:
     text = os.environ.get("NSA_IREE_DQ_PARTIALS_BYTES")
     if text is None:
@@ -227,16 +230,14 @@ def _partials_bytes_from_environment(default: int = 16 << 30) -> int:
     return int(text)
 
 
-DQ_PARTIALS_BYTES = _partials_bytes_from_environment()
-
-
 def _rows_per_slice(spec: KernelSpec, batch: int) -> int | None:
     """The query rows of a backward call whose dq partials fit DQ_PARTIALS_BYTES (at least 64); None where spec's
     dk/dv makes no partials."""
     if not dq_with_dkdv(spec):
         return None
+    budget = DQ_PARTIALS_BYTES if DQ_PARTIALS_BYTES is not None else _partials_bytes_from_environment()
     per_row = batch * spec.num_blocks * spec.heads * spec.head_dim * 4
-    return max(64, DQ_PARTIALS_BYTES // per_row)
+    return max(64, budget // per_row)
 
 
 def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None,
@@ -247,20 +248,27 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     two-pass: the block lists inverted and dk/dv block-major (no atomics), then dq query-major. dq=None skips
     the dq pass; dk=dv=None skips the inversion and the dk/dv pass (the gradients autograd does not need).
     Where the two-pass is one call (the compressed attention on the CPU, the window on Hopper:
-    kernels.dense_backward), it writes all three, the ones passed as None into scratch. one-pass: a single
+    kernels.dense_backward), it writes all three, the ones passed as None into scratch; where dk/dv makes dq
+    (kernels.dq_with_dkdv: the selection on Hopper below 16 heads per group), delta and the inversion then one call
+    write all three, likewise. one-pass: a single
     dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics; it needs all three buffers.
     cu_seqlens: as for forward_into.
     after_dkdv: called (no arguments) as soon as dk and dv are written, before the dq pass of two-pass runs,
     so that a caller can start sending them while dq is computed (nsa_iree.distributed); after the one call of
-    the dense backward and of the one-pass. Not called when dk/dv are not computed; with packed sequences that
+    the dense backward, of dk/dv making dq, of the row slices and of the one-pass. Not called when dk/dv are not
+    computed; with packed sequences that
     need padding, called at the end (dk and dv are copied out of the padded layout last). key_stride, window: as
     for forward_into. fixed_blocks: idx is a tensor made once per shape and only read (the band of the sliding
     window, the compressed attention's tiles): the two-pass's inversion of it is made once and kept as long as idx
     lives (a change to idx in place makes it again). rows_per_slice: run the two-pass in slices of that many query
     rows (default: where dk/dv makes dq, as many as DQ_PARTIALS_BYTES of partials hold; else all), each slice's dk and
-    dv summed over the slices in float32 and rounded once.
+    dv summed over the slices in float32 and rounded once (the selection's two-pass only: not with a window, a
+    key_stride or the one-pass).
     """
     check_variant(variant)
+    if rows_per_slice is not None and (isinstance(rows_per_slice, bool) or not isinstance(rows_per_slice, int)
+                                       or rows_per_slice <= 0):
+        raise ValueError(f"backward_into: rows_per_slice must be a positive int or None, got {rows_per_slice!r}")
     if (dk is None) != (dv is None) or (variant == "one-pass" and None in (dq, dk, dv)):
         raise ValueError("backward_into: dk and dv are computed together (both or neither), and the one-pass "
                          "variant writes dq, dk and dv")
@@ -273,7 +281,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
             dq_pad, dk_pad, dv_pad = (None if t is None else _empty((1, layout.padded, *t.shape[2:]), t)
                                       for t in (dq, dk, dv))
             backward_into(dq_pad, dk_pad, dv_pad, pad(q), pad(k), pad(v), pad(o), pad(lse, dim=2, fill=float("-inf")),
-                          pad(do), idx, block_size, scale, variant)
+                          pad(do), idx, block_size, scale, variant, rows_per_slice=rows_per_slice)
             for grad, grad_pad in ((dq, dq_pad), (dk, dk_pad), (dv, dv_pad)):
                 if grad is not None:
                     layout.from_padded(grad_pad, grad, dim=1)
@@ -364,13 +372,16 @@ def _backward_in_row_slices(rows, dq, dk, dv, q, k, v, o, lse, do, idx, block_si
                       for t in (dk, dv))
     for m0 in range(0, m_rows, rows):
         m1 = min(m_rows, m0 + rows)
-        keys = n - m_rows + m1
+        keys = max(0, n - m_rows + m1)         # (none for rows before the first key: M > N)
         dq_part = None if dq is None else _empty((batch, m1 - m0, *dq.shape[2:]), dq)
         dk_part, dv_part = (None if t is None else _empty((batch, keys, *t.shape[2:]), t, torch.float32)
                             for t in (dk, dv))
-        backward_into(dq_part, dk_part, dv_part, q[:, m0:m1], k[:, :keys], v[:, :keys], o[:, m0:m1],
-                      lse[:, :, m0:m1], do[:, m0:m1], idx[:, m0:m1], block_size, scale, "two-pass",
-                      rows_per_slice=m1 - m0)
+        # (the slices as tensors of their own, made on torch's stream before the slice's first call waits for it)
+        rows_of = [t[:, m0:m1].clone(memory_format=torch.contiguous_format) for t in (q, o, do, idx)]
+        keys_of = [t[:, :keys].clone(memory_format=torch.contiguous_format) for t in (k, v)]
+        lse_of = lse[:, :, m0:m1].clone(memory_format=torch.contiguous_format)
+        backward_into(dq_part, dk_part, dv_part, rows_of[0], *keys_of, rows_of[1], lse_of, rows_of[2], rows_of[3],
+                      block_size, scale, "two-pass", rows_per_slice=m1 - m0)
         if dq is not None:
             dq[:, m0:m1].copy_(dq_part)
         if dk is not None:

@@ -287,7 +287,9 @@ class Module:
         call returns (see the module docstring).
 
         wait_for_torch: on CUDA, let torch's pending work finish first (IREE runs on its own stream). A
-        chain of stages needs it only before its first call: IREE's calls complete before they return.
+        chain of stages needs it only before its first call: IREE's calls complete before they return. A tensor
+        argument that must be copied to be imported (not contiguous, offset or unaligned) makes the call wait
+        whatever this says: its copy is torch's work.
 
         Returns the results as IREE buffer views (see Device.export_tensor).
         """
@@ -299,6 +301,8 @@ class Module:
         for arg in args:
             if isinstance(arg, bool):
                 raise TypeError("bool arguments are not supported")
+            if isinstance(arg, torch.Tensor) and not importable(arg.detach()):
+                wait_for_torch = True       # (its copy is made on torch's stream: IREE must not read it before)
             values.append(self.device.import_tensor(arg) if isinstance(arg, torch.Tensor) else arg)
         # Allocated before the wait: torch may hand out a block whose last user is still queued on its stream.
         workspace = self._transient_storage(size_fn, values) if size_fn is not None else None

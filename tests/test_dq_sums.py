@@ -1,6 +1,6 @@
 """The dq sums of the dk/dv kernel that makes dq (common/dq_sums.mlir) on their own, on the CPU: each row's dq is
 its per-slot dq partials summed in f32 in slot order over the slots naming a block it reads (each block once) and
-rounded once, bit for bit as the contract restated in plain torch below; the other slots are never read."""
+rounded once, bit for bit as the contract restated in plain torch below; the other slots' values are never added."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_each_rows_dq_is_its_read_blocks_partials_summed_in_slot_order_and_round
     special(case, idx, n, bs)
     counted = counted_slots(idx, n, bs)
     dq_slots = torch.randn(b, m, g, t, spec.heads_per_group, d, generator=gen)
-    dq_slots[~counted] = float("nan")                  # the slots no block's piece writes: never read
+    dq_slots[~counted] = float("nan")                  # the slots no block's piece writes: never added
     want = expected_dq(dq_slots, counted, DTYPES[dtype])
 
     module = dq_sums_module(spec, build_dir)

@@ -293,6 +293,8 @@ HOPPER_BACKWARD_CHOICE = [
     ("hopper_hpg1", HOPPER_ANCHORS.replace(heads=4), ("nvidia", None), ("hopper", "dkdv_dq")),
     ("hopper_hpg4_bs32", HOPPER_ANCHORS.replace(heads=16, block_size=32, num_blocks=32), ("nvidia", None),
      ("nvidia", None)),
+    ("hopper_hpg4_d192_dv64", HOPPER_ANCHORS.replace(heads=16, head_dim=192, value_dim=64), ("nvidia", None),
+     ("hopper", None)),
     ("hopper_hpg4_window", HOPPER_WINDOW.replace(heads=16), ("hopper", "dense_dq"), ("hopper", "dense_dkdv")),
     ("hopper_hpg4_linalg", HOPPER_ANCHORS.replace(heads=16, kernels="linalg"), ("linalg", None), ("linalg", None)),
     ("hopper_hpg16_bs32", HOPPER_ANCHORS.replace(block_size=32, num_blocks=32), ("nvidia", None), ("nvidia", None)),

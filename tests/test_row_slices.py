@@ -25,6 +25,8 @@ CASES = {
     "b2_m_lt_n_partial_block": (Problem(batch=2, m_rows=70, n=101, select=realistic_indices), 32),
     "last_slice_one_row": (Problem(batch=1, m_rows=65, n=80, heads=2, kv_heads=2), 64),
     "slice_of_one_row": (Problem(batch=1, m_rows=5, n=40, heads=4, kv_heads=1), 1),
+    # more rows than keys: the first slices' rows come before the first key (no keys, zero gradients)
+    "m_gt_n": (Problem(batch=2, m_rows=96, n=40), 16),
 }
 
 
@@ -74,6 +76,13 @@ def test_sliced_backward_writes_only_what_is_asked(wanted):
             torch.testing.assert_close(x, whole[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [0, -3, 2.5, True])
+def test_a_bad_rows_per_slice_is_named(rows):
+    p, _ = CASES["three_slices_m_eq_n"]
+    with pytest.raises(ValueError, match="rows_per_slice"):
+        _backward(p, torch.float32, rows)
+
+
 def test_the_default_slice_holds_the_partials_budget(monkeypatch):
     """Where dk/dv makes dq's partials (T x H x D x 4 bytes a row and batch) a call takes as many rows as
     DQ_PARTIALS_BYTES hold, at least 64; elsewhere no slicing."""
@@ -96,8 +105,14 @@ def test_a_bad_partials_budget_in_the_environment_is_named(monkeypatch, value):
         api._partials_bytes_from_environment()
 
 
-def test_the_partials_budget_from_the_environment(monkeypatch):
+def test_the_partials_budget_is_read_from_the_environment_where_it_is_used(monkeypatch):
+    spec = KernelSpec(target="hopper", heads=16, kv_heads=4, head_dim=128, value_dim=128, block_size=64,
+                      num_blocks=16, dtype="bf16")
+    monkeypatch.setattr(api, "DQ_PARTIALS_BYTES", None)
     monkeypatch.setenv("NSA_IREE_DQ_PARTIALS_BYTES", "1048576")
-    assert api._partials_bytes_from_environment() == 1 << 20
+    assert api._rows_per_slice(spec, 1) == max(64, (1 << 20) // (16 * 16 * 128 * 4))
     monkeypatch.delenv("NSA_IREE_DQ_PARTIALS_BYTES")
-    assert api._partials_bytes_from_environment() == 16 << 30
+    assert api._rows_per_slice(spec, 1) == (16 << 30) // (16 * 16 * 128 * 4)
+    monkeypatch.setenv("NSA_IREE_DQ_PARTIALS_BYTES", "8G")
+    with pytest.raises(ValueError, match="NSA_IREE_DQ_PARTIALS_BYTES"):
+        api._rows_per_slice(spec, 1)

@@ -176,7 +176,7 @@ def covered(stages: tuple[str, ...], spec, recipe) -> frozenset[str]:
 
 
 def dense_backward(spec, recipe) -> bool:
-    """Whether the two-pass backward of spec is one call (choose()'s form of its dk/dv stage is in COVERS):
+    """Whether the two-pass backward of spec is one call (choose()'s form of its dk/dv stage is in ONE_CALL):
     selection_attention_backward(q, k, v, block_indices, lse, o, do, scale) -> dq, dk, dv, delta made inside."""
     return choose("dkdv", spec, recipe).template in ONE_CALL
 

@@ -114,6 +114,9 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
         why.append("BS is not 64 (a warpgroup's m64 tile of keys)")
     if stage in ("dense_dkdv", *PIECE_STAGES) and spec.head_dim + spec.value_dim > 256:
         why.append("D + Dv above 256 (dk and dv accumulate in a lane's registers)")
+    if stage == "dkdv_dq" and spec.head_dim > 128:
+        why.append("D above 128 (dq's partial takes D / 2 more registers a lane beside dk and dv: spills; the "
+                   "layouts run on an H200: bench.hopper_checks check_two_pass)")
     if stage in PIECE_STAGES:
         if 64 % spec.heads_per_group:
             why.append("the heads per group do not divide 64 (a chunk of 64 rows holds whole positions)")
