@@ -376,10 +376,10 @@ def _backward_in_row_slices(rows, dq, dk, dv, q, k, v, o, lse, do, idx, block_si
         dq_part = None if dq is None else _empty((batch, m1 - m0, *dq.shape[2:]), dq)
         dk_part, dv_part = (None if t is None else _empty((batch, keys, *t.shape[2:]), t, torch.float32)
                             for t in (dk, dv))
-        # (the slices as tensors of their own, made on torch's stream before the slice's first call waits for it)
-        rows_of = [t[:, m0:m1].clone(memory_format=torch.contiguous_format) for t in (q, o, do, idx)]
-        keys_of = [t[:, :keys].clone(memory_format=torch.contiguous_format) for t in (k, v)]
-        lse_of = lse[:, :, m0:m1].clone(memory_format=torch.contiguous_format)
+        # (a slice the runtime cannot import in place copied once here, not by each call that reads it)
+        rows_of = [_importable(t[:, m0:m1]) for t in (q, o, do, idx)]
+        keys_of = [_importable(t[:, :keys]) for t in (k, v)]
+        lse_of = _importable(lse[:, :, m0:m1])
         backward_into(dq_part, dk_part, dv_part, rows_of[0], *keys_of, rows_of[1], lse_of, rows_of[2], rows_of[3],
                       block_size, scale, "two-pass", rows_per_slice=m1 - m0)
         if dq is not None:
@@ -393,6 +393,11 @@ def _backward_in_row_slices(rows, dq, dk, dv, q, k, v, o, lse, do, idx, block_si
         if after_dkdv is not None:
             after_dkdv()
     return dq, dk, dv
+
+
+def _importable(t: Tensor) -> Tensor:
+    """t, or a contiguous copy of it where the runtime could not take its memory as it is (runtime.importable)."""
+    return t if importable(t) else t.clone(memory_format=torch.contiguous_format)
 
 
 def _sum_groups(total: Tensor, parts: Tensor, split: int) -> Tensor:

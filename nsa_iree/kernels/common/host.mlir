@@ -21,29 +21,25 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
     %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
 <% endmacro %>
 
-<% macro dkdv_signature() %>
-func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+<# dk/dv's signature; `with_dq`: dk/dv with dq made from the same products, selection_attention_dkdv_dq (dq, dk, dv
+   out in the one-pass's order): gpu/hopper/dkdv_dq.mlir. #>
+<% macro dkdv_signature(with_dq=false) %>
+func.func @selection_attention_dkdv${ "_dq" if with_dq else "" }(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
     %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
-    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-<% endmacro %>
-
-<# The signature of dk/dv with dq made from the same products (the inversion's lists as dk/dv's; dq, dk, dv out in
-   the one-pass's order): gpu/hopper/dkdv_dq.mlir. #>
-<% macro dkdv_dq_signature() %>
-func.func @selection_attention_dkdv_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
-    %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
-    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+<% if with_dq %>
     %scale: f32, %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
     %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
     %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
     %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
+<% else %>
+    %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
+    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
+<% endif %>
 <% endmacro %>
 
 <# The signature of a backward in one call (dq, dk and dv): the one-pass's (@selection_attention_onepass, reading
@@ -189,42 +185,28 @@ ${ push_constants() }
 <% endmacro %>
 
 <# dk/dv's host function: one dispatch of `executable`'s @selection_attention_dkdv_piece per piece, then the
-   pieces summed per block in order (common/piece_sums.mlir). #>
-<% macro dkdv(executable) %>
-${ dkdv_signature() }
-${ sizes() }
-  %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
-${ push_constants(pieces=true) }
-  %dk_pieces, %dv_pieces = flow.dispatch @${executable}::@selection_attention_dkdv_piece[%pieces](
-      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %pieces_i32, %q, %k, %v, %block_indices, %lse, %delta, %do, %entries)
-      : (i32, i32, i32, i32, i32, ${ backward_operand_types() }, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces})
-      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces})
-  %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
-      : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
-      -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)
-  return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
-}
-<% endmacro %>
-
-<# dk/dv with dq (dkdv_dq_signature): one dispatch of `executable`'s @selection_attention_dkdv_piece per piece, which
-   writes dk's and dv's f32 partials per piece and dq's per (row, slot) [B, M, G, T, HPG, D]; then the dk/dv pieces
-   summed per block (common/piece_sums.mlir) and each row's dq partials in slot order (common/dq_sums.mlir). #>
-<% macro dkdv_dq(executable) %>
+   pieces summed per block in order (common/piece_sums.mlir). `with_dq` (gpu/hopper/dkdv_dq.mlir): its kernel writes
+   dq's f32 partials per (row, slot) [B, M, G, T, HPG, D] too, each row's summed in slot order (common/dq_sums.mlir). #>
+<% macro dkdv(executable, with_dq=false) %>
 <% set dq_slots_type = "tensor<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ D ~ "xf32>" %>
-${ dkdv_dq_signature() }
+${ dkdv_signature(with_dq) }
 ${ sizes() }
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
 ${ push_constants(pieces=true) }
-  %dk_pieces, %dv_pieces, %dq_slots = flow.dispatch @${executable}::@selection_attention_dkdv_piece[%pieces](
+  %dk_pieces, %dv_pieces${ ", %dq_slots" if with_dq else "" } = flow.dispatch @${executable}::@selection_attention_dkdv_piece[%pieces](
       %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %pieces_i32, %q, %k, %v, %block_indices, %lse, %delta, %do, %entries)
       : (i32, i32, i32, i32, i32, ${ backward_operand_types() }, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces})
-      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces}, ${dq_slots_type}{%batch, %m_rows})
+      -> (tensor<?x${BS}x${D}xf32>{%pieces}, tensor<?x${BS}x${DV}xf32>{%pieces}${ (", " ~ dq_slots_type ~ "{%batch, %m_rows}") if with_dq else "" })
   %dk, %dv = func.call @dkdv_piece_sums(%dk_pieces, %dv_pieces, %piece_start, %piece_count, %batch, %n)
       : (tensor<?x${BS}x${D}xf32>, tensor<?x${BS}x${DV}xf32>, tensor<?xi32>, tensor<?xi32>, index, index)
       -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>)
+<% if with_dq %>
   %dq = func.call @dq_partial_sums(%dq_slots, %block_indices, %n)
       : (${dq_slots_type}, tensor<?x?x${G}x${T}xi32>, index) -> tensor<?x?x${H}x${D}x${E}>
   return %dq, %dk, %dv : tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
+<% else %>
+  return %dk, %dv : tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>
+<% endif %>
 }
 <% endmacro %>
 

@@ -528,7 +528,7 @@ ${ wg.chain("dk_new", "%dk_tile", "%pt_desc", steps.rows, "%q_mn_desc", steps.mn
 <% if selection %>
 // Host side: the kernel writes every used piece's partials, @dkdv_piece_sums adds them per block (and with
 // dq_partials, @dq_partial_sums each row's dq partials).
-${ host.dkdv_dq(exe) if dq_partials else host.dkdv(exe) }
+${ host.dkdv(exe, dq_partials) }
 <% else %>
 // Host side: the backward in one function: dq's dispatch (delta made there), then this one over the key tiles.
 ${ host.dense_backward(("hopper_dense_attention_dq_exe", "dense_attention_dq_tile"), HOPPER_DQ_ROWS, ("hopper_dense_attention_dkdv_exe", "dense_attention_dkdv_tile"), 64) }
