@@ -19,8 +19,10 @@
 //   chunk_rows [b, g, i, chunk]      : rows of the chunk that selected the block (a 64-wide reduction);
 //   through    [b, g, i, chunk]      : inclusive scan of chunk_rows over the chunks, in two levels (groups
 //                                      of 32 chunks; M/2048 sequential steps per line);
+//   chunk_bits [b, g, i, chunk] i64  : bit r set where row chunk*64 + r selected the block (the same
+//                                      reduction as chunk_rows);
 //   rank of a slot                   : through - chunk_rows + rows r' <= r of its chunk that selected the
-//                                      block (a loop of at most 64 steps per slot, no scan).
+//                                      block (the popcount of chunk_bits' bits 0 .. r; no scan).
 // Every scan used here is inclusive and only its first result is read: in IREE 3.13 the accumulator result
 // leaves out the last element (and stays unwritten for a scanned dimension of length 1).
 <% import "common/blocks.mlir" as blocks %>
@@ -33,6 +35,9 @@ func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: i
   %c0_i32 = arith.constant 0 : i32
   %c1_i32 = arith.constant 1 : i32
   %c0_i8 = arith.constant 0 : i8
+  %c0_i64 = arith.constant 0 : i64
+  %all_ones = arith.constant -1 : i64
+  %c63 = arith.constant 63 : index
   %c1_i8 = arith.constant 1 : i8
   %minus_one = arith.constant -1 : i32
   %chunk = arith.constant 64 : index
@@ -100,20 +105,32 @@ ${ blocks.selected("chosen") }
   %selected = tensor.expand_shape %flags [[0, 1, 2, 3, 4]]
       output_shape [%batch, ${G}, %num_blocks, %line_chunks, 64] : tensor<?xi8> into tensor<?x${G}x?x?x64xi8>
 
-  %chunk_rows = flow.dispatch.region -> (tensor<?x${G}x?x?xi32>{%batch, %num_blocks, %line_chunks}) {
+  // chunk_rows, and chunk_bits[b, g, i, j]: bit r set where row j 64 + r selected the block (the rank below counts
+  // the bits at and below a row's own, one load and a popcount).
+  %chunk_rows, %chunk_bits = flow.dispatch.region -> (tensor<?x${G}x?x?xi32>{%batch, %num_blocks, %line_chunks},
+                                                      tensor<?x${G}x?x?xi64>{%batch, %num_blocks, %line_chunks}) {
     %chunk_rows_init = tensor.empty(%batch, %num_blocks, %line_chunks) : tensor<?x${G}x?x?xi32>
     %chunk_rows_zero = linalg.fill ins(%c0_i32 : i32) outs(%chunk_rows_init : tensor<?x${G}x?x?xi32>) -> tensor<?x${G}x?x?xi32>
-    %chunk_sum = linalg.generic {
-        indexing_maps = [affine_map<(b, g, i, j, r) -> (b, g, i, j, r)>, affine_map<(b, g, i, j, r) -> (b, g, i, j)>],
+    %chunk_bits_init = tensor.empty(%batch, %num_blocks, %line_chunks) : tensor<?x${G}x?x?xi64>
+    %chunk_bits_zero = linalg.fill ins(%c0_i64 : i64) outs(%chunk_bits_init : tensor<?x${G}x?x?xi64>) -> tensor<?x${G}x?x?xi64>
+    %chunk_sum, %chunk_or = linalg.generic {
+        indexing_maps = [affine_map<(b, g, i, j, r) -> (b, g, i, j, r)>, affine_map<(b, g, i, j, r) -> (b, g, i, j)>,
+                         affine_map<(b, g, i, j, r) -> (b, g, i, j)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
         ${CHUNK_COUNT_CONFIG}}
-        ins(%selected : tensor<?x${G}x?x?x64xi8>) outs(%chunk_rows_zero : tensor<?x${G}x?x?xi32>) {
-    ^bb0(%flag: i8, %acc: i32):
+        ins(%selected : tensor<?x${G}x?x?x64xi8>) outs(%chunk_rows_zero, %chunk_bits_zero
+            : tensor<?x${G}x?x?xi32>, tensor<?x${G}x?x?xi64>) {
+    ^bb0(%flag: i8, %acc: i32, %bits: i64):
       %flag_i32 = arith.extui %flag : i8 to i32
       %sum = arith.addi %acc, %flag_i32 : i32
-      linalg.yield %sum : i32
-    } -> tensor<?x${G}x?x?xi32>
-    flow.return %chunk_sum : tensor<?x${G}x?x?xi32>
+      %r = linalg.index 4 : index
+      %r_i64 = arith.index_cast %r : index to i64
+      %flag_i64 = arith.extui %flag : i8 to i64
+      %bit = arith.shli %flag_i64, %r_i64 : i64
+      %bits_now = arith.ori %bits, %bit : i64
+      linalg.yield %sum, %bits_now : i32, i64
+    } -> (tensor<?x${G}x?x?xi32>, tensor<?x${G}x?x?xi64>)
+    flow.return %chunk_sum, %chunk_or : tensor<?x${G}x?x?xi32>, tensor<?x${G}x?x?xi64>
   }
 
   // through[b, g, i, j]: rows of chunks 0 .. j that selected the block (an inclusive scan over a line's
@@ -217,15 +234,15 @@ ${ blocks.selected("chosen") }
     %through_here = tensor.extract %through[%b, %g, %safe_block, %j] : tensor<?x${G}x?x?xi32>
     %in_chunk = tensor.extract %chunk_rows[%b, %g, %safe_block, %j] : tensor<?x${G}x?x?xi32>
     %before = arith.subi %through_here, %in_chunk : i32
-    // A loop in the body, not a reduction dimension: IREE's GPU reduction pipeline failed to distribute
-    // a reduction whose operand is gathered, and the loop stops at the row itself (half the reads).
-    %rows_to_count = arith.addi %row_in_chunk, %c1 : index
-    %rank_here = scf.for %r = %c0 to %rows_to_count step %c1 iter_args(%acc = %before) -> (i32) {
-      %flag = tensor.extract %selected[%b, %g, %safe_block, %j, %r] : tensor<?x${G}x?x?x64xi8>
-      %flag_i32 = arith.extui %flag : i8 to i32
-      %sum = arith.addi %acc, %flag_i32 : i32
-      scf.yield %sum : i32
-    }
+    // The chunk's rows r' <= r that selected the block: its bits 0 .. r (all ones shifted right by 63 - r).
+    %bits = tensor.extract %chunk_bits[%b, %g, %safe_block, %j] : tensor<?x${G}x?x?xi64>
+    %above = arith.subi %c63, %row_in_chunk : index
+    %above_i64 = arith.index_cast %above : index to i64
+    %at_or_below = arith.shrui %all_ones, %above_i64 : i64
+    %bits_here = arith.andi %bits, %at_or_below : i64
+    %count_i64 = math.ctpop %bits_here : i64
+    %count = arith.trunci %count_i64 : i64 to i32
+    %rank_here = arith.addi %before, %count : i32
     linalg.yield %rank_here : i32
 <% endcall %>
 
