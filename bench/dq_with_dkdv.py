@@ -1,6 +1,7 @@
 """The small groups' backward on the hopper target, variant against variant in one process: the two-pass module's
-block lists' inversion and dk/dv with dq (selection_attention_dkdv_dq, kernels.SMALL) or, for a module without it, dk/dv
-and the position-major dq, per layout at 64k tokens, realistic and uniform selections.
+one call where dk/dv makes dq (selection_attention_backward: delta, the inversion, dk/dv with dq; kernels.SMALL) or,
+for a module without it, the inversion, dk/dv and the position-major dq, per layout at 64k tokens, realistic and
+uniform selections.
 
     python -m bench.dq_with_dkdv compile LABEL [--unfused]  # here: the two-pass modules of LAYOUTS from this checkout
                                                        # (--unfused: the hopper recipe without dkdv_dq), recorded
@@ -73,7 +74,7 @@ def time(seq: int = 65536, repeats: int = 10) -> None:
             runs = {}
             for label, (module, fused) in modules.items():
                 if fused:
-                    runs[label] = lambda m=module, a=args: _dkdv_dq(m, *a)
+                    runs[label] = lambda m=module, a=(q, k, v, idx, lse, do, do): _dkdv_dq(m, *a)   # (do as o)
                 else:
                     runs[label] = lambda m=module, a=args: (_dkdv(m, *a), _dq(m, *a))
             for _ in range(2):

@@ -328,21 +328,21 @@ def _dq(module, q, k, v, idx, lse, delta, do):
     return dq
 
 
-def _dkdv_dq(module, q, k, v, idx, lse, delta, do):
-    """dq, dk, dv of a two-pass module whose dk/dv makes dq (kernels.SMALL: the inversion, then
-    selection_attention_dkdv_dq), outputs poisoned."""
+def _dkdv_dq(module, q, k, v, idx, lse, o, do):
+    """dq, dk, dv of a two-pass module whose dk/dv makes dq (kernels.SMALL: one call, delta and the inversion made
+    in it), outputs poisoned."""
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
-    entries, piece_start, piece_count = module.call("invert_block_indices", idx, k.shape[1])
-    module.call("selection_attention_dkdv_dq", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
-                q.shape[3] ** -0.5, dq, dk, dv)
+    module.call("selection_attention_backward", q, k, v, idx, lse, o, do, q.shape[3] ** -0.5, dq, dk, dv)
     return dq, dk, dv
 
 
-def _grads(spec_, module, *args):
-    """dq, dk, dv of a two-pass module's stages (outputs poisoned): dk/dv making dq where spec_'s does, else dq's
-    stage and dk/dv's."""
+def _grads(spec_, module, q, k, v, idx, lse, o, do):
+    """dq, dk, dv of a two-pass module (outputs poisoned): its one call where dk/dv makes dq, else its stages (delta,
+    dq, then the inversion and dk/dv)."""
     if api.dq_with_dkdv(spec_):
-        return _dkdv_dq(module, *args)
+        return _dkdv_dq(module, q, k, v, idx, lse, o, do)
+    (delta,) = module.call("selection_attention_delta", o, do)
+    args = (q, k, v, idx, lse, delta, do)
     return (_dq(module, *args), *_dkdv(module, *args))
 
 
@@ -369,13 +369,12 @@ def check_two_pass(seed: int = 0) -> None:
                 continue
             spec_ = KernelSpec(target=target, kernels=kernels, **cfg)
             module = _two_pass(spec_, kernels)
-            (delta,) = module.call("selection_attention_delta", o, do)
-            grads = _grads(spec_, module, q, k, v, idx, lse, delta, do)
+            grads = _grads(spec_, module, q, k, v, idx, lse, o, do)
             torch.cuda.synchronize()
             for grad, x, r in zip(("dq", "dk", "dv"), grads, ref):
                 row[f"{label}_{grad}"] = _error(x.cpu(), r)
             if label == "hopper":
-                again = _grads(spec_, module, q, k, v, idx, lse, delta, do)
+                again = _grads(spec_, module, q, k, v, idx, lse, o, do)
                 torch.cuda.synchronize()
                 row["hopper_bitwise"] = all(torch.equal(a, b) for a, b in zip(grads, again))
         print(json.dumps(row), flush=True)
@@ -399,7 +398,7 @@ def time_two_pass(seq: int = 65536, repeats: int = 10) -> None:
             runs = {}
             for target, module in modules.items():
                 if api.dq_with_dkdv(KernelSpec(target=target, **cfg)):
-                    runs[f"{target}_dkdv_dq"] = functools.partial(_dkdv_dq, module, q, k, v, idx, lse, delta, do)
+                    runs[f"{target}_dkdv_dq"] = functools.partial(_dkdv_dq, module, q, k, v, idx, lse, do, do)
                     continue
                 runs[f"{target}_dq"] = functools.partial(_dq, module, q, k, v, idx, lse, delta, do)
                 runs[f"{target}_dkdv"] = functools.partial(_dkdv, module, q, k, v, idx, lse, delta, do)
@@ -432,9 +431,8 @@ def sanitize(m: int = 300) -> None:
                                                                                     "hpg64_b2_m_lt_n_bad")):
         q, k, v, do, idx = _problem(cfg, 2, m, m + 100, selection, bad, 0)
         lse = torch.randn(2, cfg["heads"], m, device="cuda").abs() + 4.0
-        delta = torch.randn(2, m, cfg["heads"], device="cuda")
         spec_ = KernelSpec(target="hopper", **cfg)
-        grads = _grads(spec_, _two_pass(spec_), q, k, v, idx, lse, delta, do)
+        grads = _grads(spec_, _two_pass(spec_), q, k, v, idx, lse, do, do)      # (do as o: any o will do)
         torch.cuda.synchronize()
         print(json.dumps({"case": name, "m": m, "finite": all(bool(torch.isfinite(x).all()) for x in grads)}),
               flush=True)

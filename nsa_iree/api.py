@@ -183,9 +183,8 @@ def dense_backward(spec: KernelSpec) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def dq_with_dkdv(spec: KernelSpec) -> bool:
-    """kernels.dq_with_dkdv on spec's target's recipe (once per spec): the two-pass's dk/dv call makes dq too,
-    selection_attention_dkdv_dq(q, k, v, block_indices, lse, delta, do, entries, piece_start, piece_count, scale)
-    -> dq, dk, dv."""
+    """kernels.dq_with_dkdv on spec's target's recipe (once per spec): the two-pass's dk/dv makes dq too, from f32
+    partials per (row, slot), in the one call of dense_backward."""
     from .kernels import dq_with_dkdv as fused
     from .recipes import load_recipe
 
@@ -248,14 +247,13 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     two-pass: the block lists inverted and dk/dv block-major (no atomics), then dq query-major. dq=None skips
     the dq pass; dk=dv=None skips the inversion and the dk/dv pass (the gradients autograd does not need).
     Where the two-pass is one call (the compressed attention on the CPU, the window on Hopper:
-    kernels.dense_backward), it writes all three, the ones passed as None into scratch; where dk/dv makes dq
-    (kernels.dq_with_dkdv: the selection on Hopper below 16 heads per group), delta and the inversion then one call
-    write all three, likewise. one-pass: a single
+    kernels.dense_backward; and the selection on Hopper below 16 heads per group, where dk/dv makes dq:
+    kernels.dq_with_dkdv), it writes all three, the ones passed as None into scratch. one-pass: a single
     dispatch over (query row, kv group) writes dq and adds dk/dv with f32 atomics; it needs all three buffers.
     cu_seqlens: as for forward_into.
     after_dkdv: called (no arguments) as soon as dk and dv are written, before the dq pass of two-pass runs,
     so that a caller can start sending them while dq is computed (nsa_iree.distributed); after the one call of
-    the dense backward, of dk/dv making dq, of the row slices and of the one-pass. Not called when dk/dv are not
+    the one-call backward, of the row slices and of the one-pass. Not called when dk/dv are not
     computed; with packed sequences that
     need padding, called at the end (dk and dv are copied out of the padded layout last). key_stride, window: as
     for forward_into. fixed_blocks: idx is a tensor made once per shape and only read (the band of the sliding
@@ -314,18 +312,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     if dk is not None and dk.dtype == torch.float32 != q.dtype:
         spec = spec.replace(dkdv_dtype="f32")          # dk and dv left unrounded (nsa_iree.distributed)
     module = kernels(spec, variant, q.device)
-    if variant == "two-pass" and dq_with_dkdv(spec):
-        # dk/dv makes dq too (kernels.SMALL): one call writes all three (the ones not asked for into scratch)
-        (delta,) = module.call("selection_attention_delta", o, do)
-        entries, piece_start, piece_count = _inverted_blocks(module, idx, n, fixed_blocks and split == 1)
-        dkdv_dtype = torch.float32 if spec.dkdv_dtype == "f32" else k.dtype
-        module.call("selection_attention_dkdv_dq", q, k, v, idx, lse, delta, do, entries, piece_start, piece_count,
-                    scale, dq if dq is not None else _empty(q.shape, q),
-                    dk if dk is not None else _empty(k.shape, k, dkdv_dtype),
-                    dv if dv is not None else _empty(v.shape, v, dkdv_dtype), wait_for_torch=False)
-        if dk is None:
-            return dq, dk, dv
-    elif variant == "two-pass" and not dense_backward(spec):
+    if variant == "two-pass" and not dense_backward(spec):
         (delta,) = module.call("selection_attention_delta", o, do)
         if dk is not None:
             entries, piece_start, piece_count = _inverted_blocks(module, idx, n, fixed_blocks and split == 1)

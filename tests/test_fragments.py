@@ -318,14 +318,15 @@ def test_hopper_backward_choice(case, spec, dq, dkdv):
 
 @pytest.mark.parametrize("case,spec,dq,dkdv", HOPPER_BACKWARD_CHOICE, ids=[c[0] for c in HOPPER_BACKWARD_CHOICE])
 def test_hopper_two_pass_functions(case, spec, dq, dkdv):
-    """The two-pass module has dq's stage or dk/dv's making dq (selection_attention_dkdv_dq), never both, as
-    kernels.dq_with_dkdv says; the one-call backward (the window) neither."""
+    """The two-pass module has dq's stage, or a backward in one call (dk/dv making dq, kernels.dq_with_dkdv; the
+    window), never both."""
     recipe = load_recipe("hopper")
     text = render_module(spec, "two-pass", recipe)
-    fused = dq_with_dkdv(spec, recipe)
-    assert fused == (dkdv == ("hopper", "dkdv_dq"))
-    assert ("func.func @selection_attention_dkdv_dq(" in text) == fused
-    assert ("func.func @selection_attention_dq(" in text) == (not fused and not dense_backward(spec, recipe))
+    assert dq_with_dkdv(spec, recipe) == (dkdv == ("hopper", "dkdv_dq"))
+    one_call = dense_backward(spec, recipe)
+    assert one_call == (dkdv in (("hopper", "dkdv_dq"), ("hopper", "dense_dkdv")))
+    assert ("func.func @selection_attention_backward(" in text) == one_call
+    assert ("func.func @selection_attention_dq(" in text) == (not one_call)
 
 
 def test_hopper_dkdv_chunks_hold_whole_pieces_rows():

@@ -64,11 +64,10 @@ DENSE = {"forward": ("dense_forward",), "dq": ("dense_dq",), "dkdv": ("dense_bac
 # those whose results it computes itself (the CPU's dense_backward: delta and dq; Hopper's dense_dkdv: delta,
 # made by its dq kernel, whose dispatch it makes) and those it needs no more (the block lists' inversion and their
 # pieces' sums: both take the keys in tiles).
-# The dk/dv form that makes dq too without being the whole backward (SMALL: dkdv_dq) covers the dq stage.
+# The dk/dv form that makes dq too (SMALL: dkdv_dq) covers the dq stage; its backward is one function that calls
+# delta and the inversion.
 COVERS = {"dense_backward": ("delta", "dq", "inversion"), "dense_dkdv": ("delta", "inversion", "piece_sums"),
           "dkdv_dq": ("dq",)}
-# The forms among COVERS whose template is the whole backward in one function.
-ONE_CALL = ("dense_backward", "dense_dkdv")
 
 
 # Stages with a form for wide groups: more query heads per kv head than the hand-written kernels' 16-row tiles,
@@ -176,17 +175,15 @@ def covered(stages: tuple[str, ...], spec, recipe) -> frozenset[str]:
 
 
 def dense_backward(spec, recipe) -> bool:
-    """Whether the two-pass backward of spec is one call (choose()'s form of its dk/dv stage is in ONE_CALL):
+    """Whether the two-pass backward of spec is one call (choose()'s form of its dk/dv stage is in COVERS):
     selection_attention_backward(q, k, v, block_indices, lse, o, do, scale) -> dq, dk, dv, delta made inside."""
-    return choose("dkdv", spec, recipe).template in ONE_CALL
+    return choose("dkdv", spec, recipe).template in COVERS
 
 
 def dq_with_dkdv(spec, recipe) -> bool:
-    """Whether spec's dk/dv stage makes dq too (its form covers dq and is not the whole backward: SMALL's dkdv_dq):
-    selection_attention_dkdv_dq(q, k, v, block_indices, lse, delta, do, entries, piece_start, piece_count, scale)
-    -> dq, dk, dv, and no selection_attention_dq."""
-    template = choose("dkdv", spec, recipe).template
-    return "dq" in COVERS.get(template, ()) and template not in ONE_CALL
+    """Whether spec's dk/dv stage makes dq too, from f32 partials per (row, slot) (SMALL's dkdv_dq; its backward is
+    one call: dense_backward)."""
+    return choose("dkdv", spec, recipe).template == "dkdv_dq"
 
 
 def template_for(stage: str, spec, recipe) -> tuple[str, Family]:

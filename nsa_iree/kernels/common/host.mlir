@@ -21,25 +21,15 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
     %transients: !hal.buffer {iree.abi.transients}) -> tensor<?x?x${H}x${D}x${E}> {
 <% endmacro %>
 
-<# dk/dv's signature; `with_dq`: dk/dv with dq made from the same products, selection_attention_dkdv_dq (dq, dk, dv
-   out in the one-pass's order): gpu/hopper/dkdv_dq.mlir. #>
-<% macro dkdv_signature(with_dq=false) %>
-func.func @selection_attention_dkdv${ "_dq" if with_dq else "" }(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
+<% macro dkdv_signature() %>
+func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
     %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
-<% if with_dq %>
-    %scale: f32, %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
-    %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
-    %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${D}x${E}>, tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-<% else %>
     %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
     %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
     %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x?x${G}x${D}x${DKV_E}>, tensor<?x?x${G}x${DV}x${DKV_E}>) {
-<% endif %>
 <% endmacro %>
 
 <# The signature of a backward in one call (dq, dk and dv): the one-pass's (@selection_attention_onepass, reading
@@ -185,12 +175,23 @@ ${ push_constants() }
 <% endmacro %>
 
 <# dk/dv's host function: one dispatch of `executable`'s @selection_attention_dkdv_piece per piece, then the
-   pieces summed per block in order (common/piece_sums.mlir). `with_dq` (gpu/hopper/dkdv_dq.mlir): its kernel writes
-   dq's f32 partials per (row, slot) [B, M, G, T, HPG, D] too, each row's summed in slot order (common/dq_sums.mlir). #>
+   pieces summed per block in order (common/piece_sums.mlir). `with_dq` (gpu/hopper/dkdv_dq.mlir): the backward in
+   one call (onepass_signature's selection_attention_backward, reading o): delta (common/delta.mlir) and the block
+   lists' inversion (common/inversion.mlir) as calls first; the kernel writes dq's f32 partials per (row, slot)
+   [B, M, G, T, HPG, D] too, each row's summed in slot order (common/dq_sums.mlir). #>
 <% macro dkdv(executable, with_dq=false) %>
 <% set dq_slots_type = "tensor<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ D ~ "xf32>" %>
-${ dkdv_signature(with_dq) }
+<% if with_dq %>
+${ onepass_signature("selection_attention_backward", "o") }
 ${ sizes() }
+  %delta = func.call @selection_attention_delta(%o, %do, %transients)
+      : (tensor<?x?x${H}x${DV}x${E}>, tensor<?x?x${H}x${DV}x${E}>, !hal.buffer) -> tensor<?x?x${H}xf32>
+  %entries, %piece_start, %piece_count = func.call @invert_block_indices(%block_indices, %n, %transients)
+      : (tensor<?x?x${G}x${T}xi32>, index, !hal.buffer) -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>)
+<% else %>
+${ dkdv_signature() }
+${ sizes() }
+<% endif %>
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
 ${ push_constants(pieces=true) }
   %dk_pieces, %dv_pieces${ ", %dq_slots" if with_dq else "" } = flow.dispatch @${executable}::@selection_attention_dkdv_piece[%pieces](
