@@ -177,8 +177,9 @@ def row_slices(seq=3000, rows=700, configs=("hpg4", "hpg1")):
     """The two-pass in slices of `rows` query rows (backward_into's rows_per_slice, the default where dk/dv makes
     dq's partials on the hopper target) against the f64 reference and the unsliced call, B 2, bad slots: dq bitwise
     the unsliced dq, dk and dv close (summed over the slices in f32), a second sliced run bitwise equal, every
-    output written."""
-    from nsa_iree.api import backward_into
+    output written; and the forward in slices (forward_into's, over the pieces at these group sizes): o and lse
+    bitwise the unsliced call's."""
+    from nsa_iree.api import backward_into, forward_into
     from nsa_iree.reference import selection_attention_backward_reference
 
     for name in configs:
@@ -197,7 +198,13 @@ def row_slices(seq=3000, rows=700, configs=("hpg4", "hpg1")):
         _, *ref = selection_attention_backward_reference(q.cpu(), k.cpu(), v.cpu(), o.cpu(), lse.cpu(), do.cpu(),
                                                          idx.cpu(), cfg["block_size"])
         sliced, again, whole = runs
+        forwards = []
+        for slice_rows in (rows, None):
+            o_lse = (torch.full_like(o, float("nan")), torch.full_like(lse, float("nan")))
+            forwards.append(forward_into(*o_lse, q, k, v, idx, cfg["block_size"], scale, rows_per_slice=slice_rows))
+        torch.cuda.synchronize()
         row = {"config": name, "seq": seq, "rows_per_slice": rows,
+               "forward_bitwise_unsliced": all(torch.equal(a, b) for a, b in zip(*forwards)),
                "finite": all(bool(torch.isfinite(t).all()) for t in sliced),
                "bitwise_repeat": all(torch.equal(a, b) for a, b in zip(sliced, again)),
                "dq_bitwise_unsliced": torch.equal(sliced[0], whole[0])}

@@ -13,6 +13,9 @@
                                                # dq on wgmma at 64) against NVIDIA's, the linalg stages and f64,
                                                # outputs poisoned, bitwise
     python3 -m bench.hopper_checks time_two_pass [SEQ]  # on the GPU: those dq and dk/dv and NVIDIA's, per group size
+    python3 -m bench.hopper_checks check_pieces  # on the GPU: the small groups' forward over the block lists' pieces
+                                               # against NVIDIA's, the linalg stages and f64, outputs poisoned, bitwise
+    python3 -m bench.hopper_checks time_pieces [SEQ]  # on the GPU: that forward and NVIDIA's, per group size
 
 The modules are loaded directly (KernelSpec with target "cuda" or "hopper"), so both run in one process whatever
 nsa_iree.api would pick. bench/run_hopper_h200.sh runs the GPU steps through the device tool;
@@ -72,6 +75,13 @@ def compile_all() -> None:
                  for target in (("hopper", "cuda") if hpg <= 16 else ("hopper",))]
     for spec_ in two_pass:
         print(compile_artifact(spec_, "two-pass").path.name, flush=True)
+    for _, cfg, *_ in PIECE_CASES:
+        for target, kernels in (("hopper", "auto"), ("cuda", "auto"), ("cuda", "linalg")):
+            print(compile_artifact(KernelSpec(target=target, kernels=kernels, **cfg), "forward").path.name, flush=True)
+    for hpg, (heads, kv_heads) in TWO_PASS_LAYOUTS.items():
+        for target in ("hopper", "cuda") if hpg < 16 else ():
+            cfg = dict(CONFIGS["anchors"], heads=heads, kv_heads=kv_heads)
+            print(compile_artifact(KernelSpec(target=target, **cfg), "forward").path.name, flush=True)
 
 
 def _load(spec_: KernelSpec, variant: str):
@@ -408,9 +418,56 @@ def time_two_pass(seq: int = 65536, repeats: int = 10) -> None:
                 print(json.dumps(row), flush=True)
 
 
+# The small groups' forward (kernels.SMALL: gpu/hopper/forward_pieces.mlir, the block lists' pieces against their
+# rows, each row's partials per slot combined in slot order) on the two-pass cases below 16 heads per group: B 2,
+# M < N, bad slots, duplicates, rising keys, f16, T 1, D 64.
+PIECE_CASES = [case for case in TWO_PASS_CASES if case[1]["heads"] // case[1]["kv_heads"] < 16]
+
+
+def check_pieces(seed: int = 0) -> None:
+    """o and lse of the hopper forward module (over the pieces below 16 heads per group), the NVIDIA forward's and
+    the linalg stages' against the f64 oracle, outputs poisoned; the hopper module twice (bitwise equal)."""
+    from nsa_iree.reference import selection_attention_reference
+
+    recipe = load_recipe("hopper")
+    for i, (name, cfg, *problem) in enumerate(PIECE_CASES):
+        q, k, v, _, idx = _problem(cfg, *problem, seed + i)
+        o_ref, lse_ref = selection_attention_reference(q.cpu(), k.cpu(), v.cpu(), idx.cpu(), cfg["block_size"])
+        choice = choose("forward", KernelSpec(target="hopper", **cfg), recipe)
+        row = {"case": name, "hopper_kernel": choice.template or choice.family}
+        for label, target, kernels in (("hopper", "hopper", "auto"), ("cuda", "cuda", "auto"),
+                                       ("linalg", "cuda", "linalg")):
+            module = _load(KernelSpec(target=target, kernels=kernels, **cfg), "forward")
+            o, lse = _forward(module, q, k, v, idx)
+            torch.cuda.synchronize()
+            row[f"{label}_o"], row[f"{label}_lse"] = _error(o.cpu(), o_ref), _error(lse.cpu(), lse_ref)
+            if label == "hopper":
+                again = _forward(module, q, k, v, idx)
+                torch.cuda.synchronize()
+                row["hopper_bitwise"] = torch.equal(o, again[0]) and torch.equal(lse, again[1])
+        print(json.dumps(row), flush=True)
+
+
+def time_pieces(seq: int = 65536, repeats: int = 10) -> None:
+    """The forward call at seq tokens below 16 heads per group: the hopper module's (over the pieces) and NVIDIA's
+    (position-major), alternating, realistic and uniform selections."""
+    for hpg, (heads, kv_heads) in TWO_PASS_LAYOUTS.items():
+        if hpg >= 16:
+            continue
+        cfg = dict(CONFIGS["anchors"], heads=heads, kv_heads=kv_heads)
+        modules = {target: _load(KernelSpec(target=target, **cfg), "forward") for target in ("hopper", "cuda")}
+        for selection in ("realistic", "uniform"):
+            q, k, v, _, idx = _problem(cfg, 1, seq, seq, selection, False, 0)
+            runs = {target: functools.partial(_forward, module, q, k, v, idx) for target, module in modules.items()}
+            for _ in range(2):
+                row = {"seq": seq, "heads_per_group": hpg, "selection": selection}
+                row.update({f"{name}_ms": _median_ms(run, repeats) for name, run in runs.items()})
+                print(json.dumps(row), flush=True)
+
+
 def sanitize(m: int = 300) -> None:
     """For compute-sanitizer: one small forward and backward per window layout, one wide forward, and the selection's
-    dk/dv at 4 heads per group and dq and dk/dv at 64 (B 2, bad slots)."""
+    dk/dv at 4 heads per group with its forward over the pieces, and dq and dk/dv at 64 (B 2, bad slots)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     for case in ("bf16", "d64"):
         q, k, v, idx = _inputs(case, 2, m, m + 100, gen)
@@ -436,10 +493,16 @@ def sanitize(m: int = 300) -> None:
         torch.cuda.synchronize()
         print(json.dumps({"case": name, "m": m, "finite": all(bool(torch.isfinite(x).all()) for x in grads)}),
               flush=True)
+        if cfg["heads"] // cfg["kv_heads"] < 16:
+            # the forward over the pieces (kernels.SMALL); rows that see no key have lse -inf
+            o, lse = _forward(_load(spec_, "forward"), q, k, v, idx)
+            torch.cuda.synchronize()
+            print(json.dumps({"case": name + " forward", "m": m, "finite": bool(torch.isfinite(o).all())}),
+                  flush=True)
 
 
 if __name__ == "__main__":
     what, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
     {"compile": compile_all, "check": check, "check_bwd": check_bwd, "time": time, "time_bwd": time_bwd,
      "sanitize": sanitize, "check_wide": check_wide, "time_wide": time_wide, "check_two_pass": check_two_pass,
-     "time_two_pass": time_two_pass}[what](*args)
+     "time_two_pass": time_two_pass, "check_pieces": check_pieces, "time_pieces": time_pieces}[what](*args)

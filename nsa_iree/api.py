@@ -126,7 +126,8 @@ def _check_destinations(**outputs):
                              f"writes into its memory")
 
 
-def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_stride=1, window=0):
+def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_stride=1, window=0,
+                 rows_per_slice=None):
     """Run the forward kernel writing into caller-owned o [B, M, H, Dv] and lse [B, H, M] (float32).
 
     idx is the output of effective_block_indices. Inputs are not validated here (the public functions do
@@ -134,15 +135,19 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_s
     poison o and lse before the run. With cu_seqlens ([S + 1], B = 1, M = N packed tokens) the kernels run on
     the block-aligned layout of nsa_iree.packing. key_stride: KernelSpec.key_stride (compressed attention: its
     block size, the M rows then every position; nsa_iree.compression). window: KernelSpec.window (the sliding
-    window, nsa_iree.window; callers run packed sequences one by one).
+    window, nsa_iree.window; callers run packed sequences one by one). rows_per_slice: run in slices of that many
+    query rows, each against the keys its rows may see (default: where the forward makes partials per (row, slot),
+    kernels.SMALL, as many as PARTIALS_BYTES of them hold; else all); o and lse are those of the unsliced call, bit
+    for bit (the selection only: not with a window or a key_stride).
     """
+    _check_rows_per_slice(rows_per_slice, "forward_into")
     _check_destinations(o=o, lse=lse)
     if cu_seqlens is not None:
         layout = packed_layout(cu_seqlens, q.shape[1], block_size)
         idx = layout.block_indices(idx, block_size)
         if not layout.identity:
             o_pad, lse_pad = _forward(layout.to_padded(q), layout.to_padded(k), layout.to_padded(v), idx,
-                                      block_size, scale)
+                                      block_size, scale, rows_per_slice=rows_per_slice)
             layout.from_padded(o_pad, o, dim=1)
             layout.from_padded(lse_pad, lse, dim=2)
             return o, lse
@@ -154,10 +159,33 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_s
         lse.fill_(float("-inf"))
         return o, lse
     spec, split = loaded_spec(describe(q, k, v, idx, block_size, key_stride, window), "forward")
+    if key_stride == 1 and not window:
+        rows = rows_per_slice or _rows_per_slice(spec, batch, "forward")
+        if rows is not None and rows < m_rows:
+            return _forward_in_row_slices(rows, o, lse, q, k, v, idx, block_size, scale)
     if split > 1:
         k, v, idx = (_repeat_groups(t, split) for t in (k, v, idx))
     module = kernels(spec, "forward", q.device)
     module.call("selection_attention_fwd", q, k, v, idx, scale, o, lse)
+    return o, lse
+
+
+def _forward_in_row_slices(rows, o, lse, q, k, v, idx, block_size, scale):
+    """forward_into over slices of `rows` query rows, in order: slice [m0, m1) against the keys its rows may see
+    (the first N - M + m1), its o and lse copied into place."""
+    batch, m_rows = q.shape[:2]
+    n = k.shape[1]
+    for m0 in range(0, m_rows, rows):
+        m1 = min(m_rows, m0 + rows)
+        keys = max(0, n - m_rows + m1)         # (none for rows before the first key: M > N)
+        o_part = _empty((batch, m1 - m0, *o.shape[2:]), o)
+        lse_part = _empty((batch, lse.shape[1], m1 - m0), lse)
+        # (a slice the runtime cannot import in place copied once here)
+        q_of, idx_of = (_importable(t[:, m0:m1]) for t in (q, idx))
+        k_of, v_of = (_importable(t[:, :keys]) for t in (k, v))
+        forward_into(o_part, lse_part, q_of, k_of, v_of, idx_of, block_size, scale, rows_per_slice=m1 - m0)
+        o[:, m0:m1].copy_(o_part)
+        lse[:, :, m0:m1].copy_(lse_part)
     return o, lse
 
 
@@ -179,6 +207,16 @@ def dense_backward(spec: KernelSpec) -> bool:
     from .recipes import load_recipe
 
     return dense(spec, load_recipe(spec.target))
+
+
+@functools.lru_cache(maxsize=None)
+def forward_over_pieces(spec: KernelSpec) -> bool:
+    """kernels.forward_over_pieces on spec's target's recipe (once per spec): the forward makes f32 partials per
+    (row, slot) over the block lists' pieces."""
+    from .kernels import forward_over_pieces as pieces
+    from .recipes import load_recipe
+
+    return pieces(spec, load_recipe(spec.target))
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,29 +252,40 @@ def _repeat_groups(x: Tensor, split: int) -> Tensor:
     return x.repeat_interleave(split, dim=2)
 
 
-# The most bytes of dq partials one backward call may hold where dk/dv makes dq (kernels.SMALL: T x H x D x 4 bytes a
-# query row and batch); a longer sequence runs in row slices (backward_into). None: NSA_IREE_DQ_PARTIALS_BYTES, read
-# at each such call, else 16 GiB (docs/runtime.md).
-DQ_PARTIALS_BYTES: int | None = None
+# The most bytes of f32 partials per (row, slot) one call may hold where its kernels make them (kernels.SMALL: the
+# forward over the pieces, T x H x (Dv + 2) x 4 bytes a query row and batch; dk/dv making dq, T x H x D x 4); a longer
+# sequence runs in row slices (forward_into, backward_into). None: NSA_IREE_PARTIALS_BYTES, read at each such call,
+# else 16 GiB (docs/runtime.md).
+PARTIALS_BYTES: int | None = None
 
 
 def _partials_bytes_from_environment(default: int = 16 << 30) -> int:
-    text = os.environ.get("NSA_IREE_DQ_PARTIALS_BYTES")
+    text = os.environ.get("NSA_IREE_PARTIALS_BYTES")
     if text is None:
         return default
     if not text.strip().isdigit() or int(text) <= 0:
-        raise ValueError(f"NSA_IREE_DQ_PARTIALS_BYTES must be a positive number of bytes, got {text!r}")
+        raise ValueError(f"NSA_IREE_PARTIALS_BYTES must be a positive number of bytes, got {text!r}")
     return int(text)
 
 
-def _rows_per_slice(spec: KernelSpec, batch: int) -> int | None:
-    """The query rows of a backward call whose dq partials fit DQ_PARTIALS_BYTES (at least 64); None where spec's
-    dk/dv makes no partials."""
-    if not dq_with_dkdv(spec):
+def _rows_per_slice(spec: KernelSpec, batch: int, variant: str = "two-pass") -> int | None:
+    """The query rows of a forward or two-pass backward call whose partials per (row, slot) fit PARTIALS_BYTES (at
+    least 64); None where spec's kernels of `variant` make no partials."""
+    if variant == "forward" and forward_over_pieces(spec):
+        width = spec.value_dim + 2
+    elif variant == "two-pass" and dq_with_dkdv(spec):
+        width = spec.head_dim
+    else:
         return None
-    budget = DQ_PARTIALS_BYTES if DQ_PARTIALS_BYTES is not None else _partials_bytes_from_environment()
-    per_row = batch * spec.num_blocks * spec.heads * spec.head_dim * 4
+    budget = PARTIALS_BYTES if PARTIALS_BYTES is not None else _partials_bytes_from_environment()
+    per_row = batch * spec.num_blocks * spec.heads * width * 4
     return max(64, budget // per_row)
+
+
+def _check_rows_per_slice(rows_per_slice, function: str) -> None:
+    if rows_per_slice is not None and (isinstance(rows_per_slice, bool) or not isinstance(rows_per_slice, int)
+                                       or rows_per_slice <= 0):
+        raise ValueError(f"{function}: rows_per_slice must be a positive int or None, got {rows_per_slice!r}")
 
 
 def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, variant, cu_seqlens=None,
@@ -259,14 +308,12 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     for forward_into. fixed_blocks: idx is a tensor made once per shape and only read (the band of the sliding
     window, the compressed attention's tiles): the two-pass's inversion of it is made once and kept as long as idx
     lives (a change to idx in place makes it again). rows_per_slice: run the two-pass in slices of that many query
-    rows (default: where dk/dv makes dq, as many as DQ_PARTIALS_BYTES of partials hold; else all), each slice's dk and
+    rows (default: where dk/dv makes dq, as many as PARTIALS_BYTES of partials hold; else all), each slice's dk and
     dv summed over the slices in float32 and rounded once (the selection's two-pass only: not with a window, a
     key_stride or the one-pass).
     """
     check_variant(variant)
-    if rows_per_slice is not None and (isinstance(rows_per_slice, bool) or not isinstance(rows_per_slice, int)
-                                       or rows_per_slice <= 0):
-        raise ValueError(f"backward_into: rows_per_slice must be a positive int or None, got {rows_per_slice!r}")
+    _check_rows_per_slice(rows_per_slice, "backward_into")
     if (dk is None) != (dv is None) or (variant == "one-pass" and None in (dq, dk, dv)):
         raise ValueError("backward_into: dk and dv are computed together (both or neither), and the one-pass "
                          "variant writes dq, dk and dv")
@@ -403,10 +450,10 @@ def _empty(shape, like: Tensor, dtype=None) -> Tensor:
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
 
 
-def _forward(q, k, v, idx, block_size, scale, cu_seqlens=None):
+def _forward(q, k, v, idx, block_size, scale, cu_seqlens=None, rows_per_slice=None):
     o = _empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q)
     lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
-    return forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens)
+    return forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens, rows_per_slice=rows_per_slice)
 
 
 def _backward(q, k, v, o, lse, do, idx, block_size, scale, variant, need_dq=True, need_dkdv=True,

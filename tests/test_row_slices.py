@@ -1,7 +1,8 @@
-"""The two-pass backward in slices of query rows (backward_into's rows_per_slice; by default where dk/dv makes dq's
-partials, kernels.SMALL, as many rows as api.DQ_PARTIALS_BYTES of partials hold): each slice against the keys its
-rows may see, dq per slice exactly as unsliced, dk and dv summed over the slices in f32 and rounded once: close to
-the f64 reference, reproducible bit for bit, every output written."""
+"""The forward and the two-pass backward in slices of query rows (forward_into's and backward_into's rows_per_slice;
+by default where the kernels make partials per (row, slot), kernels.SMALL, as many rows as api.PARTIALS_BYTES of
+partials hold): each slice against the keys its rows may see; o, lse and dq per slice exactly as unsliced, dk and dv
+summed over the slices in f32 and rounded once: close to the f64 reference, reproducible bit for bit, every output
+written."""
 
 from __future__ import annotations
 
@@ -79,20 +80,41 @@ def test_sliced_backward_writes_only_what_is_asked(wanted):
 @pytest.mark.parametrize("rows", [0, -3, 2.5, True])
 def test_a_bad_rows_per_slice_is_named(rows):
     p, _ = CASES["three_slices_m_eq_n"]
-    with pytest.raises(ValueError, match="rows_per_slice"):
+    with pytest.raises(ValueError, match="backward_into: rows_per_slice"):
         _backward(p, torch.float32, rows)
+    q, k, v, _, block_indices, block_counts = make_inputs(p, torch.float32)
+    o, lse = poisoned((p.batch, p.m_rows, p.heads, p.value_dim), torch.float32), poisoned(
+        (p.batch, p.heads, p.m_rows), torch.float32)
+    with pytest.raises(ValueError, match="forward_into: rows_per_slice"):
+        forward_into(o, lse, q, k, v, effective_block_indices(block_indices, block_counts), p.block_size, 1.0,
+                     rows_per_slice=rows)
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_the_sliced_forward_is_the_unsliced_forward(case):
+    p, rows = CASES[case]
+    q, k, v, _, block_indices, block_counts = make_inputs(p, torch.bfloat16)
+    idx = effective_block_indices(block_indices, block_counts)
+    outs = []
+    for slice_rows in (rows, None):
+        o, lse = poisoned((p.batch, p.m_rows, p.heads, p.value_dim), torch.bfloat16), poisoned(
+            (p.batch, p.heads, p.m_rows), torch.float32)
+        outs.append(forward_into(o, lse, q, k, v, idx, p.block_size, p.head_dim ** -0.5, rows_per_slice=slice_rows))
+    assert_bitwise_equal(list(outs[0]), list(outs[1]), ("o", "lse"))
 
 
 def test_the_default_slice_holds_the_partials_budget(monkeypatch):
-    """Where dk/dv makes dq's partials (T x H x D x 4 bytes a row and batch) a call takes as many rows as
-    DQ_PARTIALS_BYTES hold, at least 64; elsewhere no slicing."""
+    """Where dk/dv makes dq's partials (T x H x D x 4 bytes a row and batch) or the forward its own (T x H x (Dv + 2)
+    x 4) a call takes as many rows as PARTIALS_BYTES hold, at least 64; elsewhere no slicing."""
     spec = KernelSpec(target="hopper", heads=16, kv_heads=4, head_dim=128, value_dim=128, block_size=64,
                       num_blocks=16, dtype="bf16")
-    monkeypatch.setattr(api, "DQ_PARTIALS_BYTES", 1 << 30)
+    monkeypatch.setattr(api, "PARTIALS_BYTES", 1 << 30)
     per_row = 16 * 16 * 128 * 4
     assert api._rows_per_slice(spec, 1) == (1 << 30) // per_row
     assert api._rows_per_slice(spec, 2) == (1 << 30) // (2 * per_row)
-    monkeypatch.setattr(api, "DQ_PARTIALS_BYTES", 1)
+    assert api._rows_per_slice(spec, 1, "forward") == (1 << 30) // (16 * 16 * 130 * 4)
+    assert api._rows_per_slice(dataclasses.replace(spec, heads=32), 1, "forward") is None  # 8 per group: no pieces
+    monkeypatch.setattr(api, "PARTIALS_BYTES", 1)
     assert api._rows_per_slice(spec, 1) == 64
     assert api._rows_per_slice(dataclasses.replace(spec, heads=64), 1) is None      # 16 heads per group: no partials
     assert api._rows_per_slice(dataclasses.replace(spec, target="cpu"), 1) is None
@@ -100,19 +122,19 @@ def test_the_default_slice_holds_the_partials_budget(monkeypatch):
 
 @pytest.mark.parametrize("value", ["", "-1", "0", "2GiB"])
 def test_a_bad_partials_budget_in_the_environment_is_named(monkeypatch, value):
-    monkeypatch.setenv("NSA_IREE_DQ_PARTIALS_BYTES", value)
-    with pytest.raises(ValueError, match="NSA_IREE_DQ_PARTIALS_BYTES"):
+    monkeypatch.setenv("NSA_IREE_PARTIALS_BYTES", value)
+    with pytest.raises(ValueError, match="NSA_IREE_PARTIALS_BYTES"):
         api._partials_bytes_from_environment()
 
 
 def test_the_partials_budget_is_read_from_the_environment_where_it_is_used(monkeypatch):
     spec = KernelSpec(target="hopper", heads=16, kv_heads=4, head_dim=128, value_dim=128, block_size=64,
                       num_blocks=16, dtype="bf16")
-    monkeypatch.setattr(api, "DQ_PARTIALS_BYTES", None)
-    monkeypatch.setenv("NSA_IREE_DQ_PARTIALS_BYTES", "1048576")
+    monkeypatch.setattr(api, "PARTIALS_BYTES", None)
+    monkeypatch.setenv("NSA_IREE_PARTIALS_BYTES", "1048576")
     assert api._rows_per_slice(spec, 1) == max(64, (1 << 20) // (16 * 16 * 128 * 4))
-    monkeypatch.delenv("NSA_IREE_DQ_PARTIALS_BYTES")
+    monkeypatch.delenv("NSA_IREE_PARTIALS_BYTES")
     assert api._rows_per_slice(spec, 1) == (16 << 30) // (16 * 16 * 128 * 4)
-    monkeypatch.setenv("NSA_IREE_DQ_PARTIALS_BYTES", "8G")
-    with pytest.raises(ValueError, match="NSA_IREE_DQ_PARTIALS_BYTES"):
+    monkeypatch.setenv("NSA_IREE_PARTIALS_BYTES", "8G")
+    with pytest.raises(ValueError, match="NSA_IREE_PARTIALS_BYTES"):
         api._rows_per_slice(spec, 1)

@@ -80,7 +80,9 @@ WIDE = {"forward": ("wide_forward",), "dq": ("wide_dq",)}
 # family for the small form and it serves spec. The position-major dq reads each selected block once per position
 # and kv head, whatever its heads; dkdv_dq makes dq from dk/dv's products (ds k per piece of the block lists'
 # inversion, summed per row in slot order), so each block is read once per piece of its rows (COVERS: no dq stage).
-SMALL = {"dkdv": ("dkdv_dq",)}
+# The forward likewise: forward_pieces inverts the block lists itself and writes each row's partials (its max, sum
+# and unnormalised o per slot) per piece, combined per row in slot order.
+SMALL = {"forward": ("forward_pieces",), "dkdv": ("dkdv_dq",)}
 
 
 def choose(stage: str, spec, recipe) -> Choice:
@@ -178,6 +180,12 @@ def dense_backward(spec, recipe) -> bool:
     """Whether the two-pass backward of spec is one call (choose()'s form of its dk/dv stage is in COVERS):
     selection_attention_backward(q, k, v, block_indices, lse, o, do, scale) -> dq, dk, dv, delta made inside."""
     return choose("dkdv", spec, recipe).template in COVERS
+
+
+def forward_over_pieces(spec, recipe) -> bool:
+    """Whether spec's forward runs over the block lists' pieces, from f32 partials per (row, slot) (SMALL's
+    forward_pieces)."""
+    return choose("forward", spec, recipe).template == "forward_pieces"
 
 
 def dq_with_dkdv(spec, recipe) -> bool:

@@ -61,3 +61,27 @@ ${indent}%${f} = arith.addi %${f}0, %${block} : index
 ${ caller() }
   } -> tensor<?x?x${G}x${T}xi32>
 <% endmacro %>
+
+<# %`name` [B, M, G, T] i32: 1 where the slot names a block row m reads (selected()) that no earlier slot of the row
+   names, else 0 (a kernel that counts a block as often as the row lists it, in its p, holds them all in the block's
+   one partial: common/dq_sums.mlir, common/forward_sums.mlir); reads %block_indices, %batch, %m_rows, %offset,
+   %block_size, %c0, %c1, %c0_i32, %c1_i32 and %false. #>
+<% macro counted_slots(name) %>
+<% call per_slot(name) %>
+    %m = linalg.index 1 : index
+    %b = linalg.index 0 : index
+    %g = linalg.index 2 : index
+    %t = linalg.index 3 : index
+${ selected("chosen") }
+    %named_before = scf.for %u = %c0 to %t step %c1 iter_args(%seen = %false) -> (i1) {
+      %other = tensor.extract %block_indices[%b, %m, %g, %u] : tensor<?x?x${G}x${T}xi32>
+      %same = arith.cmpi eq, %other, %block_i32 : i32
+      %seen_now = arith.ori %seen, %same : i1
+      scf.yield %seen_now : i1
+    }
+    %first_naming = arith.cmpi eq, %named_before, %false : i1
+    %counted_here = arith.andi %chosen, %first_naming : i1
+    %counted_i32 = arith.select %counted_here, %c1_i32, %c0_i32 : i32
+    linalg.yield %counted_i32 : i32
+<% endcall %>
+<% endmacro %>

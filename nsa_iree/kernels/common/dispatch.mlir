@@ -16,6 +16,8 @@
 <% elif name == "dk_pieces" %>memref<?x${BS}x${D}xf32>{%pieces}|dk pieces [pieces, BS, D] f32
 <% elif name == "dv_pieces" %>memref<?x${BS}x${DV}xf32>{%pieces}|dv pieces [pieces, BS, Dv] f32
 <% elif name == "dq_slots" %>memref<?x?x${G}x${T}x${HPG}x${D}xf32>{%batch, %m_rows}|dq slots [B, M, G, T, HPG, D] f32
+<% elif name == "o_slots" %>memref<?x?x${G}x${T}x${HPG}x${DV}xf32>{%batch, %m_rows}|o slots [B, M, G, T, HPG, Dv] f32
+<% elif name == "stats_slots" %>memref<?x?x${G}x${T}x${HPG}x2xf32>{%batch, %m_rows}|max and sum slots [B, M, G, T, HPG, 2] f32
 <% elif name == "key_blocks_t" %>memref<?x${D}x${BS}x${E}>{%flat_blocks}|key_blocks_t [B * G * NB, D, BS] (cpu/blocks.mlir)
 <% elif name == "value_blocks_t" %>memref<?x${DV}x${BS}x${E}>{%flat_blocks}|value_blocks_t [B * G * NB, Dv, BS]
 <% elif name == "dk" %>memref<?x?x${G}x${D}x${DKV_E}>{%batch, %n}|dk [B, N, G, D]

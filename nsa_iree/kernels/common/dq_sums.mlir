@@ -25,23 +25,7 @@ func.func private @dq_partial_sums(%dq_slots: tensor<?x?x${G}x${T}x${HPG}x${D}xf
   %m_rows = tensor.dim %block_indices, %c1 : tensor<?x?x${G}x${T}xi32>
   ${ rules.offset() }
 
-<% call blocks.per_slot("counted") %>
-    %m = linalg.index 1 : index
-    %b = linalg.index 0 : index
-    %g = linalg.index 2 : index
-    %t = linalg.index 3 : index
-${ blocks.selected("chosen") }
-    %named_before = scf.for %u = %c0 to %t step %c1 iter_args(%seen = %false) -> (i1) {
-      %other = tensor.extract %block_indices[%b, %m, %g, %u] : tensor<?x?x${G}x${T}xi32>
-      %same = arith.cmpi eq, %other, %block_i32 : i32
-      %seen_now = arith.ori %seen, %same : i1
-      scf.yield %seen_now : i1
-    }
-    %first_naming = arith.cmpi eq, %named_before, %false : i1
-    %counted_here = arith.andi %chosen, %first_naming : i1
-    %counted_i32 = arith.select %counted_here, %c1_i32, %c0_i32 : i32
-    linalg.yield %counted_i32 : i32
-<% endcall %>
+${ blocks.counted_slots("counted") }
 
   // The sum in a region of its own so that its lowering config (lanes along the head dim: coalesced loads of every
   // partial) survives, as the piece sums' (common/piece_sums.mlir).

@@ -157,6 +157,30 @@ ${ push_constants() }
 }
 <% endmacro %>
 
+<# The forward over the block lists' pieces (gpu/hopper/forward_pieces.mlir): the block lists inverted (common/
+   inversion.mlir), one dispatch of `executable`'s @`function` per piece writing its rows' f32 partials per slot, o
+   [B, M, G, T, HPG, Dv] and (max, sum) [B, M, G, T, HPG, 2], then each row's counted slots combined in slot order
+   (common/forward_sums.mlir). #>
+<% macro forward_pieces(executable, function) %>
+<% set o_slots_type = "tensor<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ DV ~ "xf32>" %>
+<% set stats_slots_type = "tensor<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x2xf32>" %>
+${ forward_signature() }
+${ sizes() }
+  %entries, %piece_start, %piece_count = func.call @invert_block_indices(%block_indices, %n, %transients)
+      : (tensor<?x?x${G}x${T}xi32>, index, !hal.buffer) -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>)
+  %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
+${ push_constants(pieces=true) }
+  %o_slots, %stats_slots = flow.dispatch @${executable}::@${function}[%pieces](
+      %batch_i32, %m_rows_i32, %n_i32, %scale_bits, %pieces_i32, %q, %k, %v, %block_indices, %entries)
+      : (i32, i32, i32, i32, i32, ${ row_operand_types() }, tensor<?x${ROWS_PER_PIECE}x2xi32>{%pieces})
+      -> (${o_slots_type}{%batch, %m_rows}, ${stats_slots_type}{%batch, %m_rows})
+  %o, %lse = func.call @forward_partial_sums(%o_slots, %stats_slots, %block_indices, %n)
+      : (${o_slots_type}, ${stats_slots_type}, tensor<?x?x${G}x${T}xi32>, index)
+      -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>)
+  return %o, %lse : tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>
+}
+<% endmacro %>
+
 <# dq's host function: one dispatch of `executable`'s @`function` per (m, g, b), or per row tile as the forward's. #>
 <% macro dq(executable, function="selection_attention_dq_row", rows_per_workgroup=none) %>
 ${ dq_signature() }

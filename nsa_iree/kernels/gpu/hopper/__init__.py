@@ -9,9 +9,13 @@ from ....spec import KernelSpec
 from ...family import Family
 from .. import nvidia
 
-STAGES = ("dense_forward", "dense_dq", "dense_dkdv", "wide_forward", "wide_dq", "dkdv", "dkdv_dq")
+STAGES = ("dense_forward", "dense_dq", "dense_dkdv", "wide_forward", "wide_dq", "dkdv", "dkdv_dq", "forward_pieces")
 # the selection's dk/dv kernel (dkdv_tile.mlir over the block lists' pieces), alone or making dq's partials too
 PIECE_STAGES = ("dkdv", "dkdv_dq")
+# the kernels over the block lists' pieces: dk/dv's and the small groups' forward (forward_pieces.mlir), which
+# serves up to PIECE_FORWARD_HEADS heads per group (the crossover measured on the H200: docs/performance.md)
+OVER_PIECES = (*PIECE_STAGES, "forward_pieces")
+PIECE_FORWARD_HEADS = 4
 WARPGROUPS = 2               # warpgroups of a workgroup: each takes 64 rows (its m64 tile, 4 subgroups of 16)
 ROWS = 64 * WARPGROUPS       # rows of a workgroup, against each key tile staged once
 # the wide forward's (wide_forward.mlir: the part forward.mlir over block lists): one warpgroup, one position's heads
@@ -28,7 +32,7 @@ assert DQ_ROWS == WIDE_HEADS    # (wide_dq.mlir: a workgroup's rows are one posi
 # dense forward's two of two warpgroups each, dq's and dk/dv's two of one, the wide forward's three of one (a shape
 # whose workgroup memory holds fewer takes the NVIDIA wide kernel).
 RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 3, "wide_dq": 2, "dkdv": 2,
-            "dkdv_dq": 2}
+            "dkdv_dq": 2, "forward_pieces": 3}
 # The fewest a stage is served with (RESIDENT unless named): the wide forward runs at two where three do not fit
 # (BS 128 with Dv 64), and asks ptxas for no more than RESIDENT (six at D = 64 would leave 80 registers: spills).
 REQUIRED = {"wide_forward": 2}
@@ -70,8 +74,14 @@ def workgroup_memory(stage: str, spec: KernelSpec, rows_per_piece: int = 0) -> d
     dense_dkdv: K [64, D], V [64, Dv], two q chunks [64, D], two do chunks [64, Dv], p^T (then ds^T) [64, 64], and
     two chunks' lse and delta ("stats", f32 [2][2][64]). dkdv and dkdv_dq: dense_dkdv's, then the piece's rows
     ("rows", i32 [rows_per_piece][4]) and their count (16 bytes). wide_forward: dense_forward's with 64 rows,
-    V_BUFFERS V tiles and no p (P_REGISTERS)."""
+    V_BUFFERS V tiles and no p (P_REGISTERS). forward_pieces: K [64, D], V [64, Dv], two q chunks [64, D], the piece's
+    rows and their count."""
     d, dv, bs = spec.head_dim, spec.value_dim, spec.block_size
+    if stage == "forward_pieces":
+        v = tile_bytes(64, d)
+        q = v + tile_bytes(64, dv)
+        rows = q + 2 * tile_bytes(64, d)
+        return {"v": v, "q": q, "rows": rows, "end": rows + rows_per_piece * 16 + 16}
     if stage in ("dense_dkdv", *PIECE_STAGES):
         v = tile_bytes(64, d)
         q = v + tile_bytes(64, dv)
@@ -103,21 +113,28 @@ def limits(stage: str, spec: KernelSpec, recipe) -> list[str]:
     # (the NVIDIA family's limits of the same stage: dtype, instructions, head dims; the window's dk/dv takes its
     # dense dq's, the wide dq the wide forward's (a multiple of 16 heads, block lists; its vote_any instruction too,
     # which hopper.toml names), the selection's dk/dv the NVIDIA dk/dv's but its 16 heads per group)
-    like = {"dense_dkdv": "dense_dq", "wide_dq": "wide_forward", "dkdv_dq": "dkdv"}.get(stage, stage)
+    like = {"dense_dkdv": "dense_dq", "wide_dq": "wide_forward", "dkdv_dq": "dkdv", "forward_pieces": "dkdv"}.get(
+        stage, stage)
     why = [w for w in nvidia.limits(like, spec, recipe)
-           if "workgroup memory" not in w and not (stage in PIECE_STAGES and "heads per group" in w)]
+           if "workgroup memory" not in w and not (stage in OVER_PIECES and "heads per group" in w)]
     if stage in WIDE_STAGES and spec.heads_per_group != WIDE_HEADS:
         why.append(f"takes {WIDE_HEADS} heads per group (a position's heads, one warpgroup's m64 tile)")
     if stage in WIDE_STAGES and max(spec.head_dim, spec.value_dim, spec.block_size) > 128:
         why.append("D, Dv or BS above 128 (the layouts run on an H200: bench.hopper_checks check_wide)")
-    if stage in ("dense_dkdv", *PIECE_STAGES) and spec.block_size != 64:
+    if stage in ("dense_dkdv", *OVER_PIECES) and spec.block_size != 64:
         why.append("BS is not 64 (a warpgroup's m64 tile of keys)")
     if stage in ("dense_dkdv", *PIECE_STAGES) and spec.head_dim + spec.value_dim > 256:
         why.append("D + Dv above 256 (dk and dv accumulate in a lane's registers)")
     if stage == "dkdv_dq" and spec.head_dim > 128:
         why.append("D above 128 (dq's partial takes D / 2 more registers a lane beside dk and dv: spills; the "
                    "layouts run on an H200: bench.hopper_checks check_two_pass)")
-    if stage in PIECE_STAGES:
+    if stage == "forward_pieces" and spec.heads_per_group > PIECE_FORWARD_HEADS:
+        why.append(f"above {PIECE_FORWARD_HEADS} heads per group (each row's partials cost more than the "
+                   f"position-major forward's padded tile saves: docs/performance.md)")
+    if stage == "forward_pieces" and max(spec.head_dim, spec.value_dim) > 128:
+        why.append("D or Dv above 128 (o's partial takes Dv / 2 registers a lane beside s and p; the layouts run on "
+                   "an H200: bench.hopper_checks check_pieces)")
+    if stage in OVER_PIECES:
         if 64 % spec.heads_per_group:
             why.append("the heads per group do not divide 64 (a chunk of 64 rows holds whole positions)")
         elif recipe.rows_per_piece % (64 // spec.heads_per_group):
@@ -184,6 +201,13 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "HOPPER_DKDV_Q_OFFSET": dkdv["q"], "HOPPER_DKDV_DO_OFFSET": dkdv["do"], "HOPPER_DKDV_PT_OFFSET": dkdv["pt"],
         "HOPPER_DKDV_STATS_OFFSET": dkdv["stats"],
         "HOPPER_DKDV_MIN_WORKGROUPS_PER_SM": _per_multiprocessor(dkdv_form, spec, recipe),
+    })
+    pieces = workgroup_memory("forward_pieces", spec, recipe.rows_per_piece)
+    out.update({
+        "HOPPER_FWP_SMEM_BYTES": _allocation("forward_pieces", spec, recipe), "HOPPER_FWP_V_OFFSET": pieces["v"],
+        "HOPPER_FWP_Q_OFFSET": pieces["q"], "HOPPER_FWP_ROWS_OFFSET": pieces["rows"],
+        "HOPPER_FWP_MIN_WORKGROUPS_PER_SM": min(_per_multiprocessor("forward_pieces", spec, recipe),
+                                                RESIDENT["forward_pieces"]),
     })
     dq = workgroup_memory("dense_dq", spec)
     out.update({

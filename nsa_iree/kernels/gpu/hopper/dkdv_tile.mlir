@@ -38,6 +38,7 @@
 <% import "common/rules.mlir" as rules %>
 <% import "gpu/nvidia/kernel.mlir" as nv %>
 <% import "gpu/hopper/wgmma.mlir" as wg %>
+<% import "gpu/hopper/pieces.mlir" as pieces %>
 
 <% set exe, function, layout = ("hopper_selection_dkdv_exe", "selection_attention_dkdv_piece", "hopper_dkdv_layout") if selection else ("hopper_dense_attention_dkdv_exe", "dense_attention_dkdv_tile", "hopper_dense_dkdv_layout") %>
 <% set inputs = ['q', 'k', 'v', 'block_indices', 'lse', 'delta', 'do'] + (['entries'] if selection else []) %>
@@ -136,49 +137,7 @@ ${ nv.lane_ids() }
       %count_word = arith.constant ${ ((HOPPER_DKDV_ROWS_OFFSET | int) + (ROWS_PER_PIECE | int) * 16) // 4 } : index
       <% include "gpu/piece_rows.mlir" %>
         gpu.barrier
-        // Each row's log2 weight as its fourth word (-inf for a padding row: its p is 0), and how many rows the
-        // piece has (the inversion fills a piece from its first row on): written by the lane of the last one.
-        scf.for %row = %tid to %rows step %lanes {
-          %info = vector.load %row_info[%row, %c0] : !dkv_row_info, vector<4xi32>
-          %info_m = vector.extract %info[0] : i32 from vector<4xi32>
-          %info_weight = vector.extract %info[2] : i32 from vector<4xi32>
-          %row_used = arith.cmpi sge, %info_m, %c0_i32 : i32
-          %weight = arith.bitcast %info_weight : i32 to f32
-          %weight_log2_any = math.log2 %weight : f32
-          %single = arith.cmpf oeq, %weight, %one : f32
-          %weight_log2 = arith.select %single, %zero, %weight_log2_any : f32
-          %row_log2 = arith.select %row_used, %weight_log2, %minus_inf : f32
-          %row_log2_bits = arith.bitcast %row_log2 : f32 to i32
-          memref.store %row_log2_bits, %row_info[%row, %c3] : !dkv_row_info
-<% if dq_partials %>
-          // (dq_partials) the first of the row's slots that names the block as its third word (the weight's, now
-          // read): where its dq partial goes, dq_slots[b, m, g, that slot]
-          %info_m_safe = arith.maxsi %info_m, %c0_i32 : i32
-          %slot_m = arith.index_castui %info_m_safe : i32 to index
-          %slots_i32 = arith.constant ${T} : i32
-          %first_slot = scf.for %t = %c0 to %slots step %c1 iter_args(%found = %slots_i32) -> (i32) {
-            %listed = memref.load %block_indices[%b, %slot_m, %g, %t] : memref<?x?x${G}x${T}xi32>
-            %same = arith.cmpi eq, %listed, %block_i32 : i32
-            %none_yet = arith.cmpi eq, %found, %slots_i32 : i32
-            %first_here = arith.andi %same, %none_yet : i1
-            %t_i32 = arith.index_cast %t : index to i32
-            %found_next = arith.select %first_here, %t_i32, %found : i32
-            scf.yield %found_next : i32
-          }
-          memref.store %first_slot, %row_info[%row, %c2] : !dkv_row_info
-<% endif %>
-          %next = arith.addi %row, %c1 : index
-          %next_in = arith.cmpi ult, %next, %rows : index
-          %next_at = arith.select %next_in, %next, %c0 : index
-          %next_m = memref.load %row_info[%next_at, %c0] : !dkv_row_info
-          %next_listed = arith.cmpi sge, %next_m, %c0_i32 : i32
-          %next_used = arith.andi %next_in, %next_listed : i1
-          %is_last = arith.cmpi ugt, %row_used, %next_used : i1
-          scf.if %is_last {
-            %count_i32 = arith.index_cast %next : index to i32
-            memref.store %count_i32, %words[%count_word] : !hdkv_words
-          }
-        }
+${ pieces.row_words(dq_partials, "!hdkv_words") }
         gpu.barrier
         // The piece's rows in %chunks chunks of 64 / HPG positions (64 rows).
         %count_i32 = memref.load %words[%count_word] : !hdkv_words

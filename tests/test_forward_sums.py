@@ -1,0 +1,103 @@
+"""The combine of a forward over the block lists' pieces (common/forward_sums.mlir) on its own, on the CPU: a row's o
+and lse from its per-slot partials (the block's max m_t, sum l_t and unnormalised o_t), over the slots naming a
+block it reads (each block once), in slot order in f32: m = max m_t, l = sum exp(m_t - m) l_t, o = sum exp(m_t - m)
+o_t / l rounded once, lse = m + log l; o = 0 and lse = -inf for a row with no such slot; the other slots' values,
+NaN here, never added."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from iree.compiler import compile_str
+
+from nsa_iree.cache import write_artifact
+from nsa_iree.kernels import COMMON
+from nsa_iree.render import render_template
+from nsa_iree.runtime import device_for
+from nsa_iree.spec import KernelSpec
+
+from test_dq_sums import CASES, DTYPES, RECIPE, counted_slots, special
+
+
+def expected(o_slots, stats_slots, counted, dtype):
+    """The contract restated in torch, slot by slot in f32."""
+    batch, m_rows, groups, slots, hpg, dv = o_slots.shape
+    row_max = torch.full((batch, m_rows, groups, hpg), float("-inf"))
+    for t in range(slots):
+        row_max = torch.where(counted[:, :, :, t, None], torch.maximum(row_max, stats_slots[:, :, :, t, :, 0]),
+                              row_max)
+    row_sum = torch.zeros(batch, m_rows, groups, hpg)
+    acc = torch.zeros(batch, m_rows, groups, hpg, dv)
+    for t in range(slots):
+        rescale = torch.exp(stats_slots[:, :, :, t, :, 0] - row_max)
+        row_sum = torch.where(counted[:, :, :, t, None], row_sum + rescale * stats_slots[:, :, :, t, :, 1], row_sum)
+        acc = torch.where(counted[:, :, :, t, None, None], acc + rescale[..., None] * o_slots[:, :, :, t], acc)
+    seen = row_sum > 0
+    o = torch.where(seen[..., None], acc / torch.where(seen, row_sum, 1.0)[..., None], 0.0)
+    lse = torch.where(seen, row_max + torch.log(row_sum), float("-inf"))
+    heads = groups * hpg
+    return o.reshape(batch, m_rows, heads, dv).to(dtype), lse.reshape(batch, m_rows, heads).transpose(1, 2)
+
+
+_MODULES = {}
+
+
+def combine_module(spec: KernelSpec, directory):
+    """The CPU module of forward_sums.mlir for spec with a public @combine calling @forward_partial_sums."""
+    if spec not in _MODULES:
+        h, g, dv, t, e, hpg = spec.heads, spec.kv_heads, spec.value_dim, spec.num_blocks, spec.dtype, \
+            spec.heads_per_group
+        o_type, stats_type = f"tensor<?x?x{g}x{t}x{hpg}x{dv}xf32>", f"tensor<?x?x{g}x{t}x{hpg}x2xf32>"
+        results = f"tensor<?x?x{h}x{dv}x{e}>, tensor<?x{h}x?xf32>"
+        wrapper = f"""
+func.func @combine(%o_slots: {o_type}, %stats_slots: {stats_type}, %block_indices: tensor<?x?x{g}x{t}xi32>,
+    %n: index) -> ({results}) {{
+  %o, %lse = func.call @forward_partial_sums(%o_slots, %stats_slots, %block_indices, %n)
+      : ({o_type}, {stats_type}, tensor<?x?x{g}x{t}xi32>, index) -> ({results})
+  return %o, %lse : {results}
+}}
+"""
+        text = render_template("common/forward_sums.mlir", spec, RECIPE, COMMON) + wrapper
+        vmfb = directory / f"forward_sums_{spec.name}.vmfb"
+        write_artifact(vmfb, compile_str(text, extra_args=list(RECIPE.flags_for(spec))))
+        _MODULES[spec] = device_for(torch.device("cpu")).module(vmfb)
+    return _MODULES[spec]
+
+
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("forward_sums")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_each_rows_o_and_lse_combine_its_read_blocks_partials_in_slot_order(case, dtype, build_dir):
+    b, m, n, h, g, d, bs, t = CASES[case]
+    spec = KernelSpec(target="cpu", heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=bs, num_blocks=t,
+                      dtype=dtype)
+    gen = torch.Generator().manual_seed(5)
+    num_blocks = -(-n // bs)
+    idx = torch.randint(-1, num_blocks + 2, (b, m, g, t), generator=gen, dtype=torch.int32)
+    special(case, idx, n, bs)
+    counted = counted_slots(idx, n, bs)
+    hpg = spec.heads_per_group
+    o_slots = torch.randn(b, m, g, t, hpg, d, generator=gen)
+    stats_slots = torch.stack([4 * torch.randn(b, m, g, t, hpg, generator=gen),
+                               torch.rand(b, m, g, t, hpg, generator=gen) * 9 + 1], dim=-1)
+    o_slots[~counted] = float("nan")                    # the slots no block's piece writes: never added
+    stats_slots[~counted] = float("nan")
+    want_o, want_lse = expected(o_slots, stats_slots, counted, DTYPES[dtype])
+
+    module = combine_module(spec, build_dir)
+    got_o, got_lse = (module.device.export_tensor(x).clone() for x in module.call("combine", o_slots, stats_slots,
+                                                                                    idx, n))
+
+    assert not got_o.isnan().any() and not got_lse.isnan().any()
+    torch.testing.assert_close(got_lse, want_lse, rtol=1e-6, atol=1e-6)
+    tolerance = {"f32": 1e-6, "bf16": 8e-3}[dtype]     # (exp may differ in its last bit: one rounding in bf16)
+    torch.testing.assert_close(got_o.float(), want_o.float(), rtol=tolerance, atol=tolerance)
+    empty = ~counted.any(-1)                            # [B, M, G]: rows with no counted slot
+    assert torch.equal(got_lse.transpose(1, 2).reshape(b, m, g, hpg)[empty],
+                       torch.full_like(got_lse.transpose(1, 2).reshape(b, m, g, hpg)[empty], float("-inf")))
+    if case == "empty_row":
+        assert empty[0, 0].all() and not got_o[0, 0].any()
