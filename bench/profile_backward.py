@@ -5,12 +5,14 @@ torch.profiler's CUDA trace (CUPTI records IREE's launches as well as torch's), 
 
 Prints each kernel of the profiled call in launch order with its time and the GPU's idle time before it, the sum
 of the kernels' times and the span from the first kernel's start to the last one's end (PASS: backward, the
-default, or forward).
+default, or forward). NSA_IREE_RUNTIME_FLAGS: IREE runtime flags (space-separated, e.g.
+--cuda_async_allocations=false) parsed before the device is made.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -21,6 +23,10 @@ from .bench import CONFIGS, make_problem
 
 
 def main(config: str, seq: int = 65536, selection: str = "realistic", which: str = "backward") -> None:
+    if os.environ.get("NSA_IREE_RUNTIME_FLAGS"):
+        import iree.runtime as rt
+
+        rt.flags.parse_flags(*os.environ["NSA_IREE_RUNTIME_FLAGS"].split())
     cfg = CONFIGS[config]
     q, k, v, do, idx = make_problem(cfg, seq, selection, torch.device("cuda"), generate_on_device=True)
     o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, cfg["block_size"])

@@ -1,8 +1,8 @@
 """The combine of a forward over the block lists' pieces (common/forward_sums.mlir) on its own, on the CPU: a row's o
 and lse from its per-slot partials (the block's max m_t, sum l_t and unnormalised o_t), over the slots naming a
-block it reads (each block once), in slot order in f32: m = max m_t, l = sum exp(m_t - m) l_t, o = sum exp(m_t - m)
-o_t / l rounded once, lse = m + log l; o = 0 and lse = -inf for a row with no such slot; the other slots' values,
-NaN here, never added."""
+block it reads (each block once), in slot order in f32: m = max m_t, l = sum exp(m_t - m) l_t, o = sum
+(exp(m_t - m) / l) o_t rounded once, lse = m + log l; o = 0 and lse = -inf for a row with no such slot; the other
+slots' values, NaN here, never added."""
 
 from __future__ import annotations
 
@@ -27,13 +27,14 @@ def expected(o_slots, stats_slots, counted, dtype):
         row_max = torch.where(counted[:, :, :, t, None], torch.maximum(row_max, stats_slots[:, :, :, t, :, 0]),
                               row_max)
     row_sum = torch.zeros(batch, m_rows, groups, hpg)
-    acc = torch.zeros(batch, m_rows, groups, hpg, dv)
     for t in range(slots):
         rescale = torch.exp(stats_slots[:, :, :, t, :, 0] - row_max)
         row_sum = torch.where(counted[:, :, :, t, None], row_sum + rescale * stats_slots[:, :, :, t, :, 1], row_sum)
-        acc = torch.where(counted[:, :, :, t, None, None], acc + rescale[..., None] * o_slots[:, :, :, t], acc)
     seen = row_sum > 0
-    o = torch.where(seen[..., None], acc / torch.where(seen, row_sum, 1.0)[..., None], 0.0)
+    o = torch.zeros(batch, m_rows, groups, hpg, dv)
+    for t in range(slots):
+        share = torch.exp(stats_slots[:, :, :, t, :, 0] - row_max) / torch.where(seen, row_sum, 1.0)
+        o = torch.where(counted[:, :, :, t, None, None], o + share[..., None] * o_slots[:, :, :, t], o)
     lse = torch.where(seen, row_max + torch.log(row_sum), float("-inf"))
     heads = groups * hpg
     return o.reshape(batch, m_rows, heads, dv).to(dtype), lse.reshape(batch, m_rows, heads).transpose(1, 2)

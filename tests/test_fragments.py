@@ -257,10 +257,11 @@ WIDE_CHOICE = [
 ]
 
 
-# On Hopper 64 heads per group take the wgmma forward (a position's heads one m64 tile: hopper.toml's wide_forward
-# list), other wide groups the NVIDIA wide kernel: (the forward's family, its template).
+# The forward on Hopper: 64 heads per group take the wgmma forward (a position's heads one m64 tile: hopper.toml's
+# wide_forward list), other wide groups the NVIDIA wide kernel, up to 4 the forward over the pieces: (the forward's
+# family, its template).
 HOPPER_ANCHORS = ANCHORS_CUDA.replace(target="hopper")
-HOPPER_WIDE_CHOICE = [
+HOPPER_FORWARD_CHOICE = [
     ("hopper_hpg64", HOPPER_ANCHORS.replace(kv_heads=1), ("hopper", "wide_forward")),
     ("hopper_hpg64_g2", HOPPER_ANCHORS.replace(heads=128, kv_heads=2), ("hopper", "wide_forward")),
     ("hopper_hpg64_d64_bs128", HOPPER_ANCHORS.replace(kv_heads=1, head_dim=64, value_dim=64, block_size=128,
@@ -273,6 +274,15 @@ HOPPER_WIDE_CHOICE = [
     ("hopper_hpg48_d64", HOPPER_ANCHORS.replace(heads=48, kv_heads=1, head_dim=64, value_dim=64),
      ("nvidia", "wide_forward")),
     ("hopper_hpg16", HOPPER_ANCHORS, ("nvidia", None)),
+    # up to 4 heads per group the forward over the block lists' pieces (kernels.SMALL: hopper.toml's forward_pieces),
+    # above it and where its limits bind the NVIDIA forward
+    ("hopper_hpg8", HOPPER_ANCHORS.replace(heads=32), ("nvidia", None)),
+    ("hopper_hpg4", HOPPER_ANCHORS.replace(heads=16), ("hopper", "forward_pieces")),
+    ("hopper_hpg2_d64", HOPPER_ANCHORS.replace(heads=8, head_dim=64, value_dim=64), ("hopper", "forward_pieces")),
+    ("hopper_hpg1", HOPPER_ANCHORS.replace(heads=4), ("hopper", "forward_pieces")),
+    ("hopper_hpg4_d192", HOPPER_ANCHORS.replace(heads=16, head_dim=192), ("nvidia", None)),
+    ("hopper_hpg4_bs32", HOPPER_ANCHORS.replace(heads=16, block_size=32, num_blocks=32), ("nvidia", None)),
+    ("hopper_hpg4_window", HOPPER_ANCHORS.replace(heads=16, num_blocks=9, window=512), ("hopper", "dense_forward")),
     ("hopper_hpg64_window", HOPPER_ANCHORS.replace(kv_heads=1, num_blocks=9, window=512), ("hopper", "dense_forward")),
     ("hopper_hpg64_f32", HOPPER_ANCHORS.replace(kv_heads=1, dtype="f32"), ("linalg", None)),
 ]
@@ -346,8 +356,8 @@ def test_a_stage_list_falls_back_on_its_last_family_limits():
     assert chosen.wanted == "nvidia" and any("heads per group" in why for why in chosen.crossed)
 
 
-@pytest.mark.parametrize("case,spec,expected", HOPPER_WIDE_CHOICE, ids=[c[0] for c in HOPPER_WIDE_CHOICE])
-def test_hopper_wide_forward_choice(case, spec, expected):
+@pytest.mark.parametrize("case,spec,expected", HOPPER_FORWARD_CHOICE, ids=[c[0] for c in HOPPER_FORWARD_CHOICE])
+def test_hopper_forward_choice(case, spec, expected):
     chosen = choose("forward", spec, load_recipe("hopper"))
     assert (chosen.family, chosen.template) == expected
 

@@ -63,6 +63,10 @@ def cases():
     # and 64 heads per kv head on the hopper target's wgmma forward (gpu/hopper/wide_forward.mlir)
     fields = dict(LAYOUTS["anchors"], kv_heads=1, dtype="bf16", target="hopper")
     yield "anchors-hopper-bf16-hpg64-forward", fields, "forward"
+    # and 4 and 1 heads per kv head on the forward over the block lists' pieces (gpu/hopper/forward_pieces.mlir)
+    for heads in (16, 4):
+        fields = dict(LAYOUTS["anchors"], heads=heads, dtype="bf16", target="hopper")
+        yield f"anchors-hopper-bf16-hpg{heads // 4}-forward", fields, "forward"
     # the selection's two-pass on the hopper target: dk/dv on wgmma (gpu/hopper/dkdv.mlir) at 16, 4 and 1 heads per
     # kv head, and dq too at 64 (gpu/hopper/wide_dq.mlir)
     for heads, kv_heads in ((64, 4), (16, 4), (4, 4), (64, 1)):

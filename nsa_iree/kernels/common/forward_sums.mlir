@@ -1,5 +1,5 @@
 <# part: takes PIECE_SUM_CONFIG #>
-// o and lse from the f32 partials of a forward over the block lists' pieces (the small groups' forward, planned: a
+// o and lse from the f32 partials of a forward over the block lists' pieces (gpu/hopper/forward_pieces.mlir: a
 // piece's block against its rows, as gpu/hopper/dkdv_dq.mlir's dq): the piece of block i's list that holds row
 // (b, m, g) writes, per head h of the group, at slot t, the first of the row's slots naming block i,
 //
@@ -9,7 +9,7 @@
 //
 // and a row's o and lse combine its counted slots (common/blocks.mlir counted_slots), in slot order, in f32:
 //
-//   m = max of m_t,  l = sum of exp(m_t - m) l_t,  o = (sum of exp(m_t - m) o_t) / l (rounded once),  lse = m + log l
+//   m = max of m_t,  l = sum of exp(m_t - m) l_t,  o = sum of (exp(m_t - m) / l) o_t (rounded once),  lse = m + log l
 //
 // A row with no counted slot has o = 0 and lse = -inf (docs/semantics.md). The other slots are never added.
 <% import "common/blocks.mlir" as blocks %>
@@ -23,7 +23,6 @@ func.func private @forward_partial_sums(%o_slots: tensor<?x?x${G}x${T}x${HPG}x${
   %c1_i32 = arith.constant 1 : i32
   %false = arith.constant false
   %zero = arith.constant 0.0 : f32
-  %c1_f32 = arith.constant 1.0 : f32
   %minus_inf = arith.constant 0xFF800000 : f32
   %block_size = arith.constant ${BS} : index
   %heads_per_group = arith.constant ${HPG} : index
@@ -81,17 +80,43 @@ ${ blocks.counted_slots("counted") }
     linalg.yield %lse_here : f32
   } -> tensor<?x${H}x?xf32>
 
-  // o [B, M, H, Dv]: the counted slots' o_t rescaled to the row's max, summed in slot order, over the row's sum.
+  // Each (row, slot)'s factor exp(m_t - max) / sum, [B, M, H, T]; -1 for a slot not counted (never added: its o_t
+  // is not written).
+  %factor_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${H}x${T}xf32>
+  %factor = linalg.generic {
+      indexing_maps = [affine_map<(b, m, h, t) -> (b, m, h)>, affine_map<(b, m, h, t) -> (b, m, h)>,
+                       affine_map<(b, m, h, t) -> (b, m, h, t)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%row_max, %row_sum : tensor<?x?x${H}xf32>, tensor<?x?x${H}xf32>)
+      outs(%factor_init : tensor<?x?x${H}x${T}xf32>) {
+  ^bb0(%max: f32, %sum: f32, %out: f32):
+    %b = linalg.index 0 : index
+    %m = linalg.index 1 : index
+    %h = linalg.index 2 : index
+    %t = linalg.index 3 : index
+    %g = arith.divui %h, %heads_per_group : index
+    %head_in_group = arith.remui %h, %heads_per_group : index
+    %counted_i32 = tensor.extract %counted[%b, %m, %g, %t] : tensor<?x?x${G}x${T}xi32>
+    %is_counted = arith.cmpi ne, %counted_i32, %c0_i32 : i32
+    %m_t = tensor.extract %stats_slots[%b, %m, %g, %t, %head_in_group, %c0] : tensor<?x?x${G}x${T}x${HPG}x2xf32>
+    %shift = arith.subf %m_t, %max : f32
+    %rescale = math.exp %shift : f32
+    %share = arith.divf %rescale, %sum : f32
+    %minus_one = arith.constant -1.0 : f32
+    %factor_here = arith.select %is_counted, %share, %minus_one : f32
+    linalg.yield %factor_here : f32
+  } -> tensor<?x?x${H}x${T}xf32>
+
+  // o [B, M, H, Dv]: the counted slots' o_t times their factors, summed in slot order (0 for a row with none),
+  // rounded once.
   %o = flow.dispatch.region -> (tensor<?x?x${H}x${DV}x${E}>{%batch, %m_rows}) {
     %o_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${H}x${DV}x${E}>
     %o_sum = linalg.generic {
-        indexing_maps = [affine_map<(b, m, h, d) -> (b, m, h)>, affine_map<(b, m, h, d) -> (b, m, h)>,
-                         affine_map<(b, m, h, d) -> (b, m, h, d)>],
+        indexing_maps = [affine_map<(b, m, h, d) -> (b, m, h, d)>],
         iterator_types = ["parallel", "parallel", "parallel", "parallel"]
         ${PIECE_SUM_CONFIG}}
-        ins(%row_max, %row_sum : tensor<?x?x${H}xf32>, tensor<?x?x${H}xf32>)
         outs(%o_init : tensor<?x?x${H}x${DV}x${E}>) {
-    ^bb0(%max: f32, %sum: f32, %out: ${E}):
+    ^bb0(%out: ${E}):
       %b = linalg.index 0 : index
       %m = linalg.index 1 : index
       %h = linalg.index 2 : index
@@ -101,21 +126,13 @@ ${ blocks.counted_slots("counted") }
       %acc_0 = arith.constant 0.0 : f32
 <% for t in range(T | int) %>
       %t_${t} = arith.constant ${t} : index
-      %counted_${t}_i32 = tensor.extract %counted[%b, %m, %g, %t_${t}] : tensor<?x?x${G}x${T}xi32>
-      %is_counted_${t} = arith.cmpi ne, %counted_${t}_i32, %c0_i32 : i32
-      %m_${t} = tensor.extract %stats_slots[%b, %m, %g, %t_${t}, %head_in_group, %c0] : tensor<?x?x${G}x${T}x${HPG}x2xf32>
+      %f_${t} = tensor.extract %factor[%b, %m, %h, %t_${t}] : tensor<?x?x${H}x${T}xf32>
+      %is_counted_${t} = arith.cmpf oge, %f_${t}, %zero : f32
       %x_${t} = tensor.extract %o_slots[%b, %m, %g, %t_${t}, %head_in_group, %d] : tensor<?x?x${G}x${T}x${HPG}x${DV}xf32>
-      %shift_${t} = arith.subf %m_${t}, %max : f32
-      %rescale_${t} = math.exp %shift_${t} : f32
-      %term_${t} = arith.mulf %rescale_${t}, %x_${t} : f32
-      %acc_with_${t} = arith.addf %acc_${t}, %term_${t} : f32
+      %acc_with_${t} = math.fma %f_${t}, %x_${t}, %acc_${t} : f32
       %acc_${t + 1} = arith.select %is_counted_${t}, %acc_with_${t}, %acc_${t} : f32
 <% endfor %>
-      %seen = arith.cmpf ogt, %sum, %zero : f32
-      %safe_sum = arith.select %seen, %sum, %c1_f32 : f32
-      %normalised = arith.divf %acc_${T}, %safe_sum : f32
-      %o_here = arith.select %seen, %normalised, %zero : f32
-      %o_e = ${TRUNCF} %o_here : f32 to ${E}
+      %o_e = ${TRUNCF} %acc_${T} : f32 to ${E}
       linalg.yield %o_e : ${E}
     } -> tensor<?x?x${H}x${DV}x${E}>
     flow.return %o_sum : tensor<?x?x${H}x${DV}x${E}>

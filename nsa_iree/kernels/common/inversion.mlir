@@ -18,7 +18,7 @@
 //                                      H200; tests/lit/dispatch_count.test keeps every scatter 1-D);
 //   chunk_rows [b, g, i, chunk]      : rows of the chunk that selected the block (a 64-wide reduction);
 //   through    [b, g, i, chunk]      : inclusive scan of chunk_rows over the chunks, in two levels (groups
-//                                      of 16 chunks; M/1024 sequential steps per line);
+//                                      of 32 chunks; M/2048 sequential steps per line);
 //   chunk_bits [b, g, i, chunk] i64  : bit r set where row chunk*64 + r selected the block (the same
 //                                      reduction as chunk_rows);
 //   rank of a slot                   : through - chunk_rows + rows r' <= r of its chunk that selected the
@@ -136,11 +136,11 @@ ${ blocks.selected("chosen") }
   }
 
   // through[b, g, i, j]: rows of chunks 0 .. j that selected the block (an inclusive scan over a line's
-  // chunks), in two levels: the chunks summed in groups of 16 (in parallel), an inclusive scan of the group
-  // sums (line_chunks / 16 steps per line), then each chunk adds the earlier chunks of its own group (at
-  // most 15 loads: a subgroup's lanes loop as long as its longest, so the group's size bounds the pass).
-  // One scan over all the chunks walks them one after the other per line: 1025 steps at 64k tokens.
-  %group = arith.constant 16 : index
+  // chunks), in two levels: the chunks summed in groups of 32 (in parallel), an inclusive scan of the group
+  // sums (line_chunks / 32 steps per line), then each chunk adds the earlier chunks of its own group (at
+  // most 31 loads). One scan over all the chunks walks them one after the other per line: 1025 steps at
+  // 64k tokens.
+  %group = arith.constant 32 : index
   %groups = arith.ceildivui %line_chunks, %group : index
   %group_sum_init = tensor.empty(%batch, %num_blocks, %groups) : tensor<?x${G}x?x?xi32>
   %group_sum = linalg.generic {
