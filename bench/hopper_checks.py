@@ -419,9 +419,14 @@ def time_two_pass(seq: int = 65536, repeats: int = 10) -> None:
 
 
 # The small groups' forward (kernels.SMALL: gpu/hopper/forward_pieces.mlir, the block lists' pieces against their
-# rows, each row's partials per slot combined in slot order) on the two-pass cases below 16 heads per group: B 2,
-# M < N, bad slots, duplicates, rising keys, f16, T 1, D 64.
-PIECE_CASES = [case for case in TWO_PASS_CASES if case[1]["heads"] // case[1]["kv_heads"] < 16]
+# rows, each row's partials per slot combined in slot order) on the two-pass cases below 16 heads per group (B 2,
+# M < N, bad slots, duplicates, rising keys, f16, T 1, D 64; the kernel serves 4 heads per group and fewer, the 8's
+# run the NVIDIA forward) and two of its own: f16 with M > N (rows before the first key) and bad slots, f16 D 64
+# duplicates.
+PIECE_CASES = [case for case in TWO_PASS_CASES if case[1]["heads"] // case[1]["kv_heads"] < 16] + [
+    ("hpg4_f16_m_gt_n_bad", _cfg(16, 4, 128, 128, 64, 16, "f16"), 2, 1300, 700, "realistic", True),
+    ("hpg2_d64_f16_duplicates", _cfg(8, 4, 64, 64, 64, 16, "f16"), 1, 1000, 1000, "realistic duplicates", False),
+]
 
 
 def check_pieces(seed: int = 0) -> None:

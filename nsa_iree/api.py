@@ -174,10 +174,7 @@ def _forward_in_row_slices(rows, o, lse, q, k, v, idx, block_size, scale):
     """forward_into over slices of `rows` query rows, in order: slice [m0, m1) against the keys its rows may see
     (the first N - M + m1), its o and lse copied into place."""
     batch, m_rows = q.shape[:2]
-    n = k.shape[1]
-    for m0 in range(0, m_rows, rows):
-        m1 = min(m_rows, m0 + rows)
-        keys = max(0, n - m_rows + m1)         # (none for rows before the first key: M > N)
+    for m0, m1, keys in _row_slices(m_rows, k.shape[1], rows):
         o_part = _empty((batch, m1 - m0, *o.shape[2:]), o)
         lse_part = _empty((batch, lse.shape[1], m1 - m0), lse)
         # (a slice the runtime cannot import in place copied once here)
@@ -260,6 +257,9 @@ PARTIALS_BYTES: int | None = None
 
 
 def _partials_bytes_from_environment(default: int = 16 << 30) -> int:
+    if "NSA_IREE_DQ_PARTIALS_BYTES" in os.environ:
+        raise ValueError("NSA_IREE_DQ_PARTIALS_BYTES is now NSA_IREE_PARTIALS_BYTES (it bounds the forward's "
+                         "partials too): set that instead")
     text = os.environ.get("NSA_IREE_PARTIALS_BYTES")
     if text is None:
         return default
@@ -401,12 +401,9 @@ def _backward_in_row_slices(rows, dq, dk, dv, q, k, v, o, lse, do, idx, block_si
     may see (the first N - M + m1: its last row's position and before), dq written per slice, dk and dv summed over
     the slices in float32 and rounded once."""
     batch, m_rows = q.shape[:2]
-    n = k.shape[1]
     dk_sum, dv_sum = (None if t is None else torch.zeros(t.shape, dtype=torch.float32, device=t.device)
                       for t in (dk, dv))
-    for m0 in range(0, m_rows, rows):
-        m1 = min(m_rows, m0 + rows)
-        keys = max(0, n - m_rows + m1)         # (none for rows before the first key: M > N)
+    for m0, m1, keys in _row_slices(m_rows, k.shape[1], rows):
         dq_part = None if dq is None else _empty((batch, m1 - m0, *dq.shape[2:]), dq)
         dk_part, dv_part = (None if t is None else _empty((batch, keys, *t.shape[2:]), t, torch.float32)
                             for t in (dk, dv))
@@ -427,6 +424,14 @@ def _backward_in_row_slices(rows, dq, dk, dv, q, k, v, o, lse, do, idx, block_si
         if after_dkdv is not None:
             after_dkdv()
     return dq, dk, dv
+
+
+def _row_slices(m_rows: int, n: int, rows: int):
+    """(m0, m1, keys) of each slice of `rows` query rows, in order: rows [m0, m1) and the keys they may see, the
+    first N - M + m1 (none for rows before the first key: M > N)."""
+    for m0 in range(0, m_rows, rows):
+        m1 = min(m_rows, m0 + rows)
+        yield m0, m1, max(0, n - m_rows + m1)
 
 
 def _importable(t: Tensor) -> Tensor:

@@ -102,3 +102,26 @@ def test_each_rows_o_and_lse_combine_its_read_blocks_partials_in_slot_order(case
                        torch.full_like(got_lse.transpose(1, 2).reshape(b, m, g, hpg)[empty], float("-inf")))
     if case == "empty_row":
         assert empty[0, 0].all() and not got_o[0, 0].any()
+
+
+def test_a_nan_in_a_counted_slot_reaches_the_rows_o_and_lse(build_dir):
+    """A NaN in a row's q or in the keys of a block it reads makes that block's max and sum NaN: the row's o and lse
+    are NaN (docs/semantics.md), not those of a row that saw nothing; the row's other heads are unaffected."""
+    b, m, n, h, g, d, bs, t = 1, 3, 192, 2, 1, 32, 64, 4
+    spec = KernelSpec(target="cpu", heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=bs, num_blocks=t,
+                      dtype="f32")
+    idx = torch.tensor([[[[0, 1, -1, -1]]]], dtype=torch.int32).expand(b, m, g, t).contiguous()
+    counted = counted_slots(idx, n, bs)
+    o_slots = torch.randn(b, m, g, t, h, d)
+    stats_slots = torch.stack([torch.randn(b, m, g, t, h), torch.rand(b, m, g, t, h) + 1], dim=-1)
+    o_slots[~counted] = float("nan")
+    stats_slots[~counted] = float("nan")
+    stats_slots[0, 2, 0, 1, 0] = float("nan")          # row 2's head 0: its second block's max and sum
+    o_slots[0, 2, 0, 1, 0] = float("nan")
+    module = combine_module(spec, build_dir)
+    got_o, got_lse = (module.device.export_tensor(x).clone() for x in module.call("combine", o_slots, stats_slots,
+                                                                                    idx, n))
+    assert counted[0, 2, 0, :2].all()
+    assert got_o[0, 2, 0].isnan().all() and got_lse[0, 0, 2].isnan()
+    assert not got_o[0, 2, 1].isnan().any() and not got_lse[0, 1, 2].isnan()
+    assert not got_o[0, :2].isnan().any() and not got_lse[0, :, :2].isnan().any()

@@ -13,6 +13,7 @@ import torch
 
 from nsa_iree import api
 from nsa_iree.api import backward_into, effective_block_indices, forward_into
+from nsa_iree.reference import selection_attention_reference
 from nsa_iree.spec import KernelSpec
 
 from nsa_iree.testing import TOLERANCE, relative_rms_error
@@ -90,17 +91,46 @@ def test_a_bad_rows_per_slice_is_named(rows):
                      rows_per_slice=rows)
 
 
+def _forward(p: Problem, rows_per_slice, dtype=torch.bfloat16):
+    q, k, v, _, block_indices, block_counts = make_inputs(p, dtype)
+    idx = effective_block_indices(block_indices, block_counts)
+    o, lse = poisoned((p.batch, p.m_rows, p.heads, p.value_dim), dtype), poisoned((p.batch, p.heads, p.m_rows),
+                                                                                torch.float32)
+    forward_into(o, lse, q, k, v, idx, p.block_size, p.head_dim ** -0.5, rows_per_slice=rows_per_slice)
+    return (q, k, v, block_indices, block_counts), (o, lse)
+
+
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_the_sliced_forward_is_the_unsliced_forward(case):
     p, rows = CASES[case]
-    q, k, v, _, block_indices, block_counts = make_inputs(p, torch.bfloat16)
-    idx = effective_block_indices(block_indices, block_counts)
-    outs = []
-    for slice_rows in (rows, None):
-        o, lse = poisoned((p.batch, p.m_rows, p.heads, p.value_dim), torch.bfloat16), poisoned(
-            (p.batch, p.heads, p.m_rows), torch.float32)
-        outs.append(forward_into(o, lse, q, k, v, idx, p.block_size, p.head_dim ** -0.5, rows_per_slice=slice_rows))
-    assert_bitwise_equal(list(outs[0]), list(outs[1]), ("o", "lse"))
+    (q, k, v, block_indices, block_counts), sliced = _forward(p, rows)
+    _, whole = _forward(p, None)
+    assert not sliced[0].isnan().any() and not sliced[1].isnan().any(), "an element was never written"
+    assert_bitwise_equal(list(sliced), list(whole), ("o", "lse"))
+    o_ref, lse_ref = selection_attention_reference(q, k, v, block_indices, p.block_size, block_counts,
+                                                   p.head_dim ** -0.5)
+    assert relative_rms_error(sliced[0], o_ref, rms_floor=RMS_FLOOR) < TOLERANCE[torch.bfloat16]
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(sliced[1]), seen)
+    torch.testing.assert_close(sliced[1][seen], lse_ref[seen].float(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_forward_slices_by_the_budget_where_its_kernels_make_partials(monkeypatch):
+    """Where the forward makes partials per (row, slot) (the hopper target's pieces; here the CPU's forward standing
+    in) a call beyond PARTIALS_BYTES runs in slices of the rows the budget holds, at least 64: the same o and lse."""
+    p = Problem(batch=1, m_rows=200, n=200)
+    _, whole = _forward(p, None, torch.float32)
+    calls = []
+    monkeypatch.setattr(api, "forward_over_pieces", lambda spec: True)
+    monkeypatch.setattr(api, "PARTIALS_BYTES", 1)
+    monkeypatch.setattr(api, "_forward_in_row_slices",
+                        lambda rows, *args: calls.append(rows) or _slices(rows, *args))
+    _, sliced = _forward(p, None, torch.float32)
+    assert calls == [64]
+    assert_bitwise_equal(list(sliced), list(whole), ("o", "lse"))
+
+
+_slices = api._forward_in_row_slices
 
 
 def test_the_default_slice_holds_the_partials_budget(monkeypatch):
@@ -118,6 +148,12 @@ def test_the_default_slice_holds_the_partials_budget(monkeypatch):
     assert api._rows_per_slice(spec, 1) == 64
     assert api._rows_per_slice(dataclasses.replace(spec, heads=64), 1) is None      # 16 heads per group: no partials
     assert api._rows_per_slice(dataclasses.replace(spec, target="cpu"), 1) is None
+
+
+def test_the_old_name_of_the_budget_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("NSA_IREE_DQ_PARTIALS_BYTES", "1048576")
+    with pytest.raises(ValueError, match="NSA_IREE_DQ_PARTIALS_BYTES is now NSA_IREE_PARTIALS_BYTES"):
+        api._partials_bytes_from_environment()
 
 
 @pytest.mark.parametrize("value", ["", "-1", "0", "2GiB"])

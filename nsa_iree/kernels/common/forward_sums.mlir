@@ -75,13 +75,14 @@ ${ blocks.counted_slots("counted") }
   ^bb0(%max: f32, %sum: f32, %out: f32):
     %log_sum = math.log %sum : f32
     %with_max = arith.addf %max, %log_sum : f32
-    %seen = arith.cmpf ogt, %sum, %zero : f32
+    // (unordered: a NaN sum, from a NaN in the row's q or its blocks' keys, reaches lse)
+    %seen = arith.cmpf ugt, %sum, %zero : f32
     %lse_here = arith.select %seen, %with_max, %minus_inf : f32
     linalg.yield %lse_here : f32
   } -> tensor<?x${H}x?xf32>
 
   // Each (row, slot)'s factor exp(m_t - max) / sum, [B, M, H, T]; -1 for a slot not counted (never added: its o_t
-  // is not written).
+  // is not written). A NaN factor (a NaN max or sum) is added: the row's NaN reaches its o (docs/semantics.md).
   %factor_init = tensor.empty(%batch, %m_rows) : tensor<?x?x${H}x${T}xf32>
   %factor = linalg.generic {
       indexing_maps = [affine_map<(b, m, h, t) -> (b, m, h)>, affine_map<(b, m, h, t) -> (b, m, h)>,
@@ -127,7 +128,7 @@ ${ blocks.counted_slots("counted") }
 <% for t in range(T | int) %>
       %t_${t} = arith.constant ${t} : index
       %f_${t} = tensor.extract %factor[%b, %m, %h, %t_${t}] : tensor<?x?x${H}x${T}xf32>
-      %is_counted_${t} = arith.cmpf oge, %f_${t}, %zero : f32
+      %is_counted_${t} = arith.cmpf uge, %f_${t}, %zero : f32
       %x_${t} = tensor.extract %o_slots[%b, %m, %g, %t_${t}, %head_in_group, %d] : tensor<?x?x${G}x${T}x${HPG}x${DV}xf32>
       %acc_with_${t} = math.fma %f_${t}, %x_${t}, %acc_${t} : f32
       %acc_${t + 1} = arith.select %is_counted_${t}, %acc_with_${t}, %acc_${t} : f32

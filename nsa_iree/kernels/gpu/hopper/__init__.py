@@ -29,8 +29,9 @@ assert DQ_ROWS == WIDE_HEADS    # (wide_dq.mlir: a workgroup's rows are one posi
 
 
 # Workgroups a multiprocessor holds at once, by design (a warpgroup's softmax beside another's products): the
-# dense forward's two of two warpgroups each, dq's and dk/dv's two of one, the wide forward's three of one (a shape
-# whose workgroup memory holds fewer takes the NVIDIA wide kernel).
+# dense forward's two of two warpgroups each, dq's and dk/dv's two of one, the wide forward's and the forward over the
+# pieces' three of one (a shape whose workgroup memory holds fewer takes the NVIDIA kernel; the forward over the
+# pieces asks ptxas for no more than three).
 RESIDENT = {"dense_forward": 2, "dense_dq": 2, "dense_dkdv": 2, "wide_forward": 3, "wide_dq": 2, "dkdv": 2,
             "dkdv_dq": 2, "forward_pieces": 3}
 # The fewest a stage is served with (RESIDENT unless named): the wide forward runs at two where three do not fit

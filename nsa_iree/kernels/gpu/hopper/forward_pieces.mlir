@@ -1,4 +1,3 @@
-<# part: takes ASYNC_COPY_HINT, EX2, HOPPER_FWP_MIN_WORKGROUPS_PER_SM, HOPPER_FWP_Q_OFFSET, HOPPER_FWP_ROWS_OFFSET, HOPPER_FWP_SMEM_BYTES, HOPPER_FWP_V_OFFSET, HOPPER_O_VALUES, PACK_PAIR #>
 // The selection forward of fewer query heads per kv head than a 16-row tile, on Hopper's warpgroup MMA (sm_90a;
 // kernels.SMALL): over the block lists' inversion (common/inversion.mlir), as the dk/dv kernel (dkdv_tile.mlir)
 // walks it, so that each selected block's K and V are read once per piece of the rows that chose it, whatever the

@@ -2,8 +2,8 @@
    forward_pieces.mlir's. #>
 
 <# After gpu/piece_rows.mlir has filled %row_info: each row's log2 weight as its fourth word, and how many rows the
-   piece has at word %count_word of %words (`words_t`); `first_slot`: also the first of the row's slots naming the block as its
-   third word (the weight's, then read), where the row's partials go. #>
+   piece has at word %count_word of %words (`words_t`); `first_slot`: also the first of the row's slots naming the
+   block as its third word (the weight's, then read), where the row's partials go. #>
 <% macro row_words(first_slot, words_t) %>
         // Each row's log2 weight as its fourth word (-inf for a padding row: its p is 0), and how many rows the
         // piece has (the inversion fills a piece from its first row on): written by the lane of the last one.
