@@ -450,6 +450,17 @@ def check_pieces(seed: int = 0) -> None:
                 again = _forward(module, q, k, v, idx)
                 torch.cuda.synchronize()
                 row["hopper_bitwise"] = torch.equal(o, again[0]) and torch.equal(lse, again[1])
+                # a NaN in one query row (its first head) reaches that head's o and lse, no other row's
+                q_nan = q.clone()
+                q_nan[0, q.shape[1] // 2, 0] = float("nan")
+                o_nan, lse_nan = _forward(module, q_nan, k, v, idx)
+                torch.cuda.synchronize()
+                m = q.shape[1] // 2
+                others = torch.ones(q.shape[1], dtype=torch.bool)
+                others[m] = False
+                unchanged = torch.equal(o_nan[:, others.cuda()], o[:, others.cuda()])
+                row["hopper_nan_row"] = (bool(o_nan[0, m, 0].isnan().all() and lse_nan[0, 0, m].isnan() and unchanged)
+                                         if torch.isfinite(lse[0, 0, m]) else f"row sees no key; others {unchanged}")
         print(json.dumps(row), flush=True)
 
 
