@@ -110,19 +110,7 @@ ${ dispatch.bindings(layout, inputs, outputs) }
       scf.if %piece_used {
 <% endif %>
 
-      // The tiles from the allocation's first 1024-byte boundary on (the swizzle's period; the allocation has
-      // 1024 bytes to spare).
-      %smem = memref.alloc() : !hdkv_smem
-      %smem_index = memref.extract_aligned_pointer_as_index %smem : !hdkv_smem -> index
-      %c1024 = arith.constant 1024 : index
-      %smem_misaligned = arith.remui %smem_index, %c1024 : index
-      %smem_pad0 = arith.subi %c1024, %smem_misaligned : index
-      %smem_pad = arith.remui %smem_pad0, %c1024 : index
-      %elements = memref.view %smem[%smem_pad][] : !hdkv_smem to !hdkv_elements
-      %words = memref.view %smem[%smem_pad][] : !hdkv_smem to !hdkv_words
-      %floats = memref.view %smem[%smem_pad][] : !hdkv_smem to !hdkv_floats
-      %smem_aligned = arith.addi %smem_index, %smem_pad : index
-      %smem_base = arith.index_cast %smem_aligned : index to i64
+${ wg.aligned_allocation("!hdkv_smem", [("elements", "!hdkv_elements"), ("words", "!hdkv_words"), ("floats", "!hdkv_floats")]) }
 
 ${ nv.lane_ids() }
 <% if selection %>

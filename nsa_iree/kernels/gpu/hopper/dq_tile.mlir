@@ -88,18 +88,7 @@ ${ nv.p_and_ds_constants() }
 
 ${ dispatch.bindings("hopper_dense_dq_layout", inputs, outputs) }
 
-      // The tiles from the allocation's first 1024-byte boundary on (the swizzle's period; the allocation has
-      // 1024 bytes to spare).
-      %smem = memref.alloc() : !hdq_smem
-      %smem_index = memref.extract_aligned_pointer_as_index %smem : !hdq_smem -> index
-      %c1024 = arith.constant 1024 : index
-      %smem_misaligned = arith.remui %smem_index, %c1024 : index
-      %smem_pad0 = arith.subi %c1024, %smem_misaligned : index
-      %smem_pad = arith.remui %smem_pad0, %c1024 : index
-      %elements = memref.view %smem[%smem_pad][] : !hdq_smem to !hdq_elements
-      %words = memref.view %smem[%smem_pad][] : !hdq_smem to !hdq_words
-      %smem_aligned = arith.addi %smem_index, %smem_pad : index
-      %smem_base = arith.index_cast %smem_aligned : index to i64
+${ wg.aligned_allocation("!hdq_smem", [("elements", "!hdq_elements"), ("words", "!hdq_words")]) }
 
 ${ nv.lane_ids() }
       <% include "gpu/nvidia/dense_rows.mlir" %>

@@ -90,18 +90,7 @@ ${ dispatch.push_constants("hopper_dense_fwd_layout", ['batch', 'm_rows', 'n', '
 
 ${ dispatch.bindings("hopper_dense_fwd_layout", inputs, outputs) }
 
-      // The tiles from the allocation's first 1024-byte boundary on (the swizzle's period; the allocation has
-      // 1024 bytes to spare).
-      %smem = memref.alloc() : !hfw_smem
-      %smem_index = memref.extract_aligned_pointer_as_index %smem : !hfw_smem -> index
-      %c1024 = arith.constant 1024 : index
-      %smem_misaligned = arith.remui %smem_index, %c1024 : index
-      %smem_pad0 = arith.subi %c1024, %smem_misaligned : index
-      %smem_pad = arith.remui %smem_pad0, %c1024 : index
-      %elements = memref.view %smem[%smem_pad][] : !hfw_smem to !hfw_elements
-      %words = memref.view %smem[%smem_pad][] : !hfw_smem to !hfw_words
-      %smem_aligned = arith.addi %smem_index, %smem_pad : index
-      %smem_base = arith.index_cast %smem_aligned : index to i64
+${ wg.aligned_allocation("!hfw_smem", [("elements", "!hfw_elements"), ("words", "!hfw_words")]) }
 
 ${ nv.lane_ids() }
       <% include "gpu/nvidia/dense_rows.mlir" %>

@@ -81,18 +81,7 @@ ${ dispatch.bindings(layout, inputs, outputs) }
       %piece_used = arith.cmpi sge, %first_entry, %c0_i32 : i32
       scf.if %piece_used {
 
-      // The tiles from the allocation's first 1024-byte boundary on (the swizzle's period; the allocation has
-      // 1024 bytes to spare).
-      %smem = memref.alloc() : !hfwp_smem
-      %smem_index = memref.extract_aligned_pointer_as_index %smem : !hfwp_smem -> index
-      %c1024 = arith.constant 1024 : index
-      %smem_misaligned = arith.remui %smem_index, %c1024 : index
-      %smem_pad0 = arith.subi %c1024, %smem_misaligned : index
-      %smem_pad = arith.remui %smem_pad0, %c1024 : index
-      %elements = memref.view %smem[%smem_pad][] : !hfwp_smem to !hfwp_elements
-      %words = memref.view %smem[%smem_pad][] : !hfwp_smem to !hfwp_words
-      %smem_aligned = arith.addi %smem_index, %smem_pad : index
-      %smem_base = arith.index_cast %smem_aligned : index to i64
+${ wg.aligned_allocation("!hfwp_smem", [("elements", "!hfwp_elements"), ("words", "!hfwp_words")]) }
 
 ${ nv.lane_ids() }
       %rows = arith.constant ${ROWS_PER_PIECE} : index

@@ -228,3 +228,22 @@ ${ core_item(x, "%item", rows, width) }
 <% endfor %>
 <% endfor %>
 <% endmacro %>
+
+<# The workgroup allocation (`smem_t`, with 1024 bytes to spare) and its tiles from its first 1024-byte boundary on
+   (the swizzle's period): %smem, %smem_pad (bytes to that boundary), a view %<name> of type <type> there for each
+   (name, type) of `views`, and %smem_base (i64: the boundary's address, the descriptors' base). #>
+<% macro aligned_allocation(smem_t, views) %>
+      // The tiles from the allocation's first 1024-byte boundary on (the swizzle's period; the allocation has
+      // 1024 bytes to spare).
+      %smem = memref.alloc() : ${smem_t}
+      %smem_index = memref.extract_aligned_pointer_as_index %smem : ${smem_t} -> index
+      %c1024 = arith.constant 1024 : index
+      %smem_misaligned = arith.remui %smem_index, %c1024 : index
+      %smem_pad0 = arith.subi %c1024, %smem_misaligned : index
+      %smem_pad = arith.remui %smem_pad0, %c1024 : index
+<% for name, type in views %>
+      %${name} = memref.view %smem[%smem_pad][] : ${smem_t} to ${type}
+<% endfor %>
+      %smem_aligned = arith.addi %smem_index, %smem_pad : index
+      %smem_base = arith.index_cast %smem_aligned : index to i64
+<% endmacro %>
