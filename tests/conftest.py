@@ -146,3 +146,27 @@ def assert_close_to_reference(p: Problem, dtype, seed=0, variant="two-pass"):
     bad = {k: e for k, e in report.items() if not e < tol}
     assert not bad, f"relative RMS error above {tol:g}: {bad} (all: {report})"
     return outs, report
+
+
+_HELPER_MODULES: dict = {}
+
+
+def helper_module(template: str, spec, wrapper: str, directory):
+    """The CPU module of a common/ helper template (private functions only) for spec, with `wrapper`'s public
+    function calling into it: compiled once per (template, spec)."""
+    from iree.compiler import compile_str
+
+    from nsa_iree.cache import write_artifact
+    from nsa_iree.kernels import COMMON
+    from nsa_iree.recipes import load_recipe
+    from nsa_iree.render import render_template
+    from nsa_iree.runtime import device_for
+
+    key = (template, spec)
+    if key not in _HELPER_MODULES:
+        recipe = load_recipe("cpu")
+        text = render_template(template, spec, recipe, COMMON) + wrapper
+        vmfb = directory / f"{template.rsplit('/', 1)[-1].removesuffix('.mlir')}_{spec.name}.vmfb"
+        write_artifact(vmfb, compile_str(text, extra_args=list(recipe.flags_for(spec))))
+        _HELPER_MODULES[key] = device_for(torch.device("cpu")).module(vmfb)
+    return _HELPER_MODULES[key]

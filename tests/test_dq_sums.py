@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from iree.compiler import compile_str
 
-from nsa_iree.cache import write_artifact
-from nsa_iree.kernels import COMMON
-from nsa_iree.recipes import load_recipe
-from nsa_iree.render import render_template
-from nsa_iree.runtime import device_for
 from nsa_iree.spec import KernelSpec
 
-RECIPE = load_recipe("cpu")
+from conftest import helper_module
+
 INT32_MIN = torch.iinfo(torch.int32).min
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -79,26 +74,18 @@ def expected_dq(dq_slots: torch.Tensor, counted: torch.Tensor, dtype: torch.dtyp
     return acc.reshape(batch, m_rows, groups * hpg, d).to(dtype)
 
 
-_MODULES = {}
-
-
 def dq_sums_module(spec: KernelSpec, directory):
     """The CPU module of dq_sums.mlir for spec with a public @dq_sums calling @dq_partial_sums (compiled once)."""
-    if spec not in _MODULES:
-        h, g, d, t, e, hpg = spec.heads, spec.kv_heads, spec.head_dim, spec.num_blocks, spec.dtype, spec.heads_per_group
-        slots_type, result = f"tensor<?x?x{g}x{t}x{hpg}x{d}xf32>", f"tensor<?x?x{h}x{d}x{e}>"
-        wrapper = f"""
+    h, g, d, t, e, hpg = spec.heads, spec.kv_heads, spec.head_dim, spec.num_blocks, spec.dtype, spec.heads_per_group
+    slots_type, result = f"tensor<?x?x{g}x{t}x{hpg}x{d}xf32>", f"tensor<?x?x{h}x{d}x{e}>"
+    wrapper = f"""
 func.func @dq_sums(%dq_slots: {slots_type}, %block_indices: tensor<?x?x{g}x{t}xi32>, %n: index) -> {result} {{
   %dq = func.call @dq_partial_sums(%dq_slots, %block_indices, %n)
       : ({slots_type}, tensor<?x?x{g}x{t}xi32>, index) -> {result}
   return %dq : {result}
 }}
 """
-        text = render_template("common/dq_sums.mlir", spec, RECIPE, COMMON) + wrapper
-        vmfb = directory / f"dq_sums_{spec.name}.vmfb"
-        write_artifact(vmfb, compile_str(text, extra_args=list(RECIPE.flags_for(spec))))
-        _MODULES[spec] = device_for(torch.device("cpu")).module(vmfb)
-    return _MODULES[spec]
+    return helper_module("common/dq_sums.mlir", spec, wrapper, directory)
 
 
 @pytest.fixture(scope="module")

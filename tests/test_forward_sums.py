@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from iree.compiler import compile_str
 
-from nsa_iree.cache import write_artifact
-from nsa_iree.kernels import COMMON
-from nsa_iree.render import render_template
-from nsa_iree.runtime import device_for
 from nsa_iree.spec import KernelSpec
 
-from test_dq_sums import CASES, DTYPES, RECIPE, counted_slots, special
+from conftest import helper_module
+from test_dq_sums import CASES, DTYPES, counted_slots, special
 
 
 def expected(o_slots, stats_slots, counted, dtype):
@@ -40,17 +36,12 @@ def expected(o_slots, stats_slots, counted, dtype):
     return o.reshape(batch, m_rows, heads, dv).to(dtype), lse.reshape(batch, m_rows, heads).transpose(1, 2)
 
 
-_MODULES = {}
-
-
 def combine_module(spec: KernelSpec, directory):
     """The CPU module of forward_sums.mlir for spec with a public @combine calling @forward_partial_sums."""
-    if spec not in _MODULES:
-        h, g, dv, t, e, hpg = spec.heads, spec.kv_heads, spec.value_dim, spec.num_blocks, spec.dtype, \
-            spec.heads_per_group
-        o_type, stats_type = f"tensor<?x?x{g}x{t}x{hpg}x{dv}xf32>", f"tensor<?x?x{g}x{t}x{hpg}x2xf32>"
-        results = f"tensor<?x?x{h}x{dv}x{e}>, tensor<?x{h}x?xf32>"
-        wrapper = f"""
+    h, g, dv, t, e, hpg = spec.heads, spec.kv_heads, spec.value_dim, spec.num_blocks, spec.dtype, spec.heads_per_group
+    o_type, stats_type = f"tensor<?x?x{g}x{t}x{hpg}x{dv}xf32>", f"tensor<?x?x{g}x{t}x{hpg}x2xf32>"
+    results = f"tensor<?x?x{h}x{dv}x{e}>, tensor<?x{h}x?xf32>"
+    wrapper = f"""
 func.func @combine(%o_slots: {o_type}, %stats_slots: {stats_type}, %block_indices: tensor<?x?x{g}x{t}xi32>,
     %n: index) -> ({results}) {{
   %o, %lse = func.call @forward_partial_sums(%o_slots, %stats_slots, %block_indices, %n)
@@ -58,11 +49,7 @@ func.func @combine(%o_slots: {o_type}, %stats_slots: {stats_type}, %block_indice
   return %o, %lse : {results}
 }}
 """
-        text = render_template("common/forward_sums.mlir", spec, RECIPE, COMMON) + wrapper
-        vmfb = directory / f"forward_sums_{spec.name}.vmfb"
-        write_artifact(vmfb, compile_str(text, extra_args=list(RECIPE.flags_for(spec))))
-        _MODULES[spec] = device_for(torch.device("cpu")).module(vmfb)
-    return _MODULES[spec]
+    return helper_module("common/forward_sums.mlir", spec, wrapper, directory)
 
 
 @pytest.fixture(scope="module")
