@@ -74,6 +74,18 @@ def expected_dq(dq_slots: torch.Tensor, counted: torch.Tensor, dtype: torch.dtyp
     return acc.reshape(batch, m_rows, groups * hpg, d).to(dtype)
 
 
+def case_slots(case: str, dtype: str, seed: int):
+    """CASES[case]'s CPU spec, random block indices (with the case's special slots), the counted slots, and the
+    generator that made them (for the partials)."""
+    b, m, n, h, g, d, bs, t = CASES[case]
+    spec = KernelSpec(target="cpu", heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=bs, num_blocks=t,
+                      dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(-1, -(-n // bs) + 2, (b, m, g, t), generator=gen, dtype=torch.int32)
+    special(case, idx, n, bs)
+    return spec, idx, counted_slots(idx, n, bs), gen
+
+
 def dq_sums_module(spec: KernelSpec, directory):
     """The CPU module of dq_sums.mlir for spec with a public @dq_sums calling @dq_partial_sums (compiled once)."""
     h, g, d, t, e, hpg = spec.heads, spec.kv_heads, spec.head_dim, spec.num_blocks, spec.dtype, spec.heads_per_group
@@ -96,14 +108,8 @@ def build_dir(tmp_path_factory):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_each_rows_dq_is_its_read_blocks_partials_summed_in_slot_order_and_rounded_once(case, dtype, build_dir):
+    spec, idx, counted, gen = case_slots(case, dtype, seed=11)
     b, m, n, h, g, d, bs, t = CASES[case]
-    spec = KernelSpec(target="cpu", heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=bs, num_blocks=t,
-                      dtype=dtype)
-    gen = torch.Generator().manual_seed(11)
-    num_blocks = -(-n // bs)
-    idx = torch.randint(-1, num_blocks + 2, (b, m, g, t), generator=gen, dtype=torch.int32)
-    special(case, idx, n, bs)
-    counted = counted_slots(idx, n, bs)
     dq_slots = torch.randn(b, m, g, t, spec.heads_per_group, d, generator=gen)
     dq_slots[~counted] = float("nan")                  # the slots no block's piece writes: never added
     want = expected_dq(dq_slots, counted, DTYPES[dtype])

@@ -12,7 +12,7 @@ import torch
 from nsa_iree.spec import KernelSpec
 
 from conftest import helper_module
-from test_dq_sums import CASES, DTYPES, counted_slots, special
+from test_dq_sums import CASES, DTYPES, case_slots, counted_slots
 
 
 def expected(o_slots, stats_slots, counted, dtype):
@@ -60,14 +60,8 @@ def build_dir(tmp_path_factory):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_each_rows_o_and_lse_combine_its_read_blocks_partials_in_slot_order(case, dtype, build_dir):
+    spec, idx, counted, gen = case_slots(case, dtype, seed=5)
     b, m, n, h, g, d, bs, t = CASES[case]
-    spec = KernelSpec(target="cpu", heads=h, kv_heads=g, head_dim=d, value_dim=d, block_size=bs, num_blocks=t,
-                      dtype=dtype)
-    gen = torch.Generator().manual_seed(5)
-    num_blocks = -(-n // bs)
-    idx = torch.randint(-1, num_blocks + 2, (b, m, g, t), generator=gen, dtype=torch.int32)
-    special(case, idx, n, bs)
-    counted = counted_slots(idx, n, bs)
     hpg = spec.heads_per_group
     o_slots = torch.randn(b, m, g, t, hpg, d, generator=gen)
     stats_slots = torch.stack([4 * torch.randn(b, m, g, t, hpg, generator=gen),
