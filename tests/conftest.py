@@ -151,6 +151,12 @@ def assert_close_to_reference(p: Problem, dtype, seed=0, variant="two-pass"):
 _HELPER_MODULES: dict = {}
 
 
+@pytest.fixture(scope="module")
+def helper_dir(tmp_path_factory):
+    """Where a test module's helper_module artifacts go."""
+    return tmp_path_factory.mktemp("helpers")
+
+
 def helper_module(template: str, spec, wrapper: str, directory):
     """The CPU module of a common/ helper template (private functions only) for spec, with `wrapper`'s public
     function calling into it: compiled once per (template, spec)."""

@@ -100,21 +100,16 @@ func.func @dq_sums(%dq_slots: {slots_type}, %block_indices: tensor<?x?x{g}x{t}xi
     return helper_module("common/dq_sums.mlir", spec, wrapper, directory)
 
 
-@pytest.fixture(scope="module")
-def build_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("dq_sums")
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_each_rows_dq_is_its_read_blocks_partials_summed_in_slot_order_and_rounded_once(case, dtype, build_dir):
+def test_each_rows_dq_is_its_read_blocks_partials_summed_in_slot_order_and_rounded_once(case, dtype, helper_dir):
     spec, idx, counted, gen = case_slots(case, dtype, seed=11)
     b, m, n, h, g, d, bs, t = CASES[case]
     dq_slots = torch.randn(b, m, g, t, spec.heads_per_group, d, generator=gen)
     dq_slots[~counted] = float("nan")                  # the slots no block's piece writes: never added
     want = expected_dq(dq_slots, counted, DTYPES[dtype])
 
-    module = dq_sums_module(spec, build_dir)
+    module = dq_sums_module(spec, helper_dir)
     got = module.device.export_tensor(module.call("dq_sums", dq_slots, idx, n)[0]).clone()
 
     assert got.shape == want.shape and got.dtype == want.dtype

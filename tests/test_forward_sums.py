@@ -52,14 +52,9 @@ func.func @combine(%o_slots: {o_type}, %stats_slots: {stats_type}, %block_indice
     return helper_module("common/forward_sums.mlir", spec, wrapper, directory)
 
 
-@pytest.fixture(scope="module")
-def build_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("forward_sums")
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_each_rows_o_and_lse_combine_its_read_blocks_partials_in_slot_order(case, dtype, build_dir):
+def test_each_rows_o_and_lse_combine_its_read_blocks_partials_in_slot_order(case, dtype, helper_dir):
     spec, idx, counted, gen = case_slots(case, dtype, seed=5)
     b, m, n, h, g, d, bs, t = CASES[case]
     hpg = spec.heads_per_group
@@ -70,7 +65,7 @@ def test_each_rows_o_and_lse_combine_its_read_blocks_partials_in_slot_order(case
     stats_slots[~counted] = float("nan")
     want_o, want_lse = expected(o_slots, stats_slots, counted, DTYPES[dtype])
 
-    module = combine_module(spec, build_dir)
+    module = combine_module(spec, helper_dir)
     got_o, got_lse = (module.device.export_tensor(x).clone() for x in module.call("combine", o_slots, stats_slots,
                                                                                     idx, n))
 
@@ -85,7 +80,7 @@ def test_each_rows_o_and_lse_combine_its_read_blocks_partials_in_slot_order(case
         assert empty[0, 0].all() and not got_o[0, 0].any()
 
 
-def test_a_nan_in_a_counted_slot_reaches_the_rows_o_and_lse(build_dir):
+def test_a_nan_in_a_counted_slot_reaches_the_rows_o_and_lse(helper_dir):
     """A NaN in a row's q or in the keys of a block it reads makes that block's max and sum NaN: the row's o and lse
     are NaN (docs/semantics.md), not those of a row that saw nothing; the row's other heads are unaffected."""
     b, m, n, h, g, d, bs, t = 1, 3, 192, 2, 1, 32, 64, 4
@@ -99,7 +94,7 @@ def test_a_nan_in_a_counted_slot_reaches_the_rows_o_and_lse(build_dir):
     stats_slots[~counted] = float("nan")
     stats_slots[0, 2, 0, 1, 0] = float("nan")          # row 2's head 0: its second block's max and sum
     o_slots[0, 2, 0, 1, 0] = float("nan")
-    module = combine_module(spec, build_dir)
+    module = combine_module(spec, helper_dir)
     got_o, got_lse = (module.device.export_tensor(x).clone() for x in module.call("combine", o_slots, stats_slots,
                                                                                     idx, n))
     assert counted[0, 2, 0, :2].all()
