@@ -795,7 +795,7 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
             or torch._C._are_functorch_transforms_active()):
         # No gradient can flow and no torch.func transform is active (a grad around a vmap sees no requires_grad
         # inside it): the operator alone, which has its own fake and autocast rule; the autograd.Function's
-        # per-call setup, about 0.1 ms of host time, would buy nothing.
+        # per-call setup would buy nothing (its host cost: docs/design.md).
         o, _ = torch.ops.nsa_iree.selection_attention_fwd(*args)
     else:
         o, _ = _SelectionAttention.apply(*args)

@@ -89,15 +89,15 @@ def choose(stage: str, spec, recipe) -> Choice:
     """The one place that picks the kernel of a stage: the recipe's dense kernel for a stage with a dense form
     (DENSE: compressed attention, the sliding window) where it serves spec (the first that does, where the recipe
     names a list), the recipe's wide kernel for a stage with a wide form (WIDE: more heads per group than a tile) and
-    its small kernel for a stage with a small form (SMALL: fewer) where it serves spec, else the recipe's hand-written
-    family
-    where it serves spec (a recipe may name a list for a stage too: the first that serves spec, else the linalg
-    stage with the last one's limits as `crossed`), the linalg stage otherwise, and everywhere when spec.kernels is
-    "linalg". A stage with no
-    linalg template (select_blocks) gets the recipe's family or raises NotImplementedError naming the target.
+    its small kernel for a stage with a small form (SMALL: fewer) where it serves spec, else the recipe's
+    hand-written family where it serves spec (a recipe may name a list for a stage too: the first that serves spec,
+    else the linalg stage with the last one's limits as `crossed`), the linalg stage otherwise, and everywhere when
+    spec.kernels is "linalg". A stage with no linalg template (select_blocks) gets the recipe's family or raises
+    NotImplementedError naming the target.
     Reads nothing but its arguments (the environment's NSA_IREE_KERNELS is read where a spec is made,
     nsa_iree.api.describe)."""
-    # the stage's other forms, in order: dense (compressed attention, the window), then wide (more heads than a tile)
+    # the stage's other forms, in order: dense (compressed attention, the window), wide (more heads than a tile),
+    # small (fewer)
     for forms, applies in ((DENSE, spec.key_stride > 1 or spec.window), (WIDE, spec.heads_per_group > HEAD_ROWS),
                            (SMALL, spec.heads_per_group < HEAD_ROWS)):
         for form in forms.get(stage, ()) if applies and spec.kernels != "linalg" else ():

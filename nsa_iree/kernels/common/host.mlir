@@ -157,17 +157,26 @@ ${ push_constants() }
 }
 <% endmacro %>
 
+<# The block lists inverted (common/inversion.mlir) in a host function whose %block_indices, %n and %transients
+   are in scope: %entries, %piece_start, %piece_count. #>
+<% macro inverted_lists() %>
+  %entries, %piece_start, %piece_count = func.call @invert_block_indices(%block_indices, %n, %transients)
+      : (tensor<?x?x${G}x${T}xi32>, index, !hal.buffer) -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>)
+<%- endmacro %>
+
+<# The type of f32 partials per (row, slot) [B, M, G, T, HPG, `width`]. #>
+<% macro slots_type(width) %>tensor<?x?x${G}x${T}x${HPG}x${width}xf32><% endmacro %>
+
 <# The forward over the block lists' pieces (gpu/hopper/forward_pieces.mlir): the block lists inverted (common/
    inversion.mlir), one dispatch of `executable`'s @`function` per piece writing its rows' f32 partials per slot, o
    [B, M, G, T, HPG, Dv] and (max, sum) [B, M, G, T, HPG, 2], then each row's counted slots combined in slot order
    (common/forward_sums.mlir). #>
 <% macro forward_pieces(executable, function) %>
-<% set o_slots_type = "tensor<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ DV ~ "xf32>" %>
-<% set stats_slots_type = "tensor<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x2xf32>" %>
+<% set o_slots_type = slots_type(DV) %>
+<% set stats_slots_type = slots_type(2) %>
 ${ forward_signature() }
 ${ sizes() }
-  %entries, %piece_start, %piece_count = func.call @invert_block_indices(%block_indices, %n, %transients)
-      : (tensor<?x?x${G}x${T}xi32>, index, !hal.buffer) -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>)
+${ inverted_lists() }
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
 ${ push_constants(pieces=true) }
   %o_slots, %stats_slots = flow.dispatch @${executable}::@${function}[%pieces](
@@ -204,14 +213,13 @@ ${ push_constants() }
    lists' inversion (common/inversion.mlir) as calls first; the kernel writes dq's f32 partials per (row, slot)
    [B, M, G, T, HPG, D] too, each row's summed in slot order (common/dq_sums.mlir). #>
 <% macro dkdv(executable, with_dq=false) %>
-<% set dq_slots_type = "tensor<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ D ~ "xf32>" %>
+<% set dq_slots_type = slots_type(D) %>
 <% if with_dq %>
 ${ onepass_signature("selection_attention_backward", "o") }
 ${ sizes() }
   %delta = func.call @selection_attention_delta(%o, %do, %transients)
       : (tensor<?x?x${H}x${DV}x${E}>, tensor<?x?x${H}x${DV}x${E}>, !hal.buffer) -> tensor<?x?x${H}xf32>
-  %entries, %piece_start, %piece_count = func.call @invert_block_indices(%block_indices, %n, %transients)
-      : (tensor<?x?x${G}x${T}xi32>, index, !hal.buffer) -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>)
+${ inverted_lists() }
 <% else %>
 ${ dkdv_signature() }
 ${ sizes() }

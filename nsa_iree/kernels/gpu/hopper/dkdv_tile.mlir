@@ -413,14 +413,7 @@ ${ wg.chains([dk_chain, dq_chain], E) }
           scf.if %dq_real_${h} {
             %dq_m_${h} = arith.index_castui %dq_m_${h}_i32 : i32 to index
             %dq_slot_${h} = arith.index_castui %dq_slot_${h}_i32 : i32 to index
-<% for i in range(dk_values // 4) %>
-            %dq_${h}_${i}_lo = llvm.extractvalue %dq_part[${ 4 * i + 2 * h }] : !hdkv_dk
-            %dq_${h}_${i}_hi = llvm.extractvalue %dq_part[${ 4 * i + 2 * h + 1 }] : !hdkv_dk
-            %dq_${h}_${i}_pair = vector.from_elements %dq_${h}_${i}_lo, %dq_${h}_${i}_hi : vector<2xf32>
-            %dq_${h}_${i}_col0 = arith.constant ${ 8 * i } : index
-            %dq_${h}_${i}_col = arith.addi %dq_${h}_${i}_col0, %c2x : index
-            vector.store %dq_${h}_${i}_pair, %dq_slots[%b, %dq_m_${h}, %g, %dq_slot_${h}, %dq_head_${h}, %dq_${h}_${i}_col] : memref<?x?x${G}x${T}x${HPG}x${D}xf32>, vector<2xf32>
-<% endfor %>
+${ pieces.pair_stores("dq", "%dq_part", "!hdkv_dk", dk_values, h, "%dq_slots", "memref<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ D ~ "xf32>", "%dq_m_" ~ h, "%dq_slot_" ~ h, "%dq_head_" ~ h) }
           }
 <% endfor %>
 <% else %>

@@ -214,14 +214,7 @@ ${ wg.chain_registers("o_t", "%o_zero", "%packed_", "%v_desc", steps.v, DV, E, "
           scf.if %real_${h} {
             %m_${h} = arith.index_castui %m_${h}_i32 : i32 to index
             %slot_${h} = arith.index_castui %slot_${h}_i32 : i32 to index
-<% for i in range(o_values // 4) %>
-            %o_${h}_${i}_lo = llvm.extractvalue %o_t[${ 4 * i + 2 * h }] : !hfwp_o
-            %o_${h}_${i}_hi = llvm.extractvalue %o_t[${ 4 * i + 2 * h + 1 }] : !hfwp_o
-            %o_${h}_${i}_pair = vector.from_elements %o_${h}_${i}_lo, %o_${h}_${i}_hi : vector<2xf32>
-            %o_${h}_${i}_col0 = arith.constant ${ 8 * i } : index
-            %o_${h}_${i}_col = arith.addi %o_${h}_${i}_col0, %c2x : index
-            vector.store %o_${h}_${i}_pair, %o_slots[%b, %m_${h}, %g, %slot_${h}, %head_${h}, %o_${h}_${i}_col] : memref<?x?x${G}x${T}x${HPG}x${DV}xf32>, vector<2xf32>
-<% endfor %>
+${ pieces.pair_stores("o", "%o_t", "!hfwp_o", o_values, h, "%o_slots", "memref<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ DV ~ "xf32>", "%m_" ~ h, "%slot_" ~ h, "%head_" ~ h) }
             scf.if %stats_lane {
               %max_natural_${h} = arith.mulf %safe_max_${h}, %ln2 : f32
               %stats_${h} = vector.from_elements %max_natural_${h}, %row_sum_${h} : vector<2xf32>

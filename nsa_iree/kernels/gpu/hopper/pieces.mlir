@@ -49,3 +49,18 @@
           }
         }
 <% endmacro %>
+
+<# The lane's accumulator values of row half `h` (values 4 i + 2 h and + 1: row 16 w + r + 8 h, columns 8 i + 2 c and
+   + 1) stored as f32 pairs into a row's place of per-(row, slot) partials: `dest` (`dest_t`, [B, M, G, T, HPG,
+   width]) at [%b, `m`, %g, `slot`, `head`, column], for the `count` values of accumulator `acc` (`acc_t`); names
+   %`name`_<h>_<i>_*. dkdv_tile.mlir's dq partials and forward_pieces.mlir's o partials. #>
+<% macro pair_stores(name, acc, acc_t, count, h, dest, dest_t, m, slot, head) %>
+<% for i in range((count | int) // 4) %>
+            %${name}_${h}_${i}_lo = llvm.extractvalue ${acc}[${ 4 * i + 2 * h }] : ${acc_t}
+            %${name}_${h}_${i}_hi = llvm.extractvalue ${acc}[${ 4 * i + 2 * h + 1 }] : ${acc_t}
+            %${name}_${h}_${i}_pair = vector.from_elements %${name}_${h}_${i}_lo, %${name}_${h}_${i}_hi : vector<2xf32>
+            %${name}_${h}_${i}_col0 = arith.constant ${ 8 * i } : index
+            %${name}_${h}_${i}_col = arith.addi %${name}_${h}_${i}_col0, %c2x : index
+            vector.store %${name}_${h}_${i}_pair, ${dest}[%b, ${m}, %g, ${slot}, ${head}, %${name}_${h}_${i}_col] : ${dest_t}, vector<2xf32>
+<% endfor %>
+<% endmacro %>
