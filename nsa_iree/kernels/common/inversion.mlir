@@ -26,7 +26,7 @@
 // Every scan used here is inclusive and only its first result is read: in IREE 3.13 the accumulator result
 // leaves out the last element (and stays unwritten for a scanned dimension of length 1).
 // (A stage of the two-pass, and a part of gpu/hopper/forward_pieces.mlir, which inverts the lists itself.)
-<# part: takes CHUNK_COUNT_CONFIG #>
+<# part: takes CHUNK_COUNT_CONFIG, CHUNK_SUM_CONFIG #>
 <% import "common/blocks.mlir" as blocks %>
 <% import "common/rules.mlir" as rules %>
 func.func @invert_block_indices(%block_indices: tensor<?x?x${G}x${T}xi32>, %n: index,
@@ -139,13 +139,16 @@ ${ blocks.selected("chosen") }
   // chunks), in two levels: the chunks summed in groups of 32 (in parallel), an inclusive scan of the group
   // sums (line_chunks / 32 steps per line), then each chunk adds the earlier chunks of its own group (at
   // most 31 loads). One scan over all the chunks walks them one after the other per line: 1025 steps at
-  // 64k tokens.
+  // 64k tokens. (CHUNK_SUM_CONFIG: the recipe's tiling of the two passes, a line's chunks across a workgroup's
+  // lanes; IREE 3.13's own flattens each pass and gives a workgroup of 32 lanes 4 elements on the GPUs.)
   %group = arith.constant 32 : index
   %groups = arith.ceildivui %line_chunks, %group : index
   %group_sum_init = tensor.empty(%batch, %num_blocks, %groups) : tensor<?x${G}x?x?xi32>
-  %group_sum = linalg.generic {
+  %group_sum = flow.dispatch.region -> (tensor<?x${G}x?x?xi32>{%batch, %num_blocks, %groups}) {
+  %group_sum_pass = linalg.generic {
       indexing_maps = [affine_map<(b, g, i, q) -> (b, g, i, q)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]
+      ${CHUNK_SUM_CONFIG}}
       outs(%group_sum_init : tensor<?x${G}x?x?xi32>) {
   ^bb0(%out: i32):
     %b = linalg.index 0 : index
@@ -162,6 +165,8 @@ ${ blocks.selected("chosen") }
     }
     linalg.yield %sum : i32
   } -> tensor<?x${G}x?x?xi32>
+  flow.return %group_sum_pass : tensor<?x${G}x?x?xi32>
+  }
   %groups_through_init = tensor.empty(%batch, %num_blocks, %groups) : tensor<?x${G}x?x?xi32>
   %rows_init = tensor.empty(%batch, %num_blocks) : tensor<?x${G}x?xi32>
   %rows_zero = linalg.fill ins(%c0_i32 : i32) outs(%rows_init : tensor<?x${G}x?xi32>) -> tensor<?x${G}x?xi32>
@@ -172,9 +177,11 @@ ${ blocks.selected("chosen") }
     iree_linalg_ext.yield %s : i32
   } -> tensor<?x${G}x?x?xi32>, tensor<?x${G}x?xi32>
   %through_init = tensor.empty(%batch, %num_blocks, %line_chunks) : tensor<?x${G}x?x?xi32>
-  %through = linalg.generic {
+  %through = flow.dispatch.region -> (tensor<?x${G}x?x?xi32>{%batch, %num_blocks, %line_chunks}) {
+  %through_pass = linalg.generic {
       indexing_maps = [affine_map<(b, g, i, j) -> (b, g, i, j)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]
+      ${CHUNK_SUM_CONFIG}}
       outs(%through_init : tensor<?x${G}x?x?xi32>) {
   ^bb0(%out: i32):
     %b = linalg.index 0 : index
@@ -194,6 +201,8 @@ ${ blocks.selected("chosen") }
     }
     linalg.yield %sum : i32
   } -> tensor<?x${G}x?x?xi32>
+  flow.return %through_pass : tensor<?x${G}x?x?xi32>
+  }
 
   // Pieces per block (its list length is `through` at the last chunk), then the first piece of every block
   // in (b, g, i) order.
