@@ -78,6 +78,7 @@ def compile_all() -> None:
     for _, cfg, *_ in PIECE_CASES:
         for target, kernels in (("hopper", "auto"), ("cuda", "auto"), ("cuda", "linalg")):
             print(compile_artifact(KernelSpec(target=target, kernels=kernels, **cfg), "forward").path.name, flush=True)
+        print(compile_artifact(KernelSpec(target="hopper", **cfg), "two-pass").path.name, flush=True)  # (its lists)
     for hpg, (heads, kv_heads) in TWO_PASS_LAYOUTS.items():
         for target in ("hopper", "cuda") if hpg < 16 else ():
             cfg = dict(CONFIGS["anchors"], heads=heads, kv_heads=kv_heads)
@@ -103,11 +104,21 @@ def _inputs(case: str, b: int, m: int, n: int, gen):
     return q, k, v, idx
 
 
-def _forward(module, q, k, v, idx):
+def _forward(module, q, k, v, idx, lists=None):
+    """o and lse of a forward module, poisoned first; `lists`: the buffers a forward over the pieces writes its block
+    lists into (_list_buffers)."""
     o = torch.full((*q.shape[:3], v.shape[3]), float("nan"), dtype=q.dtype, device="cuda")
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), dtype=torch.float32, device="cuda")
-    module.call("selection_attention_fwd", q, k, v, idx, q.shape[3] ** -0.5, o, lse)
+    module.call("selection_attention_fwd", q, k, v, idx, q.shape[3] ** -0.5, o, lse, *(lists or ()))
     return o, lse
+
+
+def _list_buffers(spec_: KernelSpec, idx, n: int):
+    """Where spec_'s forward runs over the pieces (api.forward_over_pieces), buffers for the block lists it writes,
+    poisoned (-7); else None."""
+    if not api.forward_over_pieces(spec_):
+        return None
+    return [x.fill_(-7) for x in api._list_buffers(spec_, idx, n)]
 
 
 def _backward(target, case, q, k, v, o, lse, do, idx):
@@ -442,26 +453,51 @@ def check_pieces(seed: int = 0) -> None:
         row = {"case": name, "hopper_kernel": choice.template or choice.family}
         for label, target, kernels in (("hopper", "hopper", "auto"), ("cuda", "cuda", "auto"),
                                        ("linalg", "cuda", "linalg")):
-            module = _load(KernelSpec(target=target, kernels=kernels, **cfg), "forward")
-            o, lse = _forward(module, q, k, v, idx)
+            spec_ = KernelSpec(target=target, kernels=kernels, **cfg)
+            module = _load(spec_, "forward")
+            lists = _list_buffers(spec_, idx, k.shape[1])
+            o, lse = _forward(module, q, k, v, idx, lists)
             torch.cuda.synchronize()
             row[f"{label}_o"], row[f"{label}_lse"] = _error(o.cpu(), o_ref), _error(lse.cpu(), lse_ref)
             if label == "hopper":
-                again = _forward(module, q, k, v, idx)
+                again = _forward(module, q, k, v, idx, _list_buffers(spec_, idx, k.shape[1]))
                 torch.cuda.synchronize()
                 row["hopper_bitwise"] = torch.equal(o, again[0]) and torch.equal(lse, again[1])
+                if lists is not None:
+                    row.update(_check_forward_lists(spec_, q, k, v, idx, o, lse, lists, seed + i))
                 # a NaN in one query row (its first head) reaches that head's o and lse, no other row's
                 q_nan = q.clone()
                 q_nan[0, q.shape[1] // 2, 0] = float("nan")
-                o_nan, lse_nan = _forward(module, q_nan, k, v, idx)
+                o_nan, lse_nan = _forward(module, q_nan, k, v, idx, _list_buffers(spec_, idx, k.shape[1]))
                 torch.cuda.synchronize()
                 m = q.shape[1] // 2
                 others = torch.ones(q.shape[1], dtype=torch.bool)
                 others[m] = False
                 unchanged = torch.equal(o_nan[:, others.cuda()], o[:, others.cuda()])
-                row["hopper_nan_row"] = (bool(o_nan[0, m, 0].isnan().all() and lse_nan[0, 0, m].isnan() and unchanged)
+                row["hopper_nan_row"] = ({"o_nan": bool(o_nan[0, m, 0].isnan().all()),
+                                          "lse_nan": bool(lse_nan[0, 0, m].isnan()),
+                                          "other_rows_unchanged": unchanged,
+                                          "other_heads_of_row_unchanged": torch.equal(o_nan[0, m, 1:], o[0, m, 1:])}
                                          if torch.isfinite(lse[0, 0, m]) else f"row sees no key; others {unchanged}")
         print(json.dumps(row), flush=True)
+
+
+def _check_forward_lists(spec_, q, k, v, idx, o, lse, lists, seed):
+    """The block lists a forward over the pieces wrote against the oracle's (reference.block_lists_reference), and
+    the backward taking them (selection_attention_backward_lists) against the one inverting them itself: dq, dk and
+    dv bit for bit."""
+    from nsa_iree.reference import block_lists_reference
+
+    want = block_lists_reference(idx.cpu(), spec_.block_size, k.shape[1], load_recipe("hopper").rows_per_piece)
+    row = {"lists_equal_oracle": all(a.shape == e.shape and torch.equal(a.cpu(), e) for a, e in zip(lists, want))}
+    do = torch.randn(o.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)).to(o.dtype)
+    module = _two_pass(spec_)
+    inverting = _dkdv_dq(module, q, k, v, idx, lse, o, do)
+    given = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+    module.call("selection_attention_backward_lists", q, k, v, idx, lse, o, do, *lists, q.shape[3] ** -0.5, *given)
+    torch.cuda.synchronize()
+    row["backward_lists_bitwise"] = all(torch.equal(a, b) for a, b in zip(given, inverting))
+    return row
 
 
 def time_pieces(seq: int = 65536, repeats: int = 10) -> None:
@@ -471,10 +507,12 @@ def time_pieces(seq: int = 65536, repeats: int = 10) -> None:
         if hpg >= 16:
             continue
         cfg = dict(CONFIGS["anchors"], heads=heads, kv_heads=kv_heads)
-        modules = {target: _load(KernelSpec(target=target, **cfg), "forward") for target in ("hopper", "cuda")}
+        specs = {target: KernelSpec(target=target, **cfg) for target in ("hopper", "cuda")}
         for selection in ("realistic", "uniform"):
             q, k, v, _, idx = _problem(cfg, 1, seq, seq, selection, False, 0)
-            runs = {target: functools.partial(_forward, module, q, k, v, idx) for target, module in modules.items()}
+            runs = {target: functools.partial(_forward, _load(spec_, "forward"), q, k, v, idx,
+                                              _list_buffers(spec_, idx, seq))
+                    for target, spec_ in specs.items()}
             for _ in range(2):
                 row = {"seq": seq, "heads_per_group": hpg, "selection": selection}
                 row.update({f"{name}_ms": _median_ms(run, repeats) for name, run in runs.items()})
@@ -510,10 +548,16 @@ def sanitize(m: int = 300) -> None:
         print(json.dumps({"case": name, "m": m, "finite": all(bool(torch.isfinite(x).all()) for x in grads)}),
               flush=True)
         if cfg["heads"] // cfg["kv_heads"] < 16:
-            # the forward over the pieces (kernels.SMALL); rows that see no key have lse -inf
-            o, lse = _forward(_load(spec_, "forward"), q, k, v, idx)
+            # the forward over the pieces (kernels.SMALL; rows that see no key have lse -inf), and the backward
+            # taking the lists it wrote
+            lists = _list_buffers(spec_, idx, m + 100)
+            o, lse = _forward(_load(spec_, "forward"), q, k, v, idx, lists)
+            given = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+            _two_pass(spec_).call("selection_attention_backward_lists", q, k, v, idx, lse, o, do, *lists,
+                                  q.shape[3] ** -0.5, *given)
             torch.cuda.synchronize()
-            print(json.dumps({"case": name + " forward", "m": m, "finite": bool(torch.isfinite(o).all())}),
+            print(json.dumps({"case": name + " forward", "m": m, "finite": bool(torch.isfinite(o).all()),
+                              "backward_lists_finite": all(bool(torch.isfinite(x).all()) for x in given)}),
                   flush=True)
 
 

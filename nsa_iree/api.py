@@ -138,7 +138,9 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_s
     window, nsa_iree.window; callers run packed sequences one by one). rows_per_slice: run in slices of that many
     query rows, each against the keys its rows may see (default: where the forward makes partials per (row, slot),
     kernels.SMALL, as many as PARTIALS_BYTES of them hold; else all); o and lse are those of the unsliced call, bit
-    for bit (the selection only: not with a window or a key_stride).
+    for bit (the selection only: not with a window or a key_stride). The forward over the pieces (kernels.SMALL)
+    writes the block lists it inverts into torch tensors too, kept for idx's backward as long as idx lives
+    (_keep_lists; B G (ceil(M T / R) + ceil(N / BS)) R 8 bytes, R the recipe's rows_per_piece).
     """
     _check_rows_per_slice(rows_per_slice, "forward_into")
     _check_destinations(o=o, lse=lse)
@@ -163,10 +165,18 @@ def forward_into(o, lse, q, k, v, idx, block_size, scale, cu_seqlens=None, key_s
         rows = rows_per_slice or _rows_per_slice(spec, batch, "forward")
         if rows is not None and rows < m_rows:
             return _forward_in_row_slices(rows, o, lse, q, k, v, idx, block_size, scale)
+    idx_in = idx
     if split > 1:
         k, v, idx = (_repeat_groups(t, split) for t in (k, v, idx))
     module = kernels(spec, "forward", q.device)
-    module.call("selection_attention_fwd", q, k, v, idx, scale, o, lse)
+    if forward_over_pieces(spec):
+        # (the forward over the pieces writes the block lists it inverted too: kept for idx's backward)
+        lists = _list_buffers(spec, idx, k.shape[1])
+        module.call("selection_attention_fwd", q, k, v, idx, scale, o, lse, *lists)
+        if idx is idx_in:
+            _keep_lists(module.device, spec, idx, k.shape[1], lists)
+    else:
+        module.call("selection_attention_fwd", q, k, v, idx, scale, o, lse)
     return o, lse
 
 
@@ -226,20 +236,62 @@ def dq_with_dkdv(spec: KernelSpec) -> bool:
     return fused(spec, load_recipe(spec.target))
 
 
-def _inverted_blocks(module, idx: Tensor, n: int, fixed: bool):
-    """(entries, piece_start, piece_count): the two-pass's block -> rows lists of idx, made by the module, or, for a
-    fixed idx (backward_into's fixed_blocks), the ones the module made for this version of it before: kept by the
-    module (released with it, before IREE's bindings go at exit) until idx is freed. An inference tensor (made
-    under torch.inference_mode, which counts no versions) is inverted every time."""
-    if not fixed or idx.is_inference():
-        return module.call("invert_block_indices", idx, n, wait_for_torch=False)
-    key = ("inverted", id(idx), n)
-    version, lists = module.kept.get(key, (None, None))
-    if version != idx._version:
-        if key not in module.kept:
-            weakref.finalize(idx, module.kept.pop, key, None)
+@functools.lru_cache(maxsize=None)
+def _rows_per_piece(spec: KernelSpec) -> int:
+    """spec's recipe's rows_per_piece (once per spec)."""
+    from .recipes import load_recipe
+
+    return load_recipe(spec.target).rows_per_piece
+
+
+def _list_buffers(spec: KernelSpec, idx: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Torch buffers for the block lists of idx [B, M, G, T] (common/inversion.mlir), which the forward over the
+    pieces writes: entries [B G (ceil(M T / R) + NB), R, 2], piece_start and piece_count [B G NB] (int32; R the
+    recipe's rows per piece, NB = ceil(N / BS)): as many pieces as each row adding T entries and each block padding
+    one piece can need."""
+    batch, m_rows, groups, slots = idx.shape
+    rows = _rows_per_piece(spec)
+    num_blocks = -(-n // spec.block_size)
+    lines = batch * groups
+    capacity = lines * (-(-m_rows * slots // rows) + num_blocks)
+    return (_empty((capacity, rows, 2), idx, torch.int32), _empty((lines * num_blocks,), idx, torch.int32),
+            _empty((lines * num_blocks,), idx, torch.int32))
+
+
+def _lists_key(spec: KernelSpec, idx: Tensor, n: int) -> tuple:
+    return id(idx), n, spec.block_size, _rows_per_piece(spec)
+
+
+def _kept_lists(device, spec: KernelSpec, idx: Tensor, n: int):
+    """idx's block lists kept on `device` (_keep_lists) for its current version, else None."""
+    if idx.is_inference():
+        return None
+    version, lists = device.kept.get(_lists_key(spec, idx, n), (None, None))
+    return lists if version == idx._version else None
+
+
+def _keep_lists(device, spec: KernelSpec, idx: Tensor, n: int, lists) -> None:
+    """Keep idx's block lists (entries, piece_start, piece_count) on `device` for the later calls that would invert
+    idx again (its backward): until idx is freed, for the version of idx they were made from (a change in place
+    makes them again). An inference tensor (made under torch.inference_mode, which counts no versions) is not
+    kept."""
+    if idx.is_inference():
+        return
+    key = _lists_key(spec, idx, n)
+    if key not in device.kept:
+        weakref.finalize(idx, device.kept.pop, key, None)
+    device.kept[key] = idx._version, lists
+
+
+def _inverted_blocks(module, spec: KernelSpec, idx: Tensor, n: int, keep: bool):
+    """(entries, piece_start, piece_count): the two-pass's block -> rows lists of idx: the ones kept for this
+    version of idx (the forward over the pieces wrote them, or an earlier call kept them), else made by the module,
+    and kept where `keep` (backward_into's fixed_blocks)."""
+    lists = _kept_lists(module.device, spec, idx, n)
+    if lists is None:
         lists = module.call("invert_block_indices", idx, n, wait_for_torch=False)
-        module.kept[key] = idx._version, lists
+        if keep:
+            _keep_lists(module.device, spec, idx, n, lists)
     return lists
 
 
@@ -307,10 +359,11 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     need padding, called at the end (dk and dv are copied out of the padded layout last). key_stride, window: as
     for forward_into. fixed_blocks: idx is a tensor made once per shape and only read (the band of the sliding
     window, the compressed attention's tiles): the two-pass's inversion of it is made once and kept as long as idx
-    lives (a change to idx in place makes it again). rows_per_slice: run the two-pass in slices of that many query
-    rows (default: where dk/dv makes dq, as many as PARTIALS_BYTES of partials hold; else all), each slice's dk and
-    dv summed over the slices in float32 and rounded once (the selection's two-pass only: not with a window, a
-    key_stride or the one-pass).
+    lives (a change to idx in place makes it again). Lists kept for idx's current version (fixed_blocks, or the
+    forward over the pieces') are used in place of the inversion. rows_per_slice: run the two-pass in slices of that
+    many query rows (default: where dk/dv makes dq, as many as PARTIALS_BYTES of partials hold; else all), each
+    slice's dk and dv summed over the slices in float32 and rounded once (the selection's two-pass only: not with a
+    window, a key_stride or the one-pass).
     """
     check_variant(variant)
     _check_rows_per_slice(rows_per_slice, "backward_into")
@@ -362,7 +415,7 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
     if variant == "two-pass" and not dense_backward(spec):
         (delta,) = module.call("selection_attention_delta", o, do)
         if dk is not None:
-            entries, piece_start, piece_count = _inverted_blocks(module, idx, n, fixed_blocks and split == 1)
+            entries, piece_start, piece_count = _inverted_blocks(module, spec, idx, n, fixed_blocks and split == 1)
             module.call("selection_attention_dkdv", q, k, v, idx, lse, delta, do, entries, piece_start,
                         piece_count, scale, dk, dv, wait_for_torch=False)
             del entries, piece_start, piece_count
@@ -380,10 +433,14 @@ def backward_into(dq, dk, dv, q, k, v, o, lse, do, idx, block_size, scale, varia
         # kernels.dense_backward): it makes delta and writes all three (dk and dv, when not asked for, into scratch
         # of the module's types).
         dkdv_dtype = torch.float32 if spec.dkdv_dtype == "f32" else k.dtype
-        module.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale,
-                    dq if dq is not None else _empty(q.shape, q),
-                    dk if dk is not None else _empty(k.shape, k, dkdv_dtype),
-                    dv if dv is not None else _empty(v.shape, v, dkdv_dtype))
+        outputs = (dq if dq is not None else _empty(q.shape, q),
+                   dk if dk is not None else _empty(k.shape, k, dkdv_dtype),
+                   dv if dv is not None else _empty(v.shape, v, dkdv_dtype))
+        lists = _kept_lists(module.device, spec, idx, n) if dq_with_dkdv(spec) else None
+        if lists is not None:       # (the forward over the pieces' lists of this idx: no inversion here)
+            module.call("selection_attention_backward_lists", q, k, v, idx, lse, o, do, *lists, scale, *outputs)
+        else:
+            module.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale, *outputs)
         if dk is None:
             return dq, dk, dv
     else:

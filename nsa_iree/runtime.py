@@ -138,6 +138,9 @@ class Device:
         self._dlpack_type = _DLPACK_DEVICE["hip" if self.driver_name == "hip" else torch_device.type]
         self._modules: dict[Path, Module] = {}
         self._lock = threading.Lock()
+        # Results of calls that callers keep for later calls on this device (nsa_iree.api: a block-index tensor's
+        # inverted lists), released with the device.
+        self.kept: dict = {}
 
     def bind_thread(self) -> None:
         """On CUDA, the device's context current on the calling thread (the module docstring, 'Threads')."""
@@ -165,6 +168,7 @@ class Device:
     def close(self) -> None:
         """Release the IREE objects of this device and its modules (in this, the process that made them)."""
         with self._lock:
+            self.kept.clear()
             for module in self._modules.values():
                 module.close()
             self._modules.clear()
@@ -217,14 +221,10 @@ class Module:
         self._transient_sizes = {}  # (function, argument shapes and integer scalars) -> bytes
         self._placeholder = None
         self._spare_workspaces: list[torch.Tensor] = []     # CPU: finished calls' workspaces, for the next ones
-        # Results of this module's calls that its callers keep for later calls (nsa_iree.api: the inverted block
-        # lists of a fixed block-index tensor), released with the module.
-        self.kept: dict = {}
 
     def close(self) -> None:
         self._functions.clear()
         self._spare_workspaces.clear()
-        self.kept.clear()
         self._placeholder = self.context = self.vm_module = None
 
     def _lookup(self, name: str):

@@ -78,3 +78,61 @@ def test_a_fixed_block_list_is_inverted_once_per_version(monkeypatch):
     for _ in range(2):
         assert all(torch.equal(a, e) for a, e in zip(grads(True), inverted_each_time))
     assert len(inversions) == 5
+
+
+def test_the_forward_over_the_pieces_hands_its_lists_to_the_backward(monkeypatch):
+    """Where the forward runs over the block lists' pieces (the hopper target's small groups; here a recording module
+    stands in for its kernels) it writes the lists into torch buffers of the inversion's shapes, and the backward of
+    the same block-index tensor takes them (selection_attention_backward_lists, no inversion) while that tensor keeps
+    its version; changed in place, or another tensor, the backward inverts; freed, nothing of it is kept."""
+    import gc
+
+    from nsa_iree import api
+
+    calls = []
+
+    class Recording:
+        device = api.device_for(torch.device("cpu"))
+
+        def call(self, name, *args, **kwargs):
+            calls.append((name, args))
+            return []
+
+    monkeypatch.setattr(api, "kernels", lambda spec, variant, device: Recording())
+    for name in ("forward_over_pieces", "dense_backward", "dq_with_dkdv"):
+        monkeypatch.setattr(api, name, lambda spec: True)
+    b, m, n, g, t, bs = 2, 150, 170, 2, 4, 16
+    gen = torch.Generator().manual_seed(5)
+    q, do = torch.randn(b, m, 2 * g, 16, generator=gen), torch.randn(b, m, 2 * g, 16, generator=gen)
+    k, v = torch.randn(b, n, g, 16, generator=gen), torch.randn(b, n, g, 16, generator=gen)
+    idx = realistic_block_indices(b, m, n, g, t, bs, generator=gen)
+    o, lse = torch.empty(b, m, 2 * g, 16), torch.empty(b, 2 * g, m)
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+
+    def forward(block_indices):
+        api.forward_into(o, lse, q, k, v, block_indices, bs, 0.25)
+        name, args = calls[-1]
+        assert name == "selection_attention_fwd" and len(args) == 10
+        return args[7:]
+
+    def backward(block_indices):
+        api.backward_into(*grads, q, k, v, o, lse, do, block_indices, bs, 0.25, "two-pass")
+        return calls[-1]
+
+    lists = forward(idx)
+    want = block_lists_reference(idx, bs, n, ROWS_PER_PIECE)
+    assert [x.shape for x in lists] == [x.shape for x in want]
+    assert all(x.dtype == torch.int32 for x in lists)
+    for _ in range(2):
+        name, args = backward(idx)
+        assert name == "selection_attention_backward_lists" and all(a is e for a, e in zip(args[7:10], lists))
+    assert backward(idx.clone())[0] == "selection_attention_backward"
+    idx.add_(0)                                     # written in place: a new version
+    assert backward(idx)[0] == "selection_attention_backward"
+    forward(idx)
+    assert backward(idx)[0] == "selection_attention_backward_lists"
+    kept = len(Recording.device.kept)
+    del idx, lists, args
+    calls.clear()                                   # (the recorded calls hold idx too)
+    gc.collect()
+    assert len(Recording.device.kept) == kept - 1

@@ -117,14 +117,20 @@ def test_the_sliced_forward_is_the_unsliced_forward(case):
 
 def test_the_forward_slices_by_the_budget_where_its_kernels_make_partials(monkeypatch):
     """Where the forward makes partials per (row, slot) (the hopper target's pieces; here the CPU's forward standing
-    in) a call beyond PARTIALS_BYTES runs in slices of the rows the budget holds, at least 64: the same o and lse."""
+    in: the budget is counted as theirs, the slices run the CPU's kernels) a call beyond PARTIALS_BYTES runs in slices
+    of the rows the budget holds, at least 64: the same o and lse."""
     p = Problem(batch=1, m_rows=200, n=200)
     _, whole = _forward(p, None, torch.float32)
-    calls = []
-    monkeypatch.setattr(api, "forward_over_pieces", lambda spec: True)
+    calls, pieces = [], [True]
+
+    def slices(rows, *args):
+        calls.append(rows)
+        pieces[0] = False
+        return _slices(rows, *args)
+
+    monkeypatch.setattr(api, "forward_over_pieces", lambda spec: pieces[0])
     monkeypatch.setattr(api, "PARTIALS_BYTES", 1)
-    monkeypatch.setattr(api, "_forward_in_row_slices",
-                        lambda rows, *args: calls.append(rows) or _slices(rows, *args))
+    monkeypatch.setattr(api, "_forward_in_row_slices", slices)
     _, sliced = _forward(p, None, torch.float32)
     assert calls == [64]
     assert_bitwise_equal(list(sliced), list(whole), ("o", "lse"))

@@ -590,7 +590,7 @@ def test_no_leak_report_at_exit(tmp_path, built):
 
 
 def test_kept_results_are_released_before_exit(tmp_path):
-    """A sliding-window and a compressed-attention backward keep their block lists' inversion in the module
+    """A sliding-window and a compressed-attention backward keep their block lists' inversion on the device
     (nsa_iree.api: fixed_blocks), alive at exit with the cached block lists: the process exits cleanly, nothing
     reported leaked."""
     script = tmp_path / "kept.py"

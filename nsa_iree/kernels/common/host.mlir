@@ -4,14 +4,26 @@
 // function of the families whose dispatch takes q, k, v as they are (nvidia, portable, linalg's one-pass).
 <% import "common/dispatch.mlir" as dispatch %>
 
-<% macro forward_signature() %>
+<# (`lists`: the forward over the pieces, which writes the block lists it inverted too, for the backward) #>
+<% macro forward_signature(lists=false) %>
 func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %scale: f32,
     %o_out: tensor<?x?x${H}x${DV}x${E}> {iree.abi.output = 0 : index},
     %lse_out: tensor<?x${H}x?xf32> {iree.abi.output = 1 : index},
+<% if lists %>
+    %entries_out: tensor<?x${ROWS_PER_PIECE}x2xi32> {iree.abi.output = 2 : index},
+    %piece_start_out: tensor<?xi32> {iree.abi.output = 3 : index},
+    %piece_count_out: tensor<?xi32> {iree.abi.output = 4 : index},
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>, ${ lists_types() }) {
+<% else %>
     %transients: !hal.buffer {iree.abi.transients})
     -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
+<% endif %>
 <% endmacro %>
+
+<# The types of the block lists (common/inversion.mlir): entries, piece_start, piece_count. #>
+<% macro lists_types() %>tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32><% endmacro %>
 
 <% macro dq_signature() %>
 func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
@@ -35,15 +47,19 @@ func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?
 <# The signature of a backward in one call (dq, dk and dv): the one-pass's (@selection_attention_onepass, reading
    delta [B, M, H]), or, with `name` selection_attention_backward and `reads` "o", the CPU dense backward's
    (cpu/dense_backward.mlir), which reads o [B, M, H, Dv] and makes each row's delta itself (cpu/products.mlir
-   delta_of_row). #>
-<% macro onepass_signature(name="selection_attention_onepass", reads="delta") %>
+   delta_of_row). `lists`: the block lists (common/inversion.mlir) taken after do, as dk/dv's signature takes them. #>
+<% macro onepass_signature(name="selection_attention_onepass", reads="delta", lists=false) %>
 func.func @${name}(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
 <% if reads == "o" %>
-    %o: tensor<?x?x${H}x${DV}x${E}>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %o: tensor<?x?x${H}x${DV}x${E}>, %do: tensor<?x?x${H}x${DV}x${E}>,
 <% else %>
-    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>, %scale: f32,
+    %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
 <% endif %>
+<% if lists %>
+    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+<% endif %>
+    %scale: f32,
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
     %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 1 : index},
     %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 2 : index},
@@ -161,7 +177,7 @@ ${ push_constants() }
    are in scope: %entries, %piece_start, %piece_count. #>
 <% macro inverted_lists() %>
   %entries, %piece_start, %piece_count = func.call @invert_block_indices(%block_indices, %n, %transients)
-      : (tensor<?x?x${G}x${T}xi32>, index, !hal.buffer) -> (tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32>)
+      : (tensor<?x?x${G}x${T}xi32>, index, !hal.buffer) -> (${ lists_types() })
 <%- endmacro %>
 
 <# The type of f32 partials per (row, slot) [B, M, G, T, HPG, `width`]. #>
@@ -170,11 +186,12 @@ ${ push_constants() }
 <# The forward over the block lists' pieces (gpu/hopper/forward_pieces.mlir): the block lists inverted (common/
    inversion.mlir), one dispatch of `executable`'s @`function` per piece writing its rows' f32 partials per slot, o
    [B, M, G, T, HPG, Dv] and (max, sum) [B, M, G, T, HPG, 2], then each row's counted slots combined in slot order
-   (common/forward_sums.mlir). #>
+   (common/forward_sums.mlir). The lists are outputs too: the backward of the same block indices takes them
+   (dkdv's selection_attention_backward_lists) instead of inverting them again. #>
 <% macro forward_pieces(executable, function) %>
 <% set o_slots_type = slots_type(DV) %>
 <% set stats_slots_type = slots_type(2) %>
-${ forward_signature() }
+${ forward_signature(lists=true) }
 ${ sizes() }
 ${ inverted_lists() }
   %pieces = tensor.dim %entries, %c0 : tensor<?x${ROWS_PER_PIECE}x2xi32>
@@ -186,7 +203,8 @@ ${ push_constants(pieces=true) }
   %o, %lse = func.call @forward_partial_sums(%o_slots, %stats_slots, %block_indices, %n)
       : (${o_slots_type}, ${stats_slots_type}, tensor<?x?x${G}x${T}xi32>, index)
       -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>)
-  return %o, %lse : tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>
+  return %o, %lse, %entries, %piece_start, %piece_count
+      : tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>, ${ lists_types() }
 }
 <% endmacro %>
 
@@ -211,15 +229,29 @@ ${ push_constants() }
    pieces summed per block in order (common/piece_sums.mlir). `with_dq` (gpu/hopper/dkdv_dq.mlir): the backward in
    one call (onepass_signature's selection_attention_backward, reading o): delta (common/delta.mlir) and the block
    lists' inversion (common/inversion.mlir) as calls first; the kernel writes dq's f32 partials per (row, slot)
-   [B, M, G, T, HPG, D] too, each row's summed in slot order (common/dq_sums.mlir). #>
+   [B, M, G, T, HPG, D] too, each row's summed in slot order (common/dq_sums.mlir). And the same backward taking
+   the lists the forward over the pieces wrote (selection_attention_backward_lists: no inversion). #>
 <% macro dkdv(executable, with_dq=false) %>
+<% if with_dq %>
+${ _dkdv_function(executable, with_dq=true, lists=false) }
+
+${ _dkdv_function(executable, with_dq=true, lists=true) }
+<% else %>
+${ _dkdv_function(executable) }
+<% endif %>
+<% endmacro %>
+
+<# One of dkdv's functions (`lists`: it takes the block lists rather than inverting them). #>
+<% macro _dkdv_function(executable, with_dq=false, lists=false) %>
 <% set dq_slots_type = slots_type(D) %>
 <% if with_dq %>
-${ onepass_signature("selection_attention_backward", "o") }
+${ onepass_signature("selection_attention_backward_lists" if lists else "selection_attention_backward", "o", lists) }
 ${ sizes() }
   %delta = func.call @selection_attention_delta(%o, %do, %transients)
       : (tensor<?x?x${H}x${DV}x${E}>, tensor<?x?x${H}x${DV}x${E}>, !hal.buffer) -> tensor<?x?x${H}xf32>
+<% if not lists %>
 ${ inverted_lists() }
+<% endif %>
 <% else %>
 ${ dkdv_signature() }
 ${ sizes() }
