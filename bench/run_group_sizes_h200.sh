@@ -19,6 +19,6 @@ for config in "${@:-hpg64 hpg32 anchors hpg8 hpg4 hpg2 hpg1}"; do
     echo "== $c"
     timeout 280 python3 -m bench.bench --device cuda --config "$c" --seq ${SEQS:-16384 65536} \
       --selection realistic uniform --repeats 3 --out "$out" \
-      --impl "nsa_iree two-pass" "fla parallel_nsa" "dense sdpa" 2>&1 | grep -v "^nsa_iree: load" | tail -12
+      --impl "nsa_iree two-pass" "fla parallel_nsa" "dense sdpa" 2>&1 | grep -v "^nsa_iree: load" | tail -16
   done
 done | tee "$out/group_sizes.log"
