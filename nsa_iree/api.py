@@ -26,7 +26,6 @@ import functools
 import os
 import sys
 import warnings
-import weakref
 from typing import Optional, Union
 
 import torch
@@ -248,7 +247,7 @@ def _list_buffers(spec: KernelSpec, idx: Tensor, n: int) -> tuple[Tensor, Tensor
     """Torch buffers for the block lists of idx [B, M, G, T] (common/inversion.mlir), which the forward over the
     pieces writes: entries [B G (ceil(M T / R) + NB), R, 2], piece_start and piece_count [B G NB] (int32; R the
     recipe's rows per piece, NB = ceil(N / BS)): as many pieces as each row adding T entries and each block padding
-    one piece can need."""
+    one piece can need (the inversion's %capacity; the module refuses other shapes)."""
     batch, m_rows, groups, slots = idx.shape
     rows = _rows_per_piece(spec)
     num_blocks = -(-n // spec.block_size)
@@ -259,28 +258,23 @@ def _list_buffers(spec: KernelSpec, idx: Tensor, n: int) -> tuple[Tensor, Tensor
 
 
 def _lists_key(spec: KernelSpec, idx: Tensor, n: int) -> tuple:
-    return id(idx), n, spec.block_size, _rows_per_piece(spec)
+    """What the block lists of idx depend on besides its values (common/inversion.mlir: B, M, G and T are its shape;
+    N; BS, the key stride and the rows per piece)."""
+    return "block lists", id(idx), tuple(idx.shape), n, spec.block_size, spec.key_stride, _rows_per_piece(spec)
 
 
 def _kept_lists(device, spec: KernelSpec, idx: Tensor, n: int):
     """idx's block lists kept on `device` (_keep_lists) for its current version, else None."""
-    if idx.is_inference():
-        return None
-    version, lists = device.kept.get(_lists_key(spec, idx, n), (None, None))
-    return lists if version == idx._version else None
+    return None if idx.is_inference() else device.kept(idx, _lists_key(spec, idx, n))
 
 
 def _keep_lists(device, spec: KernelSpec, idx: Tensor, n: int, lists) -> None:
     """Keep idx's block lists (entries, piece_start, piece_count) on `device` for the later calls that would invert
     idx again (its backward): until idx is freed, for the version of idx they were made from (a change in place
-    makes them again). An inference tensor (made under torch.inference_mode, which counts no versions) is not
-    kept."""
-    if idx.is_inference():
-        return
-    key = _lists_key(spec, idx, n)
-    if key not in device.kept:
-        weakref.finalize(idx, device.kept.pop, key, None)
-    device.kept[key] = idx._version, lists
+    that torch counts makes them again). An inference tensor (made under torch.inference_mode, which counts no
+    versions) is not kept."""
+    if not idx.is_inference():
+        device.keep(idx, _lists_key(spec, idx, n), lists)
 
 
 def _inverted_blocks(module, spec: KernelSpec, idx: Tensor, n: int, keep: bool):

@@ -59,6 +59,7 @@ import ctypes
 import gc
 import os
 import threading
+import weakref
 from pathlib import Path
 
 import torch
@@ -138,9 +139,10 @@ class Device:
         self._dlpack_type = _DLPACK_DEVICE["hip" if self.driver_name == "hip" else torch_device.type]
         self._modules: dict[Path, Module] = {}
         self._lock = threading.Lock()
-        # Results of calls that callers keep for later calls on this device (nsa_iree.api: a block-index tensor's
-        # inverted lists), released with the device.
-        self.kept: dict = {}
+        # Results of calls that callers keep for later calls on this device, per torch tensor they belong to
+        # (nsa_iree.api: a block-index tensor's inverted lists): keep() and kept(), released with the device.
+        self._kept: dict = {}
+        self._kept_lock = threading.Lock()
 
     def bind_thread(self) -> None:
         """On CUDA, the device's context current on the calling thread (the module docstring, 'Threads')."""
@@ -168,11 +170,28 @@ class Device:
     def close(self) -> None:
         """Release the IREE objects of this device and its modules (in this, the process that made them)."""
         with self._lock:
-            self.kept.clear()
+            with self._kept_lock:
+                self._kept.clear()
             for module in self._modules.values():
                 module.close()
             self._modules.clear()
             self.hal_module = self.hal_device = self.driver = self.instance = None
+
+    def keep(self, owner: torch.Tensor, key: tuple, value) -> None:
+        """Keep `value` under `key` for `owner`'s current version, until `owner` is freed (or the device closed).
+
+        In a process forked after this, freeing an inherited owner drops nothing: the parent's IREE objects are never
+        touched there, not even by their destructors (the module docstring, 'Processes')."""
+        with self._kept_lock:
+            if key not in self._kept:
+                weakref.finalize(owner, _drop_kept, weakref.ref(self), key, os.getpid())
+            self._kept[key] = owner._version, value
+
+    def kept(self, owner: torch.Tensor, key: tuple):
+        """The value kept under `key` for `owner`'s current version, else None."""
+        with self._kept_lock:
+            version, value = self._kept.get(key, (None, None))
+        return value if version == owner._version else None
 
     def import_tensor(self, t: torch.Tensor):
         """A HalBufferView over t's memory (over a contiguous aligned copy when t is not importable)."""
@@ -193,6 +212,13 @@ class Device:
         index = self.torch_device.index or 0 if self.torch_device.type != "cpu" else 0
         capsule = self.hal_device.create_dlpack_capsule(buffer_view, self._dlpack_type, index)
         return torch.from_dlpack(capsule)
+
+
+def _drop_kept(device_ref, key, pid: int) -> None:
+    device = device_ref()
+    if device is not None and os.getpid() == pid:
+        with device._kept_lock:
+            device._kept.pop(key, None)
 
 
 class Module:

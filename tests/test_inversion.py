@@ -84,7 +84,8 @@ def test_the_forward_over_the_pieces_hands_its_lists_to_the_backward(monkeypatch
     """Where the forward runs over the block lists' pieces (the hopper target's small groups; here a recording module
     stands in for its kernels) it writes the lists into torch buffers of the inversion's shapes, and the backward of
     the same block-index tensor takes them (selection_attention_backward_lists, no inversion) while that tensor keeps
-    its version; changed in place, or another tensor, the backward inverts; freed, nothing of it is kept."""
+    its version and the keys are the same; changed in place, another tensor, other keys, or a group split (the
+    indices repeated), the backward inverts; freed, nothing of it is kept."""
     import gc
 
     from nsa_iree import api
@@ -109,14 +110,15 @@ def test_the_forward_over_the_pieces_hands_its_lists_to_the_backward(monkeypatch
     o, lse = torch.empty(b, m, 2 * g, 16), torch.empty(b, 2 * g, m)
     grads = [torch.empty_like(x) for x in (q, k, v)]
 
-    def forward(block_indices):
-        api.forward_into(o, lse, q, k, v, block_indices, bs, 0.25)
+    def forward(block_indices, keys=k):
+        api.forward_into(o, lse, q, keys, keys, block_indices, bs, 0.25)
         name, args = calls[-1]
         assert name == "selection_attention_fwd" and len(args) == 10
         return args[7:]
 
-    def backward(block_indices):
-        api.backward_into(*grads, q, k, v, o, lse, do, block_indices, bs, 0.25, "two-pass")
+    def backward(block_indices, keys=k):
+        api.backward_into(grads[0], *(torch.empty_like(keys) for _ in range(2)), q, keys, keys, o, lse, do,
+                          block_indices, bs, 0.25, "two-pass")
         return calls[-1]
 
     lists = forward(idx)
@@ -127,12 +129,21 @@ def test_the_forward_over_the_pieces_hands_its_lists_to_the_backward(monkeypatch
         name, args = backward(idx)
         assert name == "selection_attention_backward_lists" and all(a is e for a, e in zip(args[7:10], lists))
     assert backward(idx.clone())[0] == "selection_attention_backward"
+    assert backward(idx, k[:, :160])[0] == "selection_attention_backward"     # other keys: other lists
+    api.backward_into(*grads, q, k, v, o, lse, do, idx, bs, 0.25, "two-pass", key_stride=bs)
+    assert calls[-1][0] == "selection_attention_backward"                     # keys every bs positions: others
     idx.add_(0)                                     # written in place: a new version
     assert backward(idx)[0] == "selection_attention_backward"
     forward(idx)
     assert backward(idx)[0] == "selection_attention_backward_lists"
-    kept = len(Recording.device.kept)
+    kept = len(Recording.device._kept)
     del idx, lists, args
     calls.clear()                                   # (the recorded calls hold idx too)
     gc.collect()
-    assert len(Recording.device.kept) == kept - 1
+    assert len(Recording.device._kept) == kept - 1
+    # a group split (each kv head's query heads as two groups) runs on repeated indices: nothing kept for idx
+    loaded = api.loaded_spec
+    monkeypatch.setattr(api, "loaded_spec", lambda spec, variant: (loaded(spec, variant)[0], 2))
+    idx = realistic_block_indices(b, m, n, g, t, bs, generator=gen)
+    forward(idx)
+    assert len(Recording.device._kept) == kept - 1
