@@ -51,11 +51,11 @@ def main(config: str, seq: int = 65536) -> None:
     def call(wait=True):
         return module.call("selection_attention_fwd", q, k, v, idx32, scale, o, lse, *lists, wait_for_torch=wait)
 
-    row = {"config": config, "seq": seq,
+    row = {"config": config, "idx_dtype": str(idx.dtype),
            "public_ms": _median_ms(lambda: nsa_iree.selection_attention_fwd(q, k, v, idx, bs)),
            "forward_into_ms": _median_ms(lambda: api.forward_into(o, lse, q, k, v, idx32, bs, scale)),
            "module_call_ms": _median_ms(call),
-           "module_call_no_wait_ms": _median_ms(lambda: call(False))}
+           "module_call_nowait_ms": _median_ms(lambda: call(False))}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             call()

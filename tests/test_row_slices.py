@@ -125,7 +125,7 @@ def test_the_forward_slices_by_the_budget_where_its_kernels_make_partials(monkey
 
     def slices(rows, *args):
         calls.append(rows)
-        pieces[0] = False
+        pieces[0] = False           # (the slices run the CPU's forward module, which writes no block lists)
         return _slices(rows, *args)
 
     monkeypatch.setattr(api, "forward_over_pieces", lambda spec: pieces[0])

@@ -65,7 +65,8 @@ DENSE = {"forward": ("dense_forward",), "dq": ("dense_dq",), "dkdv": ("dense_bac
 # made by its dq kernel, whose dispatch it makes) and those it needs no more (the block lists' inversion and their
 # pieces' sums: both take the keys in tiles).
 # The dk/dv form that makes dq too (SMALL: dkdv_dq) covers the dq stage; its backward is one function that calls
-# delta and the inversion.
+# delta and the inversion (and a second one, selection_attention_backward_lists, taking the lists the forward over
+# the pieces wrote).
 COVERS = {"dense_backward": ("delta", "dq", "inversion"), "dense_dkdv": ("delta", "inversion", "piece_sums"),
           "dkdv_dq": ("dq",)}
 

@@ -234,6 +234,6 @@ ${ pieces.pair_stores("o", "%o_t", "!hfwp_o", o_values, h, "%o_slots", "memref<?
 <% include "common/inversion.mlir" %>
 <% include "common/forward_sums.mlir" %>
 
-// Host side: the block lists inverted, one dispatch per piece writing each row's partials per slot, then each row's
-// counted slots combined in slot order (common/forward_sums.mlir).
+// Host side: the block lists inverted (and written out, for the backward), one dispatch per piece writing each row's
+// partials per slot, then each row's counted slots combined in slot order (common/forward_sums.mlir).
 ${ host.forward_pieces(exe, function) }
