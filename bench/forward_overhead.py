@@ -26,6 +26,8 @@ from .bench import CONFIGS, make_problem
 
 
 def _median_ms(fn, repeats: int = 20) -> float:
+    """Median wall time of fn() to a synchronised GPU (host time included, which is what this script looks at; the
+    CUDA-event medians of bench.hopper_checks time the GPU's work)."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
