@@ -47,6 +47,8 @@ ${ dispatch.layout(layout, constants | length, inputs, outputs) }
 !dkv_row_info = memref<${ROWS_PER_PIECE}x4xi32, #gpu.address_space<workgroup>>
 !hfwp_s = ${ wg.acc_type(32) }
 !hfwp_o = ${ wg.acc_type(HOPPER_O_VALUES) }
+// the q chunks' buffers as f32, each subgroup's quarter staging 16 rows of o's partials, D / 2 columns at a time
+!hfwp_stage = memref<2x4x${ 8 * (D | int) }xf32, #gpu.address_space<workgroup>>
 
 <% set rows = 64 %>
 <# The k16 steps' byte offsets (wgmma.mlir's swizzled layout): K-major q [64, D] and k [64, D] (32 bytes a step in
@@ -92,6 +94,9 @@ ${ nv.lane_ids() }
       %rows_region = arith.constant ${HOPPER_FWP_ROWS_OFFSET} : index
       %rows_at = arith.addi %smem_pad, %rows_region : index
       %row_info = memref.view %smem[%rows_at][] : !hfwp_smem to !dkv_row_info
+      %q_region_at = arith.constant ${HOPPER_FWP_Q_OFFSET} : index
+      %o_stage_at = arith.addi %smem_pad, %q_region_at : index
+      %o_stage = memref.view %smem[%o_stage_at][] : !hfwp_smem to !hfwp_stage
       %count_word = arith.constant ${ ((HOPPER_FWP_ROWS_OFFSET | int) + (ROWS_PER_PIECE | int) * 16) // 4 } : index
       <% include "gpu/piece_rows.mlir" %>
         gpu.barrier
@@ -207,21 +212,22 @@ ${ softmax.quad_reduce("%row_sum_" ~ h, "%lane_sum_" ~ h ~ "_6", "arith.addf") }
 <% endfor %>
           // o_t = p v over the block's keys in 16-key steps (v MN-major: its rows are the product's K).
 ${ wg.chain_registers("o_t", "%o_zero", "%packed_", "%v_desc", steps.v, DV, E, "row", "!hfwp_o") }
-          // The lane's rows' partials at [b, m, g, first slot naming the block, head]: o_t's value 4 i + 2 h + e is
-          // row 16 w + r + 8 h, column 8 i + 2 c + e; the stats (max in natural units, sum) by the row's lane c = 0.
+          // The lane's rows' stats at [b, m, g, first slot naming the block, head] (max in natural units, sum), by
+          // the row's lane c = 0.
           %stats_lane = arith.cmpi eq, %c, %c0 : index
 <% for h in range(2) %>
-          scf.if %real_${h} {
+          %stats_here_${h} = arith.andi %real_${h}, %stats_lane : i1
+          scf.if %stats_here_${h} {
             %m_${h} = arith.index_castui %m_${h}_i32 : i32 to index
             %slot_${h} = arith.index_castui %slot_${h}_i32 : i32 to index
-${ pieces.pair_stores("o", "%o_t", "!hfwp_o", o_values, h, "%o_slots", "memref<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ DV ~ "xf32>", "%m_" ~ h, "%slot_" ~ h, "%head_" ~ h) }
-            scf.if %stats_lane {
-              %max_natural_${h} = arith.mulf %safe_max_${h}, %ln2 : f32
-              %stats_${h} = vector.from_elements %max_natural_${h}, %row_sum_${h} : vector<2xf32>
-              vector.store %stats_${h}, %stats_slots[%b, %m_${h}, %g, %slot_${h}, %head_${h}, %c0] : memref<?x?x${G}x${T}x${HPG}x2xf32>, vector<2xf32>
-            }
+            %max_natural_${h} = arith.mulf %safe_max_${h}, %ln2 : f32
+            %stats_${h} = vector.from_elements %max_natural_${h}, %row_sum_${h} : vector<2xf32>
+            vector.store %stats_${h}, %stats_slots[%b, %m_${h}, %g, %slot_${h}, %head_${h}, %c0] : memref<?x?x${G}x${T}x${HPG}x2xf32>, vector<2xf32>
           }
 <% endfor %>
+          // o_t at the same place of o_slots, through the chunk's q buffer: every subgroup's s = q k^T has read it.
+          gpu.barrier
+${ pieces.staged_stores("o", "%o_t", "!hfwp_o", o_values, (D | int) // 2, "%o_stage", "!hfwp_stage", "%buffer", "%o_slots", "memref<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ DV ~ "xf32>", "%chunk_row0") }
         }
         // The next iteration stages into the buffer just read.
         gpu.barrier

@@ -64,3 +64,83 @@
             vector.store %${name}_${h}_${i}_pair, ${dest}[%b, ${m}, %g, ${slot}, ${head}, %${name}_${h}_${i}_col] : ${dest_t}, vector<2xf32>
 <% endfor %>
 <% endmacro %>
+
+<# The subgroup's 16 rows of accumulator `acc` (`acc_t`, `count` values a lane: columns 0 .. 2 count - 1) stored
+   through workgroup memory as whole 16-byte pieces of rows: a pass of `cols` columns at a time is written into the
+   subgroup's part of `stage` (`stage_t`, [buffers, 4, 16 cols] f32 at [`buffer`, %subgroup, row cols + column],
+   16-byte chunk k of a row at chunk k xor (row mod 8): no bank conflicts either way), then read back a 16-byte
+   chunk a lane, `cols` / 4 lanes a row, and stored to row (16 %subgroup + its row of the chunk)'s place of
+   per-(row, slot) partials `dest` (`dest_t`, [B, M, G, T, HPG, width]) at [%b, m, %g, slot, head, column], m and
+   slot being words 0 and 2 of the row's %row_info (piece row `row0` + chunk row / HPG, head chunk row mod HPG;
+   m -1: a padding row, not stored). One 8-byte pair a lane and row per MMA fragment would make eight 32-byte
+   pieces of eight rows a store, whole 128-byte lines here. Needs %lane, %r, %c, %subgroup; names %`name`_*. #>
+<% macro staged_stores(name, acc, acc_t, count, cols, stage, stage_t, buffer, dest, dest_t, row0) %>
+<% set cols = cols | int %>
+<% set lanes_per_row = cols // 4 %>
+<% set rows_per_read = 32 // lanes_per_row %>
+          %${name}_all_lanes = arith.constant -1 : i32
+          %${name}_cols = arith.constant ${cols} : index
+          // the lane's fragment rows r and r + 8 (chunk xor r) and its read-back chunk and first row
+          %${name}_half = arith.divui %c, %c2 : index
+          %${name}_odd = arith.remui %c, %c2 : index
+          %${name}_odd2 = arith.muli %${name}_odd, %c2 : index
+          %${name}_x = arith.xori %${name}_half, %r : index
+<% for h in range(2) %>
+          %${name}_row_${h}_at = arith.constant ${ 8 * h } : index
+          %${name}_row_${h} = arith.addi %r, %${name}_row_${h}_at : index
+          %${name}_row_${h}_base0 = arith.muli %${name}_row_${h}, %${name}_cols : index
+          %${name}_row_${h}_base = arith.addi %${name}_row_${h}_base0, %${name}_odd2 : index
+<% endfor %>
+          %${name}_lanes_per_row = arith.constant ${lanes_per_row} : index
+          %${name}_chunk = arith.remui %lane, %${name}_lanes_per_row : index
+          %${name}_chunk_col = arith.muli %${name}_chunk, %c4 : index
+          %${name}_read_row0 = arith.divui %lane, %${name}_lanes_per_row : index
+          %${name}_w16 = arith.muli %subgroup, %c16 : index
+<% for j in range(16 // rows_per_read) %>
+          %${name}_read_${j}_at = arith.constant ${ j * rows_per_read } : index
+          %${name}_read_${j} = arith.addi %${name}_read_row0, %${name}_read_${j}_at : index
+          %${name}_read_${j}_low = arith.remui %${name}_read_${j}, %c8 : index
+          %${name}_read_${j}_phys = arith.xori %${name}_chunk, %${name}_read_${j}_low : index
+          %${name}_read_${j}_phys4 = arith.muli %${name}_read_${j}_phys, %c4 : index
+          %${name}_read_${j}_base = arith.muli %${name}_read_${j}, %${name}_cols : index
+          %${name}_read_${j}_index = arith.addi %${name}_read_${j}_base, %${name}_read_${j}_phys4 : index
+          %${name}_read_${j}_chunk_row = arith.addi %${name}_w16, %${name}_read_${j} : index
+          %${name}_read_${j}_in = arith.divui %${name}_read_${j}_chunk_row, %heads_per_group : index
+          %${name}_read_${j}_piece_row = arith.addi ${row0}, %${name}_read_${j}_in : index
+          %${name}_read_${j}_head = arith.remui %${name}_read_${j}_chunk_row, %heads_per_group : index
+<% endfor %>
+<% for p in range((2 * (count | int)) // cols) %>
+<% if p > 0 %>
+          // (the previous pass read back by every lane of the subgroup)
+          nvvm.bar.warp.sync %${name}_all_lanes : i32
+<% endif %>
+<% for i in range(cols // 8) %>
+<% set value = 4 * (p * (cols // 8) + i) %>
+          %${name}_${p}_${i}_swizzled = arith.constant ${ 2 * i } : index
+          %${name}_${p}_${i}_phys = arith.xori %${name}_${p}_${i}_swizzled, %${name}_x : index
+          %${name}_${p}_${i}_phys4 = arith.muli %${name}_${p}_${i}_phys, %c4 : index
+<% for h in range(2) %>
+          %${name}_${p}_${i}_${h}_lo = llvm.extractvalue ${acc}[${ value + 2 * h }] : ${acc_t}
+          %${name}_${p}_${i}_${h}_hi = llvm.extractvalue ${acc}[${ value + 2 * h + 1 }] : ${acc_t}
+          %${name}_${p}_${i}_${h}_pair = vector.from_elements %${name}_${p}_${i}_${h}_lo, %${name}_${p}_${i}_${h}_hi : vector<2xf32>
+          %${name}_${p}_${i}_${h}_at = arith.addi %${name}_row_${h}_base, %${name}_${p}_${i}_phys4 : index
+          vector.store %${name}_${p}_${i}_${h}_pair, ${stage}[${buffer}, %subgroup, %${name}_${p}_${i}_${h}_at] : ${stage_t}, vector<2xf32>
+<% endfor %>
+<% endfor %>
+          nvvm.bar.warp.sync %${name}_all_lanes : i32
+          %${name}_${p}_col0 = arith.constant ${ p * cols } : index
+          %${name}_${p}_col = arith.addi %${name}_${p}_col0, %${name}_chunk_col : index
+<% for j in range(16 // rows_per_read) %>
+          %${name}_${p}_${j}_info = vector.load %row_info[%${name}_read_${j}_piece_row, %c0] : !dkv_row_info, vector<4xi32>
+          %${name}_${p}_${j}_m_i32 = vector.extract %${name}_${p}_${j}_info[0] : i32 from vector<4xi32>
+          %${name}_${p}_${j}_real = arith.cmpi sge, %${name}_${p}_${j}_m_i32, %c0_i32 : i32
+          scf.if %${name}_${p}_${j}_real {
+            %${name}_${p}_${j}_slot_i32 = vector.extract %${name}_${p}_${j}_info[2] : i32 from vector<4xi32>
+            %${name}_${p}_${j}_m = arith.index_castui %${name}_${p}_${j}_m_i32 : i32 to index
+            %${name}_${p}_${j}_slot = arith.index_castui %${name}_${p}_${j}_slot_i32 : i32 to index
+            %${name}_${p}_${j}_values = vector.load ${stage}[${buffer}, %subgroup, %${name}_read_${j}_index] : ${stage_t}, vector<4xf32>
+            vector.store %${name}_${p}_${j}_values, ${dest}[%b, %${name}_${p}_${j}_m, %g, %${name}_${p}_${j}_slot, %${name}_read_${j}_head, %${name}_${p}_col] : ${dest_t}, vector<4xf32>
+          }
+<% endfor %>
+<% endfor %>
+<% endmacro %>
