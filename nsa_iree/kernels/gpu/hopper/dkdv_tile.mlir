@@ -69,8 +69,10 @@ ${ dispatch.layout(layout, constants | length, inputs, outputs) }
 !hdkv_s = ${ wg.acc_type(32) }
 !hdkv_dk = ${ wg.acc_type(HOPPER_DQ_VALUES) }
 !hdkv_dv = ${ wg.acc_type(HOPPER_O_VALUES) }
+<% if dq_partials %>
 // the q chunks' buffers as f32, each subgroup's quarter staging 16 rows of dq's partials, D / 2 columns at a time
 !hdkv_stage = memref<2x4x${ 8 * (D | int) }xf32, #gpu.address_space<workgroup>>
+<% endif %>
 
 <% set rows = 64 %>
 <# The k16 steps' byte offsets (wgmma.mlir's swizzled layout): K-major k, q [64, D] and v, do [64, Dv] (32 bytes a
