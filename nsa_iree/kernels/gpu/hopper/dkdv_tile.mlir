@@ -69,10 +69,6 @@ ${ dispatch.layout(layout, constants | length, inputs, outputs) }
 !hdkv_s = ${ wg.acc_type(32) }
 !hdkv_dk = ${ wg.acc_type(HOPPER_DQ_VALUES) }
 !hdkv_dv = ${ wg.acc_type(HOPPER_O_VALUES) }
-<% if dq_partials %>
-// the q chunks' buffers as f32, each subgroup's quarter staging 16 rows of dq's partials, D / 2 columns at a time
-!hdkv_stage = memref<2x4x${ 8 * (D | int) }xf32, #gpu.address_space<workgroup>>
-<% endif %>
 
 <% set rows = 64 %>
 <# The k16 steps' byte offsets (wgmma.mlir's swizzled layout): K-major k, q [64, D] and v, do [64, Dv] (32 bytes a
@@ -126,11 +122,6 @@ ${ nv.lane_ids() }
       %rows_region = arith.constant ${HOPPER_DKDV_ROWS_OFFSET} : index
       %rows_at = arith.addi %smem_pad, %rows_region : index
       %row_info = memref.view %smem[%rows_at][] : !hdkv_smem to !dkv_row_info
-<% if dq_partials %>
-      %q_region_at = arith.constant ${HOPPER_DKDV_Q_OFFSET} : index
-      %dq_stage_at = arith.addi %smem_pad, %q_region_at : index
-      %dq_stage = memref.view %smem[%dq_stage_at][] : !hdkv_smem to !hdkv_stage
-<% endif %>
       %count_word = arith.constant ${ ((HOPPER_DKDV_ROWS_OFFSET | int) + (ROWS_PER_PIECE | int) * 16) // 4 } : index
       <% include "gpu/piece_rows.mlir" %>
         gpu.barrier
@@ -409,11 +400,22 @@ ${ wg.settle(dv_chain) }
           // partials: value 4 i + 2 h + e is chunk row 16 w + r + 8 h, column 8 i + 2 c + e, stored in the row's
           // place of dq_slots [B, M, G, T, HPG, D] (its first slot naming the block; common/dq_sums.mlir).
 ${ wg.chains([dk_chain, dq_chain], E) }
-          // dq's partials at their rows' places through the chunk's q buffer, once every subgroup's dk chain has
-          // read it: chunk row R is the piece's row chunk_row0 + R / HPG, head R mod HPG; a padding row (m -1)
-          // stores nothing.
-          gpu.barrier
-${ pieces.staged_stores("dq", "%dq_part", "!hdkv_dk", dk_values, (D | int) // 2, "%dq_stage", "!hdkv_stage", "%buffer", "%dq_slots", "memref<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ D ~ "xf32>", "%chunk_row0") }
+          // Row R of the chunk (the lane's rows lane_key_h) is the piece's row chunk_row0 + R / HPG, head R mod HPG;
+          // a padding row (m -1) stores nothing.
+<% for h in range(2) %>
+          %dq_piece_row_${h}_in = arith.divui %lane_key_${h}, %heads_per_group : index
+          %dq_piece_row_${h} = arith.addi %chunk_row0, %dq_piece_row_${h}_in : index
+          %dq_head_${h} = arith.remui %lane_key_${h}, %heads_per_group : index
+          %dq_info_${h} = vector.load %row_info[%dq_piece_row_${h}, %c0] : !dkv_row_info, vector<4xi32>
+          %dq_m_${h}_i32 = vector.extract %dq_info_${h}[0] : i32 from vector<4xi32>
+          %dq_slot_${h}_i32 = vector.extract %dq_info_${h}[2] : i32 from vector<4xi32>
+          %dq_real_${h} = arith.cmpi sge, %dq_m_${h}_i32, %c0_i32 : i32
+          scf.if %dq_real_${h} {
+            %dq_m_${h} = arith.index_castui %dq_m_${h}_i32 : i32 to index
+            %dq_slot_${h} = arith.index_castui %dq_slot_${h}_i32 : i32 to index
+${ pieces.pair_stores("dq", "%dq_part", "!hdkv_dk", dk_values, h, "%dq_slots", "memref<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ D ~ "xf32>", "%dq_m_" ~ h, "%dq_slot_" ~ h, "%dq_head_" ~ h) }
+          }
+<% endfor %>
 <% else %>
 ${ wg.chain("dk_new", "%dk_tile", "%pt_desc", steps.rows, "%q_mn_desc", steps.mn, D, E, "row", "!hdkv_dk") }
 <% endif %>
