@@ -222,7 +222,7 @@ ${ wg.chain_registers("o_t", "%o_zero", "%packed_", "%v_desc", steps.v, DV, E, "
             %slot_${h} = arith.index_castui %slot_${h}_i32 : i32 to index
             %max_natural_${h} = arith.mulf %safe_max_${h}, %ln2 : f32
             %stats_${h} = vector.from_elements %max_natural_${h}, %row_sum_${h} : vector<2xf32>
-            vector.store %stats_${h}, %stats_slots[%b, %m_${h}, %g, %slot_${h}, %head_${h}, %c0] : memref<?x?x${G}x${T}x${HPG}x2xf32>, vector<2xf32>
+            vector.store %stats_${h}, %stats_slots[%b, %m_${h}, %g, %slot_${h}, %head_${h}, %c0] alignment = 8 : memref<?x?x${G}x${T}x${HPG}x2xf32>, vector<2xf32>
           }
 <% endfor %>
           // o_t at the same place of o_slots, through the chunk's q buffer: every subgroup's s = q k^T has read it.

@@ -124,7 +124,7 @@
           %${name}_${p}_${i}_${h}_hi = llvm.extractvalue ${acc}[${ value + 2 * h + 1 }] : ${acc_t}
           %${name}_${p}_${i}_${h}_pair = vector.from_elements %${name}_${p}_${i}_${h}_lo, %${name}_${p}_${i}_${h}_hi : vector<2xf32>
           %${name}_${p}_${i}_${h}_at = arith.addi %${name}_row_${h}_base, %${name}_${p}_${i}_phys4 : index
-          vector.store %${name}_${p}_${i}_${h}_pair, ${stage}[${buffer}, %subgroup, %${name}_${p}_${i}_${h}_at] : ${stage_t}, vector<2xf32>
+          vector.store %${name}_${p}_${i}_${h}_pair, ${stage}[${buffer}, %subgroup, %${name}_${p}_${i}_${h}_at] alignment = 8 : ${stage_t}, vector<2xf32>
 <% endfor %>
 <% endfor %>
           nvvm.bar.warp.sync %${name}_all_lanes : i32
@@ -138,8 +138,8 @@
             %${name}_${p}_${j}_slot_i32 = vector.extract %${name}_${p}_${j}_info[2] : i32 from vector<4xi32>
             %${name}_${p}_${j}_m = arith.index_castui %${name}_${p}_${j}_m_i32 : i32 to index
             %${name}_${p}_${j}_slot = arith.index_castui %${name}_${p}_${j}_slot_i32 : i32 to index
-            %${name}_${p}_${j}_values = vector.load ${stage}[${buffer}, %subgroup, %${name}_read_${j}_index] : ${stage_t}, vector<4xf32>
-            vector.store %${name}_${p}_${j}_values, ${dest}[%b, %${name}_${p}_${j}_m, %g, %${name}_${p}_${j}_slot, %${name}_read_${j}_head, %${name}_${p}_col] : ${dest_t}, vector<4xf32>
+            %${name}_${p}_${j}_values = vector.load ${stage}[${buffer}, %subgroup, %${name}_read_${j}_index] alignment = 16 : ${stage_t}, vector<4xf32>
+            vector.store %${name}_${p}_${j}_values, ${dest}[%b, %${name}_${p}_${j}_m, %g, %${name}_${p}_${j}_slot, %${name}_read_${j}_head, %${name}_${p}_col] alignment = 16 : ${dest_t}, vector<4xf32>
           }
 <% endfor %>
 <% endfor %>
