@@ -14,12 +14,15 @@
 //   l = sum p over the row's 4 lanes; o_t = p v (wgmma, A = p from registers, B = v MN-major)
 // and writes the row's partials at the first of its slots naming the block (common/forward_sums.mlir's contract):
 // o_slots[b, m, g, t, h mod HPG, :] = o_t, stats_slots[b, m, g, t, h mod HPG] = (m2 ln 2, l). A padding row (m -1)
-// writes nothing. @forward_partial_sums then combines a row's counted slots in slot order. No atomics; each row's
-// partial made in one fixed order (bitwise reproducible).
+// writes nothing. o_t goes through the chunk's q buffer, free once every subgroup's s is made, as whole 16-byte pieces
+// of its rows (pieces.staged_stores: the partials are most of the kernel's traffic). @forward_partial_sums then
+// combines a row's counted slots in slot order. No atomics; each row's partial made in one fixed order (bitwise
+// reproducible).
 //
 // Workgroup memory (bytes, from the allocation's first 1024-byte boundary): K [64, D] at 0, V [64, Dv] at
-// HOPPER_FWP_V_OFFSET, q chunks [2][64, D] at HOPPER_FWP_Q_OFFSET, in wgmma.mlir's swizzled layout; the piece's
-// rows [ROWS_PER_PIECE][4] i32 at HOPPER_FWP_ROWS_OFFSET and their count after them.
+// HOPPER_FWP_V_OFFSET, q chunks [2][64, D] at HOPPER_FWP_Q_OFFSET, in wgmma.mlir's swizzled layout (the computed
+// chunk's buffer staging o_t, f32, a subgroup's quarter each); the piece's rows [ROWS_PER_PIECE][4] i32 at
+// HOPPER_FWP_ROWS_OFFSET and their count after them.
 <% import "common/host.mlir" as host %>
 <% import "common/dispatch.mlir" as dispatch %>
 <% import "common/rules.mlir" as rules %>

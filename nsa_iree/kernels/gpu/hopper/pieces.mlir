@@ -51,9 +51,10 @@
 <% endmacro %>
 
 <# The lane's accumulator values of row half `h` (values 4 i + 2 h and + 1: row 16 w + r + 8 h, columns 8 i + 2 c and
-   + 1) stored as f32 pairs into a row's place of per-(row, slot) partials: `dest` (`dest_t`, [B, M, G, T, HPG,
+   + 1) stored straight from the fragments as f32 pairs into a row's place of per-(row, slot) partials: `dest` (`dest_t`, [B, M, G, T, HPG,
    width]) at [%b, `m`, %g, `slot`, `head`, column], for the `count` values of accumulator `acc` (`acc_t`); names
-   %`name`_<h>_<i>_*. dkdv_tile.mlir's dq partials and forward_pieces.mlir's o partials. #>
+   %`name`_<h>_<i>_*. dkdv_tile.mlir's dq partials (through workgroup memory, staged_stores below, they were slower
+   there: its registers spill more; docs/performance.md). #>
 <% macro pair_stores(name, acc, acc_t, count, h, dest, dest_t, m, slot, head) %>
 <% for i in range((count | int) // 4) %>
             %${name}_${h}_${i}_lo = llvm.extractvalue ${acc}[${ 4 * i + 2 * h }] : ${acc_t}
@@ -66,14 +67,17 @@
 <% endmacro %>
 
 <# The subgroup's 16 rows of accumulator `acc` (`acc_t`, `count` values a lane: columns 0 .. 2 count - 1) stored
-   through workgroup memory as whole 16-byte pieces of rows: a pass of `cols` columns at a time is written into the
-   subgroup's part of `stage` (`stage_t`, [buffers, 4, 16 cols] f32 at [`buffer`, %subgroup, row cols + column],
-   16-byte chunk k of a row at chunk k xor (row mod 8): no bank conflicts either way), then read back a 16-byte
-   chunk a lane, `cols` / 4 lanes a row, and stored to row (16 %subgroup + its row of the chunk)'s place of
-   per-(row, slot) partials `dest` (`dest_t`, [B, M, G, T, HPG, width]) at [%b, m, %g, slot, head, column], m and
-   slot being words 0 and 2 of the row's %row_info (piece row `row0` + chunk row / HPG, head chunk row mod HPG;
-   m -1: a padding row, not stored). One 8-byte pair a lane and row per MMA fragment would make eight 32-byte
-   pieces of eight rows a store, whole 128-byte lines here. Needs %lane, %r, %c, %subgroup; names %`name`_*. #>
+   through workgroup memory as whole 16-byte pieces of rows, `cols` columns a pass:
+   - the lane's 8-byte pairs written into the subgroup's part of `stage` (`stage_t`, [buffers, 4, 16 cols] f32, at
+     [`buffer`, %subgroup, row cols + column]), 16-byte chunk k of a row at chunk k xor (row mod 8), so that neither
+     the writes nor the reads meet a bank twice beyond their width;
+   - once the subgroup's lanes have written (a warp barrier), read back a 16-byte chunk a lane, `cols` / 4 lanes a
+     row, and stored to the row's place of per-(row, slot) partials `dest` (`dest_t`, [B, M, G, T, HPG, width]) at
+     [%b, m, %g, slot, head, column]: chunk row R = 16 %subgroup + the lane's row is the piece's row `row0` + R / HPG,
+     head R mod HPG, whose m and slot are words 0 and 2 of its %row_info (m -1: a padding row, not stored).
+   Stored from the fragments, a lane's pairs would make eight 32-byte pieces of eight rows a store instruction; here
+   two to four rows' whole 128-byte lines. The caller makes `stage` free first (every subgroup done reading it). Needs
+   %lane, %r, %c, %subgroup, %b, %g, %heads_per_group; names %`name`_*. #>
 <% macro staged_stores(name, acc, acc_t, count, cols, stage, stage_t, buffer, dest, dest_t, row0) %>
 <% set cols = cols | int %>
 <% set lanes_per_row = cols // 4 %>
