@@ -62,7 +62,7 @@
             %${name}_${h}_${i}_pair = vector.from_elements %${name}_${h}_${i}_lo, %${name}_${h}_${i}_hi : vector<2xf32>
             %${name}_${h}_${i}_col0 = arith.constant ${ 8 * i } : index
             %${name}_${h}_${i}_col = arith.addi %${name}_${h}_${i}_col0, %c2x : index
-            vector.store %${name}_${h}_${i}_pair, ${dest}[%b, ${m}, %g, ${slot}, ${head}, %${name}_${h}_${i}_col] : ${dest_t}, vector<2xf32>
+            vector.store %${name}_${h}_${i}_pair, ${dest}[%b, ${m}, %g, ${slot}, ${head}, %${name}_${h}_${i}_col] alignment = 8 : ${dest_t}, vector<2xf32>
 <% endfor %>
 <% endmacro %>
 
