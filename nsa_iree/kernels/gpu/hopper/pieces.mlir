@@ -53,8 +53,9 @@
 <# The lane's accumulator values of row half `h` (values 4 i + 2 h and + 1: row 16 w + r + 8 h, columns 8 i + 2 c and
    + 1) stored straight from the fragments as f32 pairs into a row's place of per-(row, slot) partials: `dest` (`dest_t`, [B, M, G, T, HPG,
    width]) at [%b, `m`, %g, `slot`, `head`, column], for the `count` values of accumulator `acc` (`acc_t`); names
-   %`name`_<h>_<i>_*. dkdv_tile.mlir's dq partials (through workgroup memory, staged_stores below, they were slower
-   there: its registers spill more; docs/performance.md). #>
+   %`name`_<h>_<i>_*. Each pair one 8-byte store (its alignment named: IREE's lowering would give the store the
+   element's, and the PTX two 4-byte stores). dkdv_tile.mlir's dq partials (through workgroup memory, staged_stores
+   below, they were slower there: its registers spill more; docs/performance.md). #>
 <% macro pair_stores(name, acc, acc_t, count, h, dest, dest_t, m, slot, head) %>
 <% for i in range((count | int) // 4) %>
             %${name}_${h}_${i}_lo = llvm.extractvalue ${acc}[${ 4 * i + 2 * h }] : ${acc_t}
