@@ -51,11 +51,11 @@
 <% endmacro %>
 
 <# The lane's accumulator values of row half `h` (values 4 i + 2 h and + 1: row 16 w + r + 8 h, columns 8 i + 2 c and
-   + 1) stored straight from the fragments as f32 pairs into a row's place of per-(row, slot) partials: `dest` (`dest_t`, [B, M, G, T, HPG,
-   width]) at [%b, `m`, %g, `slot`, `head`, column], for the `count` values of accumulator `acc` (`acc_t`); names
-   %`name`_<h>_<i>_*. Each pair one 8-byte store (its alignment named: IREE's lowering would give the store the
-   element's, and the PTX two 4-byte stores). dkdv_tile.mlir's dq partials (through workgroup memory, staged_stores
-   below, they were slower there: its registers spill more; docs/performance.md). #>
+   + 1) stored straight from the fragments as f32 pairs into a row's place of per-(row, slot) partials `dest`
+   (`dest_t`, [B, M, G, T, HPG, width]) at [%b, `m`, %g, `slot`, `head`, column], for the `count` values of
+   accumulator `acc` (`acc_t`); names %`name`_<h>_<i>_*. Each pair one 8-byte store (its alignment named: IREE's
+   lowering would give the store the element's, and the PTX two 4-byte stores). Used for dkdv_tile.mlir's dq
+   partials (staged_stores spilled more there and was slower: docs/performance.md). #>
 <% macro pair_stores(name, acc, acc_t, count, h, dest, dest_t, m, slot, head) %>
 <% for i in range((count | int) // 4) %>
             %${name}_${h}_${i}_lo = llvm.extractvalue ${acc}[${ 4 * i + 2 * h }] : ${acc_t}
@@ -68,19 +68,25 @@
 <% endmacro %>
 
 <# The subgroup's 16 rows of accumulator `acc` (`acc_t`, `count` values a lane: columns 0 .. 2 count - 1) stored
-   through workgroup memory as whole 16-byte pieces of rows, `cols` columns a pass:
-   - the lane's 8-byte pairs written into the subgroup's part of `stage` (`stage_t`, [buffers, 4, 16 cols] f32, at
-     [`buffer`, %subgroup, row cols + column]), 16-byte chunk k of a row at chunk k xor (row mod 8), so that neither
-     the writes nor the reads meet a bank twice beyond their width;
-   - once the subgroup's lanes have written (a warp barrier), read back a 16-byte chunk a lane, `cols` / 4 lanes a
-     row, and stored to the row's place of per-(row, slot) partials `dest` (`dest_t`, [B, M, G, T, HPG, width]) at
-     [%b, m, %g, slot, head, column]: chunk row R = 16 %subgroup + the lane's row is the piece's row `row0` + R / HPG,
-     head R mod HPG, whose m and slot are words 0 and 2 of its %row_info (m -1: a padding row, not stored).
-   Stored from the fragments, a lane's pairs would make eight 32-byte pieces of eight rows a store instruction; here
-   two to four rows' whole 128-byte lines. The caller makes `stage` free first (every subgroup done reading it). Needs
-   %lane, %r, %c, %subgroup, %b, %g, %heads_per_group; names %`name`_*. #>
+   through workgroup memory in whole 16-byte segments of rows, `cols` columns a round (2 count / cols rounds):
+   - the lane's 8-byte pairs written into the subgroup's quarter of `stage` (`stage_t`, [buffers, 4, 16 cols] f32, at
+     [`buffer`, %subgroup, row cols + column]), 16-byte segment k of a row at segment k xor (row mod 8), so that
+     neither the writes nor the reads meet a bank more often than their width needs;
+   - once the subgroup's lanes have written (a warp barrier), read back a segment a lane, cols / 4 lanes a row, and
+     stored to the row's place of per-(row, slot) partials `dest` (`dest_t`, [B, M, G, T, HPG, width]) at [%b, m, %g,
+     slot, head, column]: row R of the 64-row chunk (16 %subgroup + the lane's row) is row `row0` + R / HPG of the
+     piece, head R mod HPG, whose m and slot are words 0 and 2 of its %row_info (`!dkv_row_info`; m -1: a padding
+     row, not stored).
+   Stored from the fragments, a lane's pairs would give each store instruction 8 bytes a lane, 32 bytes of each of
+   eight rows; here 512 bytes of whole rows (two rows at cols 64, four at 32). `cols`: a multiple of 32 (the
+   swizzle stays within a row) up to 128 that divides 2 count. The caller frees `stage` first (every subgroup done
+   reading it) and sizes a quarter at 16 cols floats or more. Needs %lane, %r, %c, %subgroup, %b, %g,
+   %heads_per_group, %row_info, %c0, %c2, %c4, %c8, %c16, %c0_i32; names %`name`_*. #>
 <% macro staged_stores(name, acc, acc_t, count, cols, stage, stage_t, buffer, dest, dest_t, row0) %>
 <% set cols = cols | int %>
+<% if cols % 32 or cols > 128 or (2 * (count | int)) % cols %>
+${ fail("gpu/hopper/pieces.mlir staged_stores: cols must be a multiple of 32 up to 128 dividing the row's " ~ 2 * (count | int) ~ " columns, not " ~ cols) }
+<% endif %>
 <% set lanes_per_row = cols // 4 %>
 <% set rows_per_read = 32 // lanes_per_row %>
           %${name}_all_lanes = arith.constant -1 : i32
@@ -116,7 +122,7 @@
 <% endfor %>
 <% for p in range((2 * (count | int)) // cols) %>
 <% if p > 0 %>
-          // (the previous pass read back by every lane of the subgroup)
+          // (the previous round read back by every lane of the subgroup)
           nvvm.bar.warp.sync %${name}_all_lanes : i32
 <% endif %>
 <% for i in range(cols // 8) %>
