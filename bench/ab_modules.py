@@ -1,17 +1,20 @@
 """Compiled modules side by side on the GPU, loaded from their files (so modules of other checkouts, compiled there,
-time beside this one's), alternating in one process, 64k tokens, realistic and uniform selections, CUDA-event
-medians of 10 calls after 2, twice:
+time beside this one's), in one process at 64k tokens, realistic and uniform selections: each module's call timed in
+turn (CUDA-event median of 10 calls after 2), twice per selection. CONFIG names a layout of nsa_iree.benchmark.CONFIGS
+(its spec on the hopper target gives the block lists' buffers of a module over the pieces).
 
-    python3 -m bench.ab_modules forward CONFIG A.vmfb B.vmfb ...       # selection_attention_fwd; bitwise equal?
+    python3 -m bench.ab_modules forward CONFIG A.vmfb B.vmfb ...
+        selection_attention_fwd of each; bitwise_equal_first: o and lse equal to the first module's, bit for bit
     python3 -m bench.ab_modules backward CONFIG FORWARD.vmfb A.vmfb B.vmfb ...
-                                        # selection_attention_backward after FORWARD's o and lse; bitwise equal?
+        selection_attention_backward of each (two-pass modules), after FORWARD's o and lse; dq, dk, dv against the
+        first's
     python3 -m bench.ab_modules lists CONFIG FORWARD.vmfb PIECES.vmfb TWO_PASS.vmfb
-                                        # a forward against one over the block lists' pieces (compiled with that
-                                        # layout's forward over the pieces), and TWO_PASS's backward inverting the
-                                        # lists against it taking the pieces forward's (bitwise equal?)
+        a forward against a forward over the block lists' pieces (compiled with that layout's forward over the pieces)
+        and TWO_PASS's backward two ways: inverting the lists itself, and taking those PIECES wrote
+        (backward_lists_bitwise: the two equal)
 
-A column is named by the file's folder and the first six digits of its hash. Modules over the pieces get the block
-lists' buffers (api._list_buffers, the spec of CONFIG on the hopper target).
+A column is named by the file's folder, its position on the command line and the first six characters of the cache
+key that ends its name.
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ from .kernel_checks import _problem
 SEQ = 65536
 
 
-def _name(path: str) -> str:
+MODES = ("forward", "backward", "lists")
+
+
+def _name(position: int, path: str) -> str:
     p = Path(path)
-    return f"{p.parent.name}/{p.stem.rsplit('_', 1)[-1][:6]}"
+    return f"{p.parent.name}/{position}/{p.stem.rsplit('_', 1)[-1][:6]}"
 
 
 def _takes_lists(module) -> bool:
@@ -63,10 +69,14 @@ def _rows(label: str, config: str, selection: str, runs: dict, extra: dict) -> N
 
 
 def main(mode: str, config: str, paths: list[str]) -> None:
+    if mode not in MODES:
+        raise SystemExit(f"bench.ab_modules: mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "lists" and len(paths) != 3:
+        raise SystemExit("bench.ab_modules lists: FORWARD.vmfb PIECES.vmfb TWO_PASS.vmfb")
     cfg = CONFIGS[config]
     spec = KernelSpec(target="hopper", **cfg)
     device = device_for(torch.device("cuda"))
-    modules = {_name(p): device.module(p) for p in paths}
+    modules = {_name(i, p): device.module(p) for i, p in enumerate(paths)}
     for selection in ("realistic", "uniform"):
         q, k, v, do, idx = _problem(cfg, 1, SEQ, SEQ, selection, False, 0)
         lists = api._list_buffers(spec, idx, SEQ)
@@ -80,14 +90,15 @@ def main(mode: str, config: str, paths: list[str]) -> None:
                     for name, m in list(modules.items())[1:]}
         else:
             forward, pieces, two_pass = modules.values()
-            o, lse = _forward(forward, q, k, v, idx)
+            o, lse = _forward(forward, q, k, v, idx, lists if _takes_lists(forward) else None)
             o_p, lse_p = _forward(pieces, q, k, v, idx, lists)
             diff = {"o_max_abs_diff": (o.float() - o_p.float()).abs().max().item(),
                     "lse_max_abs_diff": (lse - lse_p).abs().max().item()}
             same = all(torch.equal(a, b) for a, b in zip(_backward(two_pass, q, k, v, idx, lse_p, o_p, do),
                                                           _backward(two_pass, q, k, v, idx, lse_p, o_p, do, lists)))
             names = list(modules)
-            runs = {f"forward {names[0]}": functools.partial(_forward, forward, q, k, v, idx),
+            runs = {f"forward {names[0]}": functools.partial(_forward, forward, q, k, v, idx,
+                                                             lists if _takes_lists(forward) else None),
                     f"forward {names[1]}": functools.partial(_forward, pieces, q, k, v, idx, lists),
                     "backward inverting": functools.partial(_backward, two_pass, q, k, v, idx, lse_p, o_p, do),
                     "backward with the lists": functools.partial(_backward, two_pass, q, k, v, idx, lse_p, o_p, do,
