@@ -437,6 +437,8 @@ def time_two_pass(seq: int = 65536, repeats: int = 10) -> None:
 PIECE_CASES = [case for case in TWO_PASS_CASES if case[1]["heads"] // case[1]["kv_heads"] < 16] + [
     ("hpg4_f16_m_gt_n_bad", _cfg(16, 4, 128, 128, 64, 16, "f16"), 2, 1300, 700, "realistic", True),
     ("hpg2_d64_f16_duplicates", _cfg(8, 4, 64, 64, 64, 16, "f16"), 1, 1000, 1000, "realistic duplicates", False),
+    # D 64 and Dv 128: o's partials staged in four rounds of 32 columns (pieces.staged_stores)
+    ("hpg4_d64_dv128_m_lt_n", _cfg(16, 4, 64, 128, 64, 16, "bf16"), 1, 700, 900, "uniform", True),
 ]
 
 
@@ -521,7 +523,8 @@ def time_pieces(seq: int = 65536, repeats: int = 10) -> None:
 
 def sanitize(m: int = 300) -> None:
     """For compute-sanitizer: one small forward and backward per window layout, one wide forward, and the selection's
-    dk/dv at 4 heads per group with its forward over the pieces, and dq and dk/dv at 64 (B 2, bad slots)."""
+    dk/dv at 4 heads per group with its forward over the pieces (Dv 64 and 128), and dq and dk/dv at 64 (B 2, bad
+    slots)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     for case in ("bf16", "d64"):
         q, k, v, idx = _inputs(case, 2, m, m + 100, gen)
@@ -537,8 +540,10 @@ def sanitize(m: int = 300) -> None:
     o, lse = _forward(_wide_module("hopper", cfg), q, k, v, idx)
     torch.cuda.synchronize()
     print(json.dumps({"case": name, "m": m, "finite": bool(torch.isfinite(o).all())}), flush=True)
-    # the selection's dk/dv at 4 heads per group (16 positions a chunk), and dq and dk/dv at 64: B 2, bad slots
+    # the selection's dk/dv at 4 heads per group (16 positions a chunk; Dv 64 and 128: the forward over the pieces
+    # staging o's partials in one round and in two), and dq and dk/dv at 64: B 2, bad slots
     for name, cfg, _, _, _, selection, bad in (c for c in TWO_PASS_CASES if c[0] in ("hpg4_dv64_bad",
+                                                                                    "hpg4_b2_duplicates",
                                                                                     "hpg64_b2_m_lt_n_bad")):
         q, k, v, do, idx = _problem(cfg, 2, m, m + 100, selection, bad, 0)
         lse = torch.randn(2, cfg["heads"], m, device="cuda").abs() + 4.0
