@@ -142,7 +142,9 @@ class Device:
         # Results of calls that callers keep for later calls on this device, per torch tensor they belong to
         # (nsa_iree.api: a block-index tensor's inverted lists): keep() and kept(), released with the device.
         self._kept: dict = {}
-        self._kept_lock = threading.Lock()
+        # Reentrant: a finalizer of a kept owner (_drop_kept) may run on a thread that holds it, when a garbage
+        # collection starts inside keep() (its objects made under the lock) and frees an owner held by a cycle.
+        self._kept_lock = threading.RLock()
 
     def bind_thread(self) -> None:
         """On CUDA, the device's context current on the calling thread (the module docstring, 'Threads')."""

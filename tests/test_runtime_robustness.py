@@ -691,3 +691,33 @@ def test_cli_runs_as_a_program_without_traceback(tmp_path):
                             capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == ["nsa-iree: error: --block-size must be a positive integer, got 0"]
+
+
+def test_a_kept_owner_freed_while_its_store_is_locked_does_not_hang():
+    """A garbage collection inside Device.keep (which makes objects under the store's lock) may free another kept
+    owner held by a reference cycle: that owner's finalizer then runs on the thread holding the lock, and must not
+    wait for it."""
+    import gc
+    import threading
+
+    from nsa_iree.runtime import device_for
+
+    device = device_for(torch.device("cpu"))
+    done = []
+
+    def free_under_lock():
+        class Holder:
+            pass
+
+        holder = Holder()
+        holder.cycle, holder.owner = holder, torch.zeros(4, dtype=torch.int32)
+        device.keep(holder.owner, ("test: freed under the lock",), "value")
+        del holder
+        with device._kept_lock:      # as keep() is when its finalize() or tuple starts a collection
+            gc.collect()             # frees the cycle: the owner's finalizer runs here
+            done.append(("test: freed under the lock",) not in device._kept)
+
+    thread = threading.Thread(target=free_under_lock, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert done == [True], "the kept owner's finalizer waited for the lock its own thread held"
