@@ -80,7 +80,23 @@ def _callers_level() -> int:
     return level
 
 
-@functools.lru_cache(maxsize=None)
+def _once_per_recipes(question):
+    """`question`'s answer kept per arguments and recipe directory (recipes.pipelines_dir(), which a tuning sweep
+    switches within a process: bench/sweep.py): load_recipe parses its TOML at each call, about 0.5 ms, more than a
+    call's own host cost. cache_clear() forgets every answer."""
+    from .recipes import pipelines_dir
+
+    answers = functools.lru_cache(maxsize=None)(lambda directory, *args: question(*args))
+
+    @functools.wraps(question)
+    def once(*args):
+        return answers(pipelines_dir(), *args)
+
+    once.cache_clear = answers.cache_clear
+    return once
+
+
+@_once_per_recipes
 def _artifact_path(spec: KernelSpec, variant: str):
     """The verified vmfb of (spec, variant), once per process; the first lookup warns when a stage falls back to
     the linalg kernels (compiler.fallback_warning)."""
@@ -195,7 +211,7 @@ def _forward_in_row_slices(rows, o, lse, q, k, v, idx, block_size, scale):
     return o, lse
 
 
-@functools.lru_cache(maxsize=None)
+@_once_per_recipes
 def loaded_spec(spec: KernelSpec, variant: str) -> tuple[KernelSpec, int]:
     """kernels.loaded_spec on spec's target's recipe: the spec whose module of `variant` the operators load, and the
     group split it runs (each kv head's query heads as that many groups)."""
@@ -205,39 +221,39 @@ def loaded_spec(spec: KernelSpec, variant: str) -> tuple[KernelSpec, int]:
     return loaded(spec, variant, load_recipe(spec.target))
 
 
-@functools.lru_cache(maxsize=None)
+@_once_per_recipes
 def dense_backward(spec: KernelSpec) -> bool:
-    """kernels.dense_backward on spec's target's recipe (once per spec): the backward is one call,
-    selection_attention_backward(q, k, v, block_indices, lse, o, do, scale) -> dq, dk, dv."""
+    """kernels.dense_backward on spec's target's recipe (once per spec and recipe directory): the backward is one
+    call, selection_attention_backward(q, k, v, block_indices, lse, o, do, scale) -> dq, dk, dv."""
     from .kernels import dense_backward as dense
     from .recipes import load_recipe
 
     return dense(spec, load_recipe(spec.target))
 
 
-@functools.lru_cache(maxsize=None)
+@_once_per_recipes
 def forward_over_pieces(spec: KernelSpec) -> bool:
-    """kernels.forward_over_pieces on spec's target's recipe (once per spec): the forward makes f32 partials per
-    (row, slot) over the block lists' pieces."""
+    """kernels.forward_over_pieces on spec's target's recipe (once per spec and recipe directory): the forward makes
+    f32 partials per (row, slot) over the block lists' pieces."""
     from .kernels import forward_over_pieces as pieces
     from .recipes import load_recipe
 
     return pieces(spec, load_recipe(spec.target))
 
 
-@functools.lru_cache(maxsize=None)
+@_once_per_recipes
 def dq_with_dkdv(spec: KernelSpec) -> bool:
-    """kernels.dq_with_dkdv on spec's target's recipe (once per spec): the two-pass's dk/dv makes dq too, from f32
-    partials per (row, slot), in the one call of dense_backward."""
+    """kernels.dq_with_dkdv on spec's target's recipe (once per spec and recipe directory): the two-pass's dk/dv makes
+    dq too, from f32 partials per (row, slot), in the one call of dense_backward."""
     from .kernels import dq_with_dkdv as fused
     from .recipes import load_recipe
 
     return fused(spec, load_recipe(spec.target))
 
 
-@functools.lru_cache(maxsize=None)
+@_once_per_recipes
 def _rows_per_piece(spec: KernelSpec) -> int:
-    """spec's recipe's rows_per_piece (once per spec)."""
+    """spec's recipe's rows_per_piece."""
     from .recipes import load_recipe
 
     return load_recipe(spec.target).rows_per_piece

@@ -324,3 +324,27 @@ def test_import_nsa_iree_exposes_what_the_readme_uses():
               "nsa_iree.testing.relative_rms_error, nsa_iree.testing.TOLERANCE\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_recipe_answers_follow_the_recipe_directory(tmp_path, monkeypatch):
+    """The per-spec answers read from a recipe (rows per piece, the loaded spec, the kernel forms) are kept per
+    recipe directory: a tuning sweep that points NSA_IREE_PIPELINES_DIR elsewhere within a process gets the other
+    recipe's (bench/sweep.py)."""
+    import shutil
+
+    from nsa_iree import api
+    from nsa_iree.recipes import PIPELINES_DIR
+    from nsa_iree.spec import KernelSpec
+
+    spec = KernelSpec(heads=4, kv_heads=2, head_dim=16, value_dim=16, block_size=16, num_blocks=2, dtype="f32")
+    packaged = api._rows_per_piece(spec)
+    other = tmp_path / "recipes"
+    shutil.copytree(PIPELINES_DIR, other)
+    text = (other / "cpu.toml").read_text()
+    assert f"rows_per_piece = {packaged}\n" in text
+    doubled = text.replace(f"rows_per_piece = {packaged}\n", f"rows_per_piece = {2 * packaged}\n")
+    (other / "cpu.toml").write_text(doubled)
+    monkeypatch.setenv("NSA_IREE_PIPELINES_DIR", str(other))
+    assert api._rows_per_piece(spec) == 2 * packaged
+    monkeypatch.delenv("NSA_IREE_PIPELINES_DIR")
+    assert api._rows_per_piece(spec) == packaged
