@@ -14,16 +14,18 @@ func.func @selection_attention_fwd(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x
     %entries_out: tensor<?x${ROWS_PER_PIECE}x2xi32> {iree.abi.output = 2 : index},
     %piece_start_out: tensor<?xi32> {iree.abi.output = 3 : index},
     %piece_count_out: tensor<?xi32> {iree.abi.output = 4 : index},
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>, ${ lists_types() }) {
-<% else %>
-    %transients: !hal.buffer {iree.abi.transients})
-    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>) {
 <% endif %>
+    %transients: !hal.buffer {iree.abi.transients})
+    -> (tensor<?x?x${H}x${DV}x${E}>, tensor<?x${H}x?xf32>${ ", " ~ lists_types() if lists else "" }) {
 <% endmacro %>
 
 <# The types of the block lists (common/inversion.mlir): entries, piece_start, piece_count. #>
 <% macro lists_types() %>tensor<?x${ROWS_PER_PIECE}x2xi32>, tensor<?xi32>, tensor<?xi32><% endmacro %>
+
+<# The block lists as a function's parameters (after do, where dk/dv and the one-call backwards take them). #>
+<% macro lists_params() %>
+    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+<%- endmacro %>
 
 <% macro dq_signature() %>
 func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
@@ -37,7 +39,7 @@ func.func @selection_attention_dq(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?
 func.func @selection_attention_dkdv(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}>,
     %v: tensor<?x?x${G}x${DV}x${E}>, %block_indices: tensor<?x?x${G}x${T}xi32>, %lse: tensor<?x${H}x?xf32>,
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
-    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+${ lists_params() }
     %scale: f32, %dk_out: tensor<?x?x${G}x${D}x${DKV_E}> {iree.abi.output = 0 : index},
     %dv_out: tensor<?x?x${G}x${DV}x${DKV_E}> {iree.abi.output = 1 : index},
     %transients: !hal.buffer {iree.abi.transients})
@@ -57,7 +59,7 @@ func.func @${name}(%q: tensor<?x?x${H}x${D}x${E}>, %k: tensor<?x?x${G}x${D}x${E}
     %delta: tensor<?x?x${H}xf32>, %do: tensor<?x?x${H}x${DV}x${E}>,
 <% endif %>
 <% if lists %>
-    %entries: tensor<?x${ROWS_PER_PIECE}x2xi32>, %piece_start: tensor<?xi32>, %piece_count: tensor<?xi32>,
+${ lists_params() }
 <% endif %>
     %scale: f32,
     %dq_out: tensor<?x?x${H}x${D}x${E}> {iree.abi.output = 0 : index},
