@@ -23,8 +23,8 @@
 //                                      reduction as chunk_rows);
 //   rank of a slot                   : through - chunk_rows + rows r' <= r of its chunk that selected the
 //                                      block (the popcount of chunk_bits' bits 0 .. r; no scan).
-// Every scan used here is inclusive and only its first result is read: in IREE 3.13 the accumulator result
-// leaves out the last element (and stays unwritten for a scanned dimension of length 1).
+// Only each scan's first result is read (the inclusive ones' and piece_start's, an exclusive scan): in IREE 3.13
+// the accumulator result leaves out the last element (and stays unwritten for a scanned dimension of length 1).
 // (A stage of the two-pass, and a part of gpu/hopper/forward_pieces.mlir, which inverts the lists itself.)
 <# part: takes CHUNK_COUNT_CONFIG, CHUNK_SUM_CONFIG #>
 <% import "common/blocks.mlir" as blocks %>
@@ -140,7 +140,7 @@ ${ blocks.selected("chosen") }
   // sums (line_chunks / 32 steps per line), then each chunk adds the earlier chunks of its own group (at
   // most 31 loads). One scan over all the chunks walks them one after the other per line: 1025 steps at
   // 64k tokens. (CHUNK_SUM_CONFIG: the recipe's tiling of the two passes, a line's chunks across a workgroup's
-  // lanes; IREE 3.13's own flattens each pass and gives a workgroup of 32 lanes 4 elements on the GPUs.)
+  // lanes; IREE 3.13's own flattens each pass and gave a workgroup of 32 lanes 4 elements on cuda.)
   %group = arith.constant 32 : index
   %groups = arith.ceildivui %line_chunks, %group : index
   %group_sum_init = tensor.empty(%batch, %num_blocks, %groups) : tensor<?x${G}x?x?xi32>

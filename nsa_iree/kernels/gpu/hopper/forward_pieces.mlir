@@ -36,6 +36,8 @@
 <% set outputs = ['o_slots', 'stats_slots'] %>
 <% set constants = ['batch', 'm_rows', 'n', 'scale', 'pieces'] %>
 <% set piece_rows_per_chunk = 64 // (HPG | int) %>
+<# o_t's columns a round: a subgroup's quarter of a q buffer holds 16 rows of them in f32 #>
+<% set stage_cols = (D | int) // 2 %>
 // Push constants: B, M, N (i32), the bits of scale (f32), and the number of pieces.
 ${ dispatch.layout(layout, constants | length, inputs, outputs) }
 
@@ -51,7 +53,7 @@ ${ dispatch.layout(layout, constants | length, inputs, outputs) }
 !hfwp_s = ${ wg.acc_type(32) }
 !hfwp_o = ${ wg.acc_type(HOPPER_O_VALUES) }
 // the q chunks' buffers as f32, each subgroup's quarter staging 16 rows of o's partials, D / 2 columns at a time
-!hfwp_stage = memref<2x4x${ 8 * (D | int) }xf32, #gpu.address_space<workgroup>>
+!hfwp_stage = memref<2x4x${ 16 * stage_cols }xf32, #gpu.address_space<workgroup>>
 
 <% set rows = 64 %>
 <# The k16 steps' byte offsets (wgmma.mlir's swizzled layout): K-major q [64, D] and k [64, D] (32 bytes a step in
@@ -230,7 +232,7 @@ ${ wg.chain_registers("o_t", "%o_zero", "%packed_", "%v_desc", steps.v, DV, E, "
 <% endfor %>
           // o_t at the same place of o_slots, through the chunk's q buffer: every subgroup's s = q k^T has read it.
           gpu.barrier
-${ pieces.staged_stores("o", "%o_t", "!hfwp_o", o_values, (D | int) // 2, "%o_stage", "!hfwp_stage", "%buffer", "%o_slots", "memref<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ DV ~ "xf32>", "%chunk_row0") }
+${ pieces.staged_stores("o", "%o_t", "!hfwp_o", o_values, stage_cols, "%o_stage", "!hfwp_stage", "%buffer", "%o_slots", "memref<?x?x" ~ G ~ "x" ~ T ~ "x" ~ HPG ~ "x" ~ DV ~ "xf32>", "%chunk_row0") }
         }
         // The next iteration stages into the buffer just read.
         gpu.barrier

@@ -55,7 +55,7 @@
    (`dest_t`, [B, M, G, T, HPG, width]) at [%b, `m`, %g, `slot`, `head`, column], for the `count` values of
    accumulator `acc` (`acc_t`); names %`name`_<h>_<i>_*. Each pair one 8-byte store (its alignment named: IREE's
    lowering would give the store the element's, and the PTX two 4-byte stores). Used for dkdv_tile.mlir's dq
-   partials (staged_stores spilled more there and was slower: docs/performance.md). #>
+   partials (staged_stores spilled more there and was slower: docs/performance.md). Needs %b, %g, %c2x. #>
 <% macro pair_stores(name, acc, acc_t, count, h, dest, dest_t, m, slot, head) %>
 <% for i in range((count | int) // 4) %>
             %${name}_${h}_${i}_lo = llvm.extractvalue ${acc}[${ 4 * i + 2 * h }] : ${acc_t}
@@ -91,7 +91,7 @@ ${ fail("gpu/hopper/pieces.mlir staged_stores: cols must be a multiple of 32 up 
 <% set rows_per_read = 32 // lanes_per_row %>
           %${name}_all_lanes = arith.constant -1 : i32
           %${name}_cols = arith.constant ${cols} : index
-          // the lane's fragment rows r and r + 8 (chunk xor r) and its read-back chunk and first row
+          // the lane's fragment rows r and r + 8 (their segments xor r), and its read-back segment and first row
           %${name}_half = arith.divui %c, %c2 : index
           %${name}_odd = arith.remui %c, %c2 : index
           %${name}_odd2 = arith.muli %${name}_odd, %c2 : index
@@ -103,15 +103,15 @@ ${ fail("gpu/hopper/pieces.mlir staged_stores: cols must be a multiple of 32 up 
           %${name}_row_${h}_base = arith.addi %${name}_row_${h}_base0, %${name}_odd2 : index
 <% endfor %>
           %${name}_lanes_per_row = arith.constant ${lanes_per_row} : index
-          %${name}_chunk = arith.remui %lane, %${name}_lanes_per_row : index
-          %${name}_chunk_col = arith.muli %${name}_chunk, %c4 : index
+          %${name}_segment = arith.remui %lane, %${name}_lanes_per_row : index
+          %${name}_segment_col = arith.muli %${name}_segment, %c4 : index
           %${name}_read_row0 = arith.divui %lane, %${name}_lanes_per_row : index
           %${name}_w16 = arith.muli %subgroup, %c16 : index
 <% for j in range(16 // rows_per_read) %>
           %${name}_read_${j}_at = arith.constant ${ j * rows_per_read } : index
           %${name}_read_${j} = arith.addi %${name}_read_row0, %${name}_read_${j}_at : index
           %${name}_read_${j}_low = arith.remui %${name}_read_${j}, %c8 : index
-          %${name}_read_${j}_phys = arith.xori %${name}_chunk, %${name}_read_${j}_low : index
+          %${name}_read_${j}_phys = arith.xori %${name}_segment, %${name}_read_${j}_low : index
           %${name}_read_${j}_phys4 = arith.muli %${name}_read_${j}_phys, %c4 : index
           %${name}_read_${j}_base = arith.muli %${name}_read_${j}, %${name}_cols : index
           %${name}_read_${j}_index = arith.addi %${name}_read_${j}_base, %${name}_read_${j}_phys4 : index
@@ -140,7 +140,7 @@ ${ fail("gpu/hopper/pieces.mlir staged_stores: cols must be a multiple of 32 up 
 <% endfor %>
           nvvm.bar.warp.sync %${name}_all_lanes : i32
           %${name}_${p}_col0 = arith.constant ${ p * cols } : index
-          %${name}_${p}_col = arith.addi %${name}_${p}_col0, %${name}_chunk_col : index
+          %${name}_${p}_col = arith.addi %${name}_${p}_col0, %${name}_segment_col : index
 <% for j in range(16 // rows_per_read) %>
           %${name}_${p}_${j}_info = vector.load %row_info[%${name}_read_${j}_piece_row, %c0] : !dkv_row_info, vector<4xi32>
           %${name}_${p}_${j}_m_i32 = vector.extract %${name}_${p}_${j}_info[0] : i32 from vector<4xi32>
