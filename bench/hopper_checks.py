@@ -467,20 +467,21 @@ def check_pieces(seed: int = 0) -> None:
                 row["hopper_bitwise"] = torch.equal(o, again[0]) and torch.equal(lse, again[1])
                 if lists is not None:
                     row.update(_check_forward_lists(spec_, q, k, v, idx, o, lse, lists, seed + i))
-                # a NaN in one query row (its first head) reaches that head's o and lse, no other row's
+                # a NaN in one query row (batch 0, its first head) reaches that head's o and lse, no other (batch,
+                # row, head)'s o or lse
                 q_nan = q.clone()
-                q_nan[0, q.shape[1] // 2, 0] = float("nan")
+                m = q.shape[1] // 2
+                q_nan[0, m, 0] = float("nan")
                 o_nan, lse_nan = _forward(module, q_nan, k, v, idx, _list_buffers(spec_, idx, k.shape[1]))
                 torch.cuda.synchronize()
-                m = q.shape[1] // 2
-                others = torch.ones(q.shape[1], dtype=torch.bool)
-                others[m] = False
-                unchanged = torch.equal(o_nan[:, others.cuda()], o[:, others.cuda()])
+                others = torch.ones(o.shape[:3], dtype=torch.bool, device="cuda")      # [B, M, H]
+                others[0, m, 0] = False
+                others_lse = others.permute(0, 2, 1)                                  # [B, H, M]
+                unchanged = {"others_o_unchanged": torch.equal(o_nan[others], o[others]),
+                             "others_lse_unchanged": torch.equal(lse_nan[others_lse], lse[others_lse])}
                 row["hopper_nan_row"] = ({"o_nan": bool(o_nan[0, m, 0].isnan().all()),
-                                          "lse_nan": bool(lse_nan[0, 0, m].isnan()),
-                                          "other_rows_unchanged": unchanged,
-                                          "other_heads_of_row_unchanged": torch.equal(o_nan[0, m, 1:], o[0, m, 1:])}
-                                         if torch.isfinite(lse[0, 0, m]) else f"row sees no key; others {unchanged}")
+                                          "lse_nan": bool(lse_nan[0, 0, m].isnan()), **unchanged}
+                                         if torch.isfinite(lse[0, 0, m]) else {"row sees no key": True, **unchanged})
         print(json.dumps(row), flush=True)
 
 
