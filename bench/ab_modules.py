@@ -13,8 +13,11 @@ turn (CUDA-event median of 10 calls after 2), twice per selection. CONFIG names 
         and TWO_PASS's backward two ways: inverting the lists itself, and taking those PIECES wrote
         (backward_lists_bitwise: the two equal)
 
-A column is named by the file's folder, its position on the command line and the first six characters of the cache
-key that ends its name.
+Each timed call allocates and poisons its outputs (NaN) inside the timed span, as bench.hopper_checks' calls do: the
+columns compare; a column is not a module's bare time. Modules run in command-line order each round. Modules over the
+pieces get the block lists' buffers of api._list_buffers (whatever the recipe's forward for CONFIG: the lists mode
+times a pieces forward the recipe does not choose). A column is named by the file's folder, its position on the
+command line and the first six characters of the cache key that ends its name.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from nsa_iree.benchmark import CONFIGS
 from nsa_iree.runtime import device_for
 from nsa_iree.spec import KernelSpec
 
+from .hopper_checks import _dkdv_dq as _backward
 from .hopper_checks import _forward, _median_ms
 from .kernel_checks import _problem
 
@@ -48,17 +52,6 @@ def _name(position: int, path: str) -> str:
 def _takes_lists(module) -> bool:
     """Whether a forward module writes the block lists: the forward over the pieces, which inverts them itself."""
     return module.vm_module.lookup_function("invert_block_indices") is not None
-
-
-def _backward(module, q, k, v, idx, lse, o, do, lists=None):
-    """dq, dk, dv of a two-pass module's one call (poisoned first); with `lists`, the function taking them."""
-    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
-    scale = q.shape[3] ** -0.5
-    if lists is None:
-        module.call("selection_attention_backward", q, k, v, idx, lse, o, do, scale, dq, dk, dv)
-    else:
-        module.call("selection_attention_backward_lists", q, k, v, idx, lse, o, do, *lists, scale, dq, dk, dv)
-    return dq, dk, dv
 
 
 def _rows(label: str, config: str, selection: str, runs: dict, extra: dict) -> None:

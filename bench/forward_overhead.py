@@ -14,6 +14,7 @@ from __future__ import annotations
 import cProfile
 import json
 import pstats
+import statistics
 import sys
 import time
 
@@ -37,7 +38,7 @@ def _median_ms(fn, repeats: int = 20) -> float:
         fn()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return round(sorted(times)[repeats // 2] * 1e3, 3)
+    return round(statistics.median(times) * 1e3, 3)
 
 
 def main(config: str, seq: int = 65536) -> None:

@@ -349,11 +349,16 @@ def _dq(module, q, k, v, idx, lse, delta, do):
     return dq
 
 
-def _dkdv_dq(module, q, k, v, idx, lse, o, do):
+def _dkdv_dq(module, q, k, v, idx, lse, o, do, lists=None):
     """dq, dk, dv of a two-pass module whose dk/dv makes dq (kernels.SMALL: one call, delta and the inversion made
-    in it), outputs poisoned."""
+    in it), outputs poisoned; with `lists` (the block lists a forward over the pieces wrote), its function taking
+    them (selection_attention_backward_lists: no inversion)."""
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
-    module.call("selection_attention_backward", q, k, v, idx, lse, o, do, q.shape[3] ** -0.5, dq, dk, dv)
+    if lists is None:
+        module.call("selection_attention_backward", q, k, v, idx, lse, o, do, q.shape[3] ** -0.5, dq, dk, dv)
+    else:
+        module.call("selection_attention_backward_lists", q, k, v, idx, lse, o, do, *lists, q.shape[3] ** -0.5, dq,
+                    dk, dv)
     return dq, dk, dv
 
 
@@ -496,8 +501,7 @@ def _check_forward_lists(spec_, q, k, v, idx, o, lse, lists, seed):
     do = torch.randn(o.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)).to(o.dtype)
     module = _two_pass(spec_)
     inverting = _dkdv_dq(module, q, k, v, idx, lse, o, do)
-    given = [torch.full_like(x, float("nan")) for x in (q, k, v)]
-    module.call("selection_attention_backward_lists", q, k, v, idx, lse, o, do, *lists, q.shape[3] ** -0.5, *given)
+    given = _dkdv_dq(module, q, k, v, idx, lse, o, do, lists)
     torch.cuda.synchronize()
     row["backward_lists_bitwise"] = all(torch.equal(a, b) for a, b in zip(given, inverting))
     return row
@@ -558,9 +562,7 @@ def sanitize(m: int = 300) -> None:
             # taking the lists it wrote
             lists = _list_buffers(spec_, idx, m + 100)
             o, lse = _forward(_load(spec_, "forward"), q, k, v, idx, lists)
-            given = [torch.full_like(x, float("nan")) for x in (q, k, v)]
-            _two_pass(spec_).call("selection_attention_backward_lists", q, k, v, idx, lse, o, do, *lists,
-                                  q.shape[3] ** -0.5, *given)
+            given = _dkdv_dq(_two_pass(spec_), q, k, v, idx, lse, o, do, lists)
             torch.cuda.synchronize()
             print(json.dumps({"case": name + " forward", "m": m, "finite": bool(torch.isfinite(o).all()),
                               "backward_lists_finite": all(bool(torch.isfinite(x).all()) for x in given)}),
