@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 from typing import Callable
@@ -159,7 +160,7 @@ def helper_dir(tmp_path_factory):
 
 def helper_module(template: str, spec, wrapper: str, directory):
     """The CPU module of a common/ helper template (private functions only) for spec, with `wrapper`'s public
-    function calling into it: compiled once per (template, spec)."""
+    function calling into it: compiled once per (template, spec, wrapper)."""
     from iree.compiler import compile_str
 
     from nsa_iree.cache import write_artifact
@@ -168,11 +169,12 @@ def helper_module(template: str, spec, wrapper: str, directory):
     from nsa_iree.render import render_template
     from nsa_iree.runtime import device_for
 
-    key = (template, spec)
+    key = (template, spec, wrapper)
     if key not in _HELPER_MODULES:
         recipe = load_recipe("cpu")
         text = render_template(template, spec, recipe, COMMON) + wrapper
-        vmfb = directory / f"{template.rsplit('/', 1)[-1].removesuffix('.mlir')}_{spec.name}.vmfb"
+        stem = f"{template.rsplit('/', 1)[-1].removesuffix('.mlir')}_{spec.name}"
+        vmfb = directory / f"{stem}_{hashlib.sha256(wrapper.encode()).hexdigest()[:12]}.vmfb"
         write_artifact(vmfb, compile_str(text, extra_args=list(recipe.flags_for(spec))))
         _HELPER_MODULES[key] = device_for(torch.device("cpu")).module(vmfb)
     return _HELPER_MODULES[key]

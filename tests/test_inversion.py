@@ -132,6 +132,8 @@ def test_the_forward_over_the_pieces_hands_its_lists_to_the_backward(monkeypatch
     assert backward(idx, k[:, :160])[0] == "selection_attention_backward"     # other keys: other lists
     api.backward_into(*grads, q, k, v, o, lse, do, idx, bs, 0.25, "two-pass", key_stride=bs)
     assert calls[-1][0] == "selection_attention_backward"                     # keys every bs positions: others
+    api.backward_into(*grads, q, k, v, o, lse, do, idx, bs // 2, 0.25, "two-pass")
+    assert calls[-1][0] == "selection_attention_backward"                     # another block size: others
     idx.add_(0)                                     # written in place: a new version
     assert backward(idx)[0] == "selection_attention_backward"
     forward(idx)
@@ -146,4 +148,6 @@ def test_the_forward_over_the_pieces_hands_its_lists_to_the_backward(monkeypatch
     monkeypatch.setattr(api, "loaded_spec", lambda spec, variant: (loaded(spec, variant)[0], 2))
     idx = realistic_block_indices(b, m, n, g, t, bs, generator=gen)
     forward(idx)
+    # (the repeated indices the split made are alive in `calls`: had they been kept, the store would have grown)
     assert len(Recording.device._kept) == kept - 1
+    assert backward(idx)[0] == "selection_attention_backward"
