@@ -34,7 +34,7 @@ from torch import Tensor
 from .compiler import compile_artifact, fallback_warning
 from .packing import packed_layout
 from .runtime import device_for, importable
-from .spec import KernelSpec, kernels_from_environment, target_cpu_from_environment
+from .spec import CPU_TARGET_ENV, KERNELS_ENV, KernelSpec, kernels_from_environment, target_cpu_from_environment
 from .validate import check_backward_inputs, check_forward_inputs, check_variant
 
 __all__ = ["selection_attention", "selection_attention_fwd", "selection_attention_bwd"]
@@ -64,10 +64,17 @@ def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size:
     """The KernelSpec of a problem: everything static about it (B, M and N are not part of it), with the two
     settings the environment gives (NSA_IREE_CPU_TARGET, NSA_IREE_KERNELS: nsa_iree.spec), read where a spec is
     made (here for the operators, in the CLI for its commands), never while rendering."""
-    target = _target_for(q.device)
-    return KernelSpec(heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
-                      block_size=block_size, num_blocks=block_indices.shape[3], dtype=_DTYPE_NAME[q.dtype],
-                      target=target, target_cpu=target_cpu_from_environment() if target == "cpu" else "host",
+    return _spec_of(_target_for(q.device), q.shape[2], k.shape[2], q.shape[3], v.shape[3], block_size, block_indices.shape[3],
+                    q.dtype, key_stride, window, os.environ.get(KERNELS_ENV), os.environ.get(CPU_TARGET_ENV))
+
+
+@functools.lru_cache(maxsize=1024)
+def _spec_of(target, heads, kv_heads, head_dim, value_dim, block_size, num_blocks, dtype, key_stride, window,
+             kernels_env, cpu_target_env) -> KernelSpec:
+    """describe's KernelSpec, made once per problem and environment (its checks are host time on every call)."""
+    return KernelSpec(heads=heads, kv_heads=kv_heads, head_dim=head_dim, value_dim=value_dim, block_size=block_size,
+                      num_blocks=num_blocks, dtype=_DTYPE_NAME[dtype], target=target,
+                      target_cpu=target_cpu_from_environment() if target == "cpu" else "host",
                       kernels=kernels_from_environment(), key_stride=key_stride, window=window)
 
 
@@ -545,6 +552,38 @@ def _backward(q, k, v, o, lse, do, idx, block_size, scale, variant, need_dq=True
 # runtime data: the outputs' shapes do not depend on it (the fake implementations ignore it), its values are
 # checked and the packed layout built inside the bodies (nsa_iree.packing).
 
+def dispatch_free(*tensors: Optional[Tensor]) -> bool:
+    """Whether an operator may run its body directly, not through torch's dispatch of the custom op (tens of
+    microseconds of host time a call, which the dispatch would spend only to come back to the body): plain tensors
+    that need no gradient recorded, and nothing that intercepts torch calls (torch.compile's or torch.jit's tracing,
+    a torch function or dispatch mode such as FakeTensorMode, a torch.func transform, autocast)."""
+    tensors = [t for t in tensors if t is not None]
+    return (not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and all(type(t) is Tensor for t in tensors)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+            and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active()
+            and not (tensors and tensors[0].device.type in ("cpu", "cuda")
+                     and torch.is_autocast_enabled(tensors[0].device.type)))
+
+
+def _fwd(q, k, v, block_indices, block_size, scale, variant, cu_seqlens):
+    """The forward operator (torch.ops.nsa_iree.selection_attention_fwd), its body called directly where nothing
+    needs the dispatch (dispatch_free)."""
+    if dispatch_free(q, k, v, block_indices, cu_seqlens):
+        return _forward(q, k, v, block_indices, block_size, scale, cu_seqlens)
+    return torch.ops.nsa_iree.selection_attention_fwd(q, k, v, block_indices, block_size, scale, variant, cu_seqlens)
+
+
+def _bwd(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv, cu_seqlens):
+    """The backward operator (torch.ops.nsa_iree.selection_attention_bwd), likewise."""
+    if dispatch_free(do, q, k, v, o, lse, block_indices, cu_seqlens):
+        return _gradients(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv,
+                          cu_seqlens)
+    return torch.ops.nsa_iree.selection_attention_bwd(do, q, k, v, o, lse, block_indices, block_size, scale, variant,
+                                                      need_dq, need_dkdv, cu_seqlens)
+
+
 @torch.library.custom_op("nsa_iree::selection_attention_fwd", mutates_args=())
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size: int, scale: float,
             variant: str = "two-pass", cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
@@ -564,6 +603,10 @@ def _bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
             block_size: int, scale: float, variant: str = "two-pass", need_dq: bool = True,
             need_dkdv: bool = True, cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (q's dtype); a gradient not asked for (need_dq / need_dkdv False) is an empty [0] tensor."""
+    return _gradients(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv, cu_seqlens)
+
+
+def _gradients(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv, cu_seqlens):
     dq, dk, dv = _backward(q, k, v, o, lse, do, block_indices, block_size, scale, variant, need_dq, need_dkdv,
                            cu_seqlens)
     return (dq if need_dq else q.new_empty(0), dk if need_dkdv else q.new_empty(0),
@@ -612,8 +655,7 @@ class _SelectionAttentionBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv, cu_seqlens):
-        return torch.ops.nsa_iree.selection_attention_bwd(do, q, k, v, o, lse, block_indices, block_size, scale,
-                                                          variant, need_dq, need_dkdv, cu_seqlens)
+        return _bwd(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv, cu_seqlens)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -699,8 +741,7 @@ class _SelectionAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, block_indices, block_size, scale, variant, cu_seqlens):
-        return torch.ops.nsa_iree.selection_attention_fwd(q, k, v, block_indices, block_size, scale, variant,
-                                                          cu_seqlens)
+        return _fwd(q, k, v, block_indices, block_size, scale, variant, cu_seqlens)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -805,7 +846,7 @@ def selection_attention_fwd(q: Tensor, k: Tensor, v: Tensor, block_indices: Tens
     """
     check_forward_inputs(q, k, v, block_indices, block_size, block_counts, cu_seqlens, scale)
     idx = effective_block_indices(block_indices, block_counts)
-    return _fwd_op(q.detach(), k.detach(), v.detach(), idx, block_size, _scale_of(q, scale), "two-pass", cu_seqlens)
+    return _fwd(q.detach(), k.detach(), v.detach(), idx, block_size, _scale_of(q, scale), "two-pass", cu_seqlens)
 
 
 def selection_attention_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
@@ -826,7 +867,7 @@ def selection_attention_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
     check_backward_inputs(q, k, v, o, lse, do, block_indices, block_size, block_counts, variant, cu_seqlens,
                           scale)
     idx = effective_block_indices(block_indices, block_counts)
-    return _bwd_op(do.detach(), q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), idx, block_size,
+    return _bwd(do.detach(), q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), idx, block_size,
                    _scale_of(q, scale), variant, True, True, cu_seqlens)
 
 

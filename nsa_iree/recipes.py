@@ -88,15 +88,21 @@ class Recipe:
     kernel_settings: dict = dataclasses.field(default_factory=dict)
     values: dict = dataclasses.field(default_factory=dict)      # [values]: ${NAME}s the recipe's own text uses
     base: str | None = None     # the recipe it states its differences from (base = "..."), if any
+    # IREE's calling convention of the modules' functions: None (synchronous) or "async-external" (they take a wait
+    # and a signal fence: runtime.Module.call passes them)
+    execution_model: str | None = None
 
     def flags_for(self, spec: KernelSpec) -> tuple[str, ...]:
-        """The iree-compile flags of spec: the recipe's, with the CPU named by spec.target_cpu (cpu target)."""
+        """The iree-compile flags of spec: the recipe's, with the CPU named by spec.target_cpu (cpu target), and
+        its execution model's."""
+        model = (f"--iree-execution-model={self.execution_model}",) if self.execution_model else ()
         if spec.target_cpu == "host":
-            return self.flags
+            return self.flags + model
         if not any(flag.startswith(CPU_FLAG) for flag in self.flags):
             raise ValueError(f"pipelines/{self.target}.toml has no {CPU_FLAG}... flag to set to target_cpu "
                              f"{spec.target_cpu!r}")
-        return tuple(f"{CPU_FLAG}{spec.target_cpu}" if flag.startswith(CPU_FLAG) else flag for flag in self.flags)
+        return tuple(f"{CPU_FLAG}{spec.target_cpu}" if flag.startswith(CPU_FLAG) else flag
+                     for flag in self.flags) + model
 
     def attributes(self, spec: KernelSpec) -> dict[str, str]:
         """Attribute text for every slot, with the recipe's own ``${...}`` values filled in for spec."""
@@ -179,4 +185,5 @@ def load_recipe(target: str, directory=None) -> Recipe:
                   attribute_templates=dict(data.get("attributes", {})), onepass_templates=dict(onepass),
                   dtypes=tuple(data.get("dtypes", ("f32", "f16", "bf16"))),
                   block_sizes=tuple(data["block_sizes"]) if "block_sizes" in data else None,
-                  kernel_settings=dict(data.get("kernels", {})), values=dict(data.get("values", {})))
+                  kernel_settings=dict(data.get("kernels", {})), values=dict(data.get("values", {})),
+                  execution_model=data.get("execution_model"))

@@ -6,7 +6,9 @@ One IREE device per torch device (CPU -> ``local-task``, CUDA -> ``cuda``, ROCm 
 written by the kernels into torch tensors the caller allocated (``iree.abi.output`` arguments); other
 results stay IREE buffers, handed straight to the next stage (``Device.export_tensor`` turns one into a
 torch tensor without a copy). On CUDA, torch's stream is synchronised before each call and a call returns
-once its results are ready (IREE's synchronous calling convention).
+once its results are ready. The GPU recipes compile IREE's asynchronous calling convention (execution_model: each
+function takes a wait and a signal fence), and a call polls its signal fence instead of sleeping until IREE's
+completion thread wakes it (a thread handoff after the kernels, 70-110 µs on the H200); CPU modules are synchronous.
 
 Transient buffers: every entry point of the templates takes its scratch memory from the caller
 (``%transients: !hal.buffer {iree.abi.transients}``). Before a call, the module's ``<name>_transients_size``
@@ -145,6 +147,7 @@ class Device:
         # Reentrant: a finalizer of a kept owner (_drop_kept) may run on a thread that holds it, when a garbage
         # collection starts inside keep() (its objects made under the lock) and frees an owner held by a cycle.
         self._kept_lock = threading.RLock()
+        self._timelines = threading.local()     # per thread: the semaphore its fenced calls signal (next_fence)
 
     def bind_thread(self) -> None:
         """On CUDA, the device's context current on the calling thread (the module docstring, 'Threads')."""
@@ -177,6 +180,7 @@ class Device:
             for module in self._modules.values():
                 module.close()
             self._modules.clear()
+            self._timelines = threading.local()
             self.hal_module = self.hal_device = self.driver = self.instance = None
 
     def keep(self, owner: torch.Tensor, key: tuple, value) -> None:
@@ -194,6 +198,22 @@ class Device:
         with self._kept_lock:
             version, value = self._kept.get(key, (None, None))
         return value if version == owner._version else None
+
+    def next_fence(self):
+        """A fence the next value of the calling thread's semaphore will signal (a call's completion, IREE's
+        asynchronous calling convention). Each thread has its own semaphore: one thread's calls complete in
+        order, and a semaphore's values only rise."""
+        import iree.runtime as rt
+
+        timeline = self._timelines.__dict__
+        if "semaphore" not in timeline:
+            timeline["semaphore"], timeline["value"] = self.hal_device.create_semaphore(0), 0
+        timeline["value"] += 1
+        return rt.HalFence.create_at(timeline["semaphore"], timeline["value"])
+
+    def forget_timeline(self) -> None:
+        """The calling thread's next fenced call gets a new semaphore (after a failed call)."""
+        self._timelines.__dict__.clear()
 
     def import_tensor(self, t: torch.Tensor):
         """A HalBufferView over t's memory (over a contiguous aligned copy when t is not importable)."""
@@ -256,18 +276,20 @@ class Module:
         self._placeholder = self.context = self.vm_module = None
 
     def _lookup(self, name: str):
-        """Function `name` and its transient-size query (None for a function without transient storage)."""
+        """Function `name`, its transient-size query (None for a function without transient storage) and whether
+        it takes fences (IREE's asynchronous calling convention, the GPU recipes' execution_model)."""
         if name not in self._functions:
             fn = self.vm_module.lookup_function(name)
             if fn is None:
                 raise KeyError(f"function {name!r} not in {self.vm_module.name}")
-            self._functions[name] = (fn, self.vm_module.lookup_function(f"{name}_transients_size"))
+            fenced = fn.reflection.get("iree.abi.model") == "coarse-fences"
+            self._functions[name] = (fn, self.vm_module.lookup_function(f"{name}_transients_size"), fenced)
         return self._functions[name]
 
     def _variants(self, values, storage):
         import iree.runtime as rt
 
-        variants = rt.VmVariantList(len(values) + 1)
+        variants = rt.VmVariantList(len(values) + 3)      # (+ the storage and two fences)
         for value in values:
             if isinstance(value, float):
                 variants.push_float(value)
@@ -279,8 +301,35 @@ class Module:
             variants.push_ref(storage)
         return variants
 
-    def _transient_storage(self, size_fn, values) -> torch.Tensor:
-        """A byte tensor on the module's device as large as the call with these arguments needs.
+    def _invoke(self, fn, variants, outputs, fenced: bool) -> None:
+        """Invoke fn and return once its work is done: a fenced function (IREE's asynchronous calling convention)
+        gets an empty wait fence (torch's stream was waited on before) and a signal fence of the calling thread's
+        semaphore, waited on (polled on a GPU: _spin_until)."""
+        import iree.runtime as rt
+
+        done = None
+        if fenced:
+            done = self.device.next_fence()
+            variants.push_ref(rt.HalFence(0))
+            variants.push_ref(done)
+        try:
+            if self.device.torch_device.type == "cpu":
+                with _no_wakeup_preemption():
+                    self.context.invoke(fn, variants, outputs)
+                    if done is not None:
+                        done.wait()
+            else:
+                self.context.invoke(fn, variants, outputs)
+                if done is not None:
+                    _spin_until(done)
+        except Exception:
+            if done is not None:
+                self.device.forget_timeline()           # (a failed semaphore fails every later fence on it)
+            raise
+
+    def _transient_storage(self, size_fn, values, fenced: bool) -> torch.Tensor:
+        """A byte tensor on the module's device as large as the call with these arguments needs (fenced: the
+        function's module uses IREE's asynchronous calling convention, whose size queries take fences too).
 
         The size query reads only the arguments' shapes (and the integer scalars), so its answer is kept per
         shape: a training loop of one shape asks once per function. It takes the call's storage argument too
@@ -296,7 +345,11 @@ class Module:
                 memory = torch.empty(_ALIGNMENT, dtype=torch.uint8, device=self.device.torch_device)
                 self._placeholder = (memory, self.device.import_tensor(memory).get_buffer())
             result = rt.VmVariantList(1)
-            self.context.invoke(size_fn, self._variants(values, self._placeholder[1]), result)
+            variants = self._variants(values, self._placeholder[1])
+            if fenced:      # (its answer is computed on the host as it returns: it signals no fence of its own)
+                variants.push_ref(rt.HalFence(0))
+                variants.push_ref(rt.HalFence(0))
+            self.context.invoke(size_fn, variants, result)
             size = self._transient_sizes[key] = max(int(result.get_variant(0)), _ALIGNMENT)
         if self.device.torch_device.type == "cpu":
             try:
@@ -324,7 +377,7 @@ class Module:
         import iree.runtime as rt
 
         self.device.bind_thread()
-        fn, size_fn = self._lookup(name)
+        fn, size_fn, fenced = self._lookup(name)
         values = []
         for arg in args:
             if isinstance(arg, bool):
@@ -333,20 +386,24 @@ class Module:
                 wait_for_torch = True       # (its copy is made on torch's stream: IREE must not read it before)
             values.append(self.device.import_tensor(arg) if isinstance(arg, torch.Tensor) else arg)
         # Allocated before the wait: torch may hand out a block whose last user is still queued on its stream.
-        workspace = self._transient_storage(size_fn, values) if size_fn is not None else None
+        workspace = self._transient_storage(size_fn, values, fenced) if size_fn is not None else None
         storage = self.device.import_tensor(workspace).get_buffer() if workspace is not None else None
         if wait_for_torch and self.device.torch_device.type == "cuda":
             torch.cuda.current_stream(self.device.torch_device).synchronize()
         outputs = rt.VmVariantList(4)
-        if self.device.torch_device.type == "cpu":
-            with _no_wakeup_preemption():
-                self.context.invoke(fn, self._variants(values, storage), outputs)
-        else:
-            self.context.invoke(fn, self._variants(values, storage), outputs)
+        self._invoke(fn, self._variants(values, storage), outputs, fenced)
         if workspace is not None and self.device.torch_device.type == "cpu":
             del storage
             self._spare_workspaces.append(workspace)
         return [outputs.get_as_object(i, rt.HalBufferView) for i in range(outputs.size)]
+
+
+def _spin_until(fence) -> None:
+    """Return once `fence` is signalled (raise if it failed), polling it: IREE's GPU drivers signal a call's fence from
+    their completion thread, and a caller asleep on it wakes one thread handoff later, which on the H200 took 70-110
+    µs after the kernels ended (bench/call_trace.py). Each poll releases the GIL."""
+    while not fence.wait(timeout=0):
+        pass
 
 
 class _no_wakeup_preemption:

@@ -564,6 +564,46 @@ def test_reused_workspaces_give_each_call_its_own_result():
         assert all(torch.equal(a, b) for a, b in zip(got, alone[(M, M // 2)[i % 2]])), i
 
 
+def test_fenced_calls_give_the_synchronous_bits_and_survive_a_failed_call(tmp_path, monkeypatch):
+    """Modules compiled with IREE's asynchronous calling convention (the GPU recipes' execution_model) take a wait
+    and a signal fence, which Module.call passes and waits on: a forward and a backward give the synchronous
+    modules' bits, from two threads at once too, and a call that fails leaves the thread's next calls working."""
+    import threading
+
+    from nsa_iree import api
+    from nsa_iree.recipes import PIPELINES_DIR
+
+    q, k, v, idx, do = _problem(seed=2)
+
+    def run():
+        o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+        return (o, lse) + tuple(nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, BS))
+
+    synchronous = run()
+    recipes = tmp_path / "recipes"
+    shutil.copytree(PIPELINES_DIR, recipes)
+    text = (recipes / "cpu.toml").read_text()
+    (recipes / "cpu.toml").write_text(text.replace('driver = "local-task"\n',
+                                                   'driver = "local-task"\nexecution_model = "async-external"\n'))
+    monkeypatch.setenv("NSA_IREE_PIPELINES_DIR", str(recipes))
+    monkeypatch.setenv("NSA_IREE_CACHE_DIR", str(tmp_path / "cache"))
+    assert all(torch.equal(a, b) for a, b in zip(run(), synchronous))
+    spec, _ = api.loaded_spec(api.describe(q, k, v, api.effective_block_indices(idx, None), BS), "forward")
+    module = api.kernels(spec, "forward", q.device)
+    assert module._lookup("selection_attention_fwd")[2], "the module is not fenced"
+    o, lse = torch.empty_like(synchronous[0]), torch.empty(1, dtype=torch.float32)     # lse of the wrong shape
+    with pytest.raises(ValueError, match="INVALID_ARGUMENT"):
+        module.call("selection_attention_fwd", q, k, v, api.effective_block_indices(idx, None), BS ** -0.5, o, lse)
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run())) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(results) == [0, 1]
+    assert all(torch.equal(a, b) for got in results.values() for a, b in zip(got, synchronous))
+
+
 # --- no leak report at exit -------------------------------------------------------------------------------
 
 def test_no_leak_report_at_exit(tmp_path, built):

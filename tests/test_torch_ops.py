@@ -3,6 +3,8 @@ the gradients autograd asks for, and a clear error on double backward."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -343,3 +345,48 @@ def test_the_autograd_function_runs_only_where_a_gradient_can_flow(monkeypatch, 
     assert bool(calls) == function
     assert o.requires_grad == (grad_mode and any(requires_grad))
     assert torch.equal(o.detach(), expected)
+
+
+# The operators' bodies run directly where torch's dispatch of the custom op would only come back to them (host time
+# a call): plain eager tensors needing no recorded gradient; anything that intercepts torch calls gets the operator.
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+DISPATCH_FREE = [
+    ("eager", contextlib.nullcontext, False, True),
+    ("inference_mode", torch.inference_mode, False, True),
+    ("leaves_under_no_grad", torch.no_grad, True, True),
+    ("leaves_needing_grad", contextlib.nullcontext, True, False),
+    ("fake_tensor_mode", _fake_mode, False, False),
+    ("device_context_mode", lambda: torch.device("cpu"), False, False),
+    ("autocast", lambda: torch.autocast("cpu", dtype=torch.bfloat16), False, False),
+]
+
+
+@pytest.mark.parametrize("case,context,requires_grad,direct", DISPATCH_FREE, ids=[c[0] for c in DISPATCH_FREE])
+def test_dispatch_free_only_where_nothing_intercepts(case, context, requires_grad, direct):
+    q, k, v, idx, _ = inputs()
+    q.requires_grad_(requires_grad)
+    with context():
+        assert api.dispatch_free(q, k, v, idx, None) == direct
+
+
+def test_dispatch_free_is_false_under_vmap():
+    q, k, v, idx, _ = inputs()
+    seen = []
+    torch.func.vmap(lambda q: seen.append(api.dispatch_free(q, k, v)) or q)(q)
+    assert seen == [False]
+
+
+def test_direct_body_and_operator_give_the_same_bits():
+    q, k, v, idx, do = inputs()
+    idx = api.effective_block_indices(idx, 2)
+    args = (q, k, v, idx, BS, D ** -0.5, "two-pass", None)
+    direct, through = api._fwd(*args), torch.ops.nsa_iree.selection_attention_fwd(*args)
+    assert all(torch.equal(a, b) for a, b in zip(direct, through))
+    o, lse = direct
+    args = (do, q, k, v, o, lse, idx, BS, D ** -0.5, "two-pass", True, True, None)
+    direct, through = api._bwd(*args), torch.ops.nsa_iree.selection_attention_bwd(*args)
+    assert all(torch.equal(a, b) for a, b in zip(direct, through))

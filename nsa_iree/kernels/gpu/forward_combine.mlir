@@ -7,7 +7,7 @@
       // Combine in subgroup order (heads past HPG are padding: not written). Lane h < HPG: M = max_w m_w,
       // L = sum_w l_w exp(m_w - M), lse = M + log(L), and the weight of each subgroup's o, exp(m_w - M) / L,
       // in place of m_w (only lane h touches column h).
-<# part: takes FWD_O_ITEMS, combined_parts #>
+<# part: takes FWD_O_QUADS, FWD_O_STORE_ALIGNMENT, combined_parts #>
       %is_head_lane = arith.cmpi ult, %tid, %heads_per_group : index
       scf.if %is_head_lane {
         %row_max = scf.for %w = %c0 to ${combined_parts} step %c1 iter_args(%acc = %minus_inf) -> (f32) {
@@ -45,17 +45,24 @@
         memref.store %lse_final, %lse[%b, %head, %m] : memref<?x${H}x?xf32>
       }
       gpu.barrier
-      %o_items = arith.constant ${FWD_O_ITEMS} : index
-      scf.for %item = %tid to %o_items step %lanes {
-        %h = arith.divui %item, %value_dim : index
-        %e = arith.remui %item, %value_dim : index
-        %o_value = scf.for %w = %c0 to ${combined_parts} step %c1 iter_args(%acc = %zero) -> (f32) {
+      // o, four columns a lane (Dv is a multiple of 4): a 16-byte read of each part, one 8-byte store (f16/bf16)
+      // or 16-byte (f32); the same fma order per column as one column a lane.
+      %o_quads = arith.constant ${FWD_O_QUADS} : index
+      %quad = arith.constant 4 : index
+      %dv_quads = arith.divui %value_dim, %quad : index
+      %no_o = arith.constant dense<0.0> : vector<4xf32>
+      scf.for %item = %tid to %o_quads step %lanes {
+        %h = arith.divui %item, %dv_quads : index
+        %column_quad = arith.remui %item, %dv_quads : index
+        %e = arith.muli %column_quad, %quad : index
+        %o_value = scf.for %w = %c0 to ${combined_parts} step %c1 iter_args(%acc = %no_o) -> (vector<4xf32>) {
           %weight = memref.load %max_parts[%w, %h] : !fwk_stats
-          %ow = memref.load %o_parts[%w, %h, %e] : !fwk_o_parts
-          %next = math.fma %ow, %weight, %acc : f32
-          scf.yield %next : f32
+          %weights = vector.broadcast %weight : f32 to vector<4xf32>
+          %ow = vector.load %o_parts[%w, %h, %e] alignment = 16 : !fwk_o_parts, vector<4xf32>
+          %next = math.fma %ow, %weights, %acc : vector<4xf32>
+          scf.yield %next : vector<4xf32>
         }
-        %o_e = ${TRUNCF} %o_value : f32 to ${E}
+        %o_e = ${TRUNCF} %o_value : vector<4xf32> to vector<4x${E}>
         %head = arith.addi %h0, %h : index
-        memref.store %o_e, %o[%b, %m, %head, %e] : !fwk_o
+        vector.store %o_e, %o[%b, %m, %head, %e] alignment = ${FWD_O_STORE_ALIGNMENT} : !fwk_o, vector<4x${E}>
       }

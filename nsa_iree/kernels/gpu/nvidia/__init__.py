@@ -183,7 +183,9 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "FWD_O_PARTS_BYTES": parts_bytes(subgroups, HEAD_ROWS, dv)["max"],
         "FWD_O_PARTS_STATS_BYTES": parts_bytes(subgroups, HEAD_ROWS, dv)["sum"],
         "FWD_SMEM_BYTES": workgroup_memory("forward", spec, recipe),
-        "FWD_O_ITEMS": spec.heads_per_group * dv,
+        # The combine writes o four columns a lane (gpu/forward_combine.mlir): one store of 4 elements.
+        "FWD_O_QUADS": spec.heads_per_group * dv // 4,
+        "FWD_O_STORE_ALIGNMENT": 4 * (4 if spec.dtype == "f32" else 2),
         # Cache hint of the 16-byte asynchronous copies ("bypassL1": cp.async.cg, L2 only; "": cp.async.ca).
         "ASYNC_COPY_HINT": recipe.kernel_settings.get("async_copy_hint", ""),
         "G_D": spec.kv_heads * d, "G_DV": spec.kv_heads * dv,   # row strides of k and v
