@@ -3,12 +3,12 @@
     python3 -m bench.call_trace OUT CONFIG [CONFIG ...]        # e.g. fla-d64-g1 fla-default
 
 torch.profiler (CPU and CUDA activities) over 10 calls of nsa_iree.selection_attention_fwd, each between two
-synchronisations as nsa_iree.benchmark times it, with the library's layers marked (the public function, api.forward_into,
-Module.call, the tensors' imports, the torch stream's wait and IREE's invoke). Per call one JSON row of offsets in
-microseconds from the public function's start: where each layer begins and ends, the driver's launches (whatever
-thread issued them, as CUPTI reports them) and the kernels' GPU spans. The median row is the summary; the chrome
-trace of the whole run is written to OUT/trace_CONFIG.json. Also asks IREE's CUDA semaphore for a CUDA event
-(`export_timepoint`), the question an asynchronous calling convention turns on.
+synchronisations as nsa_iree.benchmark times it, with the library's layers marked (the public function,
+api.forward_into, Module.call, the tensors' imports, the torch stream's wait and IREE's invoke). Per call one JSON
+row of offsets in microseconds from the public function's start: where each layer begins and ends, the driver's
+launches (whatever thread issued them, as CUPTI reports them) and the kernels' GPU spans; then the median call.
+The chrome trace of the whole run is written to OUT/trace_CONFIG.json. First it asks IREE's CUDA semaphores for a
+CUDA event (`export_timepoint`, `import_timepoint`): IREE 3.13 answers UNIMPLEMENTED for both.
 """
 
 from __future__ import annotations

@@ -64,8 +64,9 @@ def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size:
     """The KernelSpec of a problem: everything static about it (B, M and N are not part of it), with the two
     settings the environment gives (NSA_IREE_CPU_TARGET, NSA_IREE_KERNELS: nsa_iree.spec), read where a spec is
     made (here for the operators, in the CLI for its commands), never while rendering."""
-    return _spec_of(_target_for(q.device), q.shape[2], k.shape[2], q.shape[3], v.shape[3], block_size, block_indices.shape[3],
-                    q.dtype, key_stride, window, os.environ.get(KERNELS_ENV), os.environ.get(CPU_TARGET_ENV))
+    return _spec_of(_target_for(q.device), q.shape[2], k.shape[2], q.shape[3], v.shape[3], block_size,
+                    block_indices.shape[3], q.dtype, key_stride, window, os.environ.get(KERNELS_ENV),
+                    os.environ.get(CPU_TARGET_ENV))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -554,12 +555,13 @@ def _backward(q, k, v, o, lse, do, idx, block_size, scale, variant, need_dq=True
 
 def dispatch_free(*tensors: Optional[Tensor]) -> bool:
     """Whether an operator may run its body directly, not through torch's dispatch of the custom op (tens of
-    microseconds of host time a call, which the dispatch would spend only to come back to the body): plain tensors
-    that need no gradient recorded, and nothing that intercepts torch calls (torch.compile's or torch.jit's tracing,
-    a torch function or dispatch mode such as FakeTensorMode, a torch.func transform, autocast)."""
+    microseconds of host time a call, which the dispatch would spend only to come back to the body): plain CPU or
+    GPU tensors that need no gradient recorded, and nothing that intercepts torch calls (torch.compile's or
+    torch.jit's tracing, a torch function or dispatch mode such as FakeTensorMode, a torch.func transform,
+    autocast)."""
     tensors = [t for t in tensors if t is not None]
     return (not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and all(type(t) is Tensor for t in tensors)
+            and all(type(t) is Tensor and t.device.type in ("cpu", "cuda") for t in tensors)   # (meta: the fake)
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
             and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()
             and not torch._C._are_functorch_transforms_active()

@@ -354,20 +354,21 @@ def _fake_mode():
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-DISPATCH_FREE = [
-    ("eager", contextlib.nullcontext, False, True),
-    ("inference_mode", torch.inference_mode, False, True),
-    ("leaves_under_no_grad", torch.no_grad, True, True),
-    ("leaves_needing_grad", contextlib.nullcontext, True, False),
-    ("fake_tensor_mode", _fake_mode, False, False),
-    ("device_context_mode", lambda: torch.device("cpu"), False, False),
-    ("autocast", lambda: torch.autocast("cpu", dtype=torch.bfloat16), False, False),
+DISPATCH_FREE = [      # (case, context, inputs' device, q requires grad, direct)
+    ("eager", contextlib.nullcontext, "cpu", False, True),
+    ("inference_mode", torch.inference_mode, "cpu", False, True),
+    ("leaves_under_no_grad", torch.no_grad, "cpu", True, True),
+    ("leaves_needing_grad", contextlib.nullcontext, "cpu", True, False),
+    ("fake_tensor_mode", _fake_mode, "cpu", False, False),
+    ("device_context_mode", lambda: torch.device("cpu"), "cpu", False, False),
+    ("autocast", lambda: torch.autocast("cpu", dtype=torch.bfloat16), "cpu", False, False),
+    ("meta_tensors", contextlib.nullcontext, "meta", False, False),
 ]
 
 
-@pytest.mark.parametrize("case,context,requires_grad,direct", DISPATCH_FREE, ids=[c[0] for c in DISPATCH_FREE])
-def test_dispatch_free_only_where_nothing_intercepts(case, context, requires_grad, direct):
-    q, k, v, idx, _ = inputs()
+@pytest.mark.parametrize("case,context,device,requires_grad,direct", DISPATCH_FREE, ids=[c[0] for c in DISPATCH_FREE])
+def test_dispatch_free_only_where_nothing_intercepts(case, context, device, requires_grad, direct):
+    q, k, v, idx = (t.to(device) for t in inputs()[:4])
     q.requires_grad_(requires_grad)
     with context():
         assert api.dispatch_free(q, k, v, idx, None) == direct
