@@ -1,6 +1,7 @@
 """Where one public forward call's wall time goes, on the GPU, as a timeline (64k tokens, realistic selection):
 
     python3 -m bench.call_trace OUT CONFIG [CONFIG ...]        # e.g. fla-d64-g1 fla-default
+    python3 -m bench.call_trace --summary OUT/trace_CONFIG.json ...   # the medians of each trace's calls
 
 torch.profiler (CPU and CUDA activities) over 10 calls of nsa_iree.selection_attention_fwd, each between two
 synchronisations as nsa_iree.benchmark times it, with the library's layers marked (the public function,
@@ -52,11 +53,15 @@ class _InvokeMarked:
 
 
 def _mark_layers(module) -> None:
+    """Mark the library's layers (once per process) and module's invoke."""
+    if not isinstance(module.context, _InvokeMarked):
+        module.context = _InvokeMarked(module.context)
+    if getattr(runtime.Module.call, "__wrapped__", None) is not None:
+        return
     nsa_iree.selection_attention_fwd = _marked("public", nsa_iree.selection_attention_fwd)
     api.forward_into = _marked("forward_into", api.forward_into)
     runtime.Module.call = _marked("module.call", runtime.Module.call)
     runtime.Device.import_tensor = _marked("import", runtime.Device.import_tensor)
-    module.context = _InvokeMarked(module.context)
     if torch.cuda.is_available():
         stream_type = type(torch.cuda.current_stream())
         stream_type.synchronize = _marked("stream_wait", stream_type.synchronize)
@@ -135,7 +140,33 @@ def ask_event_export() -> None:
         print(json.dumps({"import_timepoint": f"{type(err).__name__}: {err}"}), flush=True)
 
 
+def summarise(paths) -> None:
+    """Per chrome trace of this script, the medians over its calls (µs): the public call, the host before IREE's
+    invoke, the invoke to the driver's launch (IREE's worker thread), the kernel, and the kernel's end to Module.call's
+    return (the wait): python3 -m bench.call_trace --summary TRACE.json ..."""
+    for path in paths:
+        events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+
+        def first(name, t0, t1):
+            return next(e for e in sorted(events, key=lambda e: e["ts"]) if name(e) and t0 <= e["ts"] <= t1)
+
+        rows = []
+        for call in (e for e in events if e["name"] == "nsa:public"):
+            t0, t1 = call["ts"], call["ts"] + call["dur"]
+            invoke = first(lambda e: e["name"] == "nsa:invoke", t0, t1)
+            launch = first(lambda e: "LaunchKernel" in e["name"], t0, t1)
+            kernel = first(lambda e: e.get("cat") == "kernel", t0, t1)
+            module_call = first(lambda e: e["name"] == "nsa:module.call", t0, t1)
+            rows.append({"call": call["dur"], "before_invoke": invoke["ts"] - t0,
+                         "invoke_to_launch": launch["ts"] - invoke["ts"], "kernel": kernel["dur"],
+                         "kernel_end_to_return": module_call["ts"] + module_call["dur"] - kernel["ts"] - kernel["dur"]})
+        print(path, json.dumps({k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0]}), flush=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--summary":
+        summarise(sys.argv[2:])
+        sys.exit()
     if torch.cuda.is_available():
         ask_event_export()
     for name in sys.argv[2:]:

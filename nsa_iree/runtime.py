@@ -405,9 +405,14 @@ class Module:
 def _spin_until(fence) -> None:
     """Return once `fence` is signalled (raise if it failed), polling it: IREE's GPU drivers signal a call's fence from
     their completion thread, and a caller asleep on it wakes one thread handoff later, which on the H200 took 70-110
-    µs after the kernels ended (bench/call_trace.py). Each poll releases the GIL."""
-    while not fence.wait(timeout=0):
-        pass
+    µs after the kernels ended (bench/call_trace.py). Each poll releases the GIL. Interrupted (Ctrl-C), it still
+    waits for the work to end before raising: the call's tensors, its workspace among them, are in use until then."""
+    try:
+        while not fence.wait(timeout=0):
+            pass
+    except KeyboardInterrupt:
+        fence.wait()
+        raise
 
 
 class _no_wakeup_preemption:

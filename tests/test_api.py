@@ -254,8 +254,8 @@ def test_every_stage_takes_its_scratch_memory_from_torch(monkeypatch):
         calls.append(name)
         return original_call(self, name, *args, **kwargs)
 
-    def transient_storage(self, size_fn, values):
-        workspace = original_storage(self, size_fn, values)
+    def transient_storage(self, size_fn, values, *rest):
+        workspace = original_storage(self, size_fn, values, *rest)
         assert isinstance(workspace, torch.Tensor) and workspace.dtype == torch.uint8
         storage[calls[-1]] = workspace.numel()
         return workspace
