@@ -142,8 +142,8 @@ def ask_event_export() -> None:
 
 def summarise(paths) -> None:
     """Per chrome trace of this script, the medians over its calls (µs): the public call, the host before IREE's
-    invoke, the invoke to the driver's launch (IREE's worker thread), the kernel, and the kernel's end to Module.call's
-    return (the wait): python3 -m bench.call_trace --summary TRACE.json ..."""
+    invoke, the invoke to the driver's first launch (IREE's worker thread), the kernels (first start to last end), and
+    the last kernel's end to Module.call's return (the wait): python3 -m bench.call_trace --summary TRACE.json ..."""
     for path in paths:
         events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
 
@@ -155,7 +155,9 @@ def summarise(paths) -> None:
             t0, t1 = call["ts"], call["ts"] + call["dur"]
             invoke = first(lambda e: e["name"] == "nsa:invoke", t0, t1)
             launch = first(lambda e: "LaunchKernel" in e["name"], t0, t1)
-            kernel = first(lambda e: e.get("cat") == "kernel", t0, t1)
+            kernels = [e for e in events if e.get("cat") == "kernel" and t0 <= e["ts"] <= t1]
+            kernel = {"ts": min(e["ts"] for e in kernels),
+                      "dur": max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)}
             module_call = first(lambda e: e["name"] == "nsa:module.call", t0, t1)
             rows.append({"call": call["dur"], "before_invoke": invoke["ts"] - t0,
                          "invoke_to_launch": launch["ts"] - invoke["ts"], "kernel": kernel["dur"],

@@ -22,6 +22,7 @@ Shapes, masking and numerics are specified in docs/semantics.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -69,7 +70,7 @@ def describe(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, block_size:
                     os.environ.get(CPU_TARGET_ENV))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024, typed=True)      # (typed: True or 8.0 is not 1 or 8 to KernelSpec's checks)
 def _spec_of(target, heads, kv_heads, head_dim, value_dim, block_size, num_blocks, dtype, key_stride, window,
              kernels_env, cpu_target_env) -> KernelSpec:
     """describe's KernelSpec, made once per problem and environment (its checks are host time on every call)."""
@@ -558,7 +559,7 @@ def dispatch_free(*tensors: Optional[Tensor]) -> bool:
     microseconds of host time a call, which the dispatch would spend only to come back to the body): plain CPU or
     GPU tensors that need no gradient recorded, and nothing that intercepts torch calls (torch.compile's or
     torch.jit's tracing, a torch function or dispatch mode such as FakeTensorMode, a torch.func transform,
-    autocast)."""
+    autocast). A profile still shows the call as the operator's event (_as_operator)."""
     tensors = [t for t in tensors if t is not None]
     return (not torch.compiler.is_compiling() and not torch.jit.is_tracing()
             and all(type(t) is Tensor and t.device.type in ("cpu", "cuda") for t in tensors)   # (meta: the fake)
@@ -569,19 +570,26 @@ def dispatch_free(*tensors: Optional[Tensor]) -> bool:
                      and torch.is_autocast_enabled(tensors[0].device.type)))
 
 
+def _as_operator(name: str):
+    """Under torch.profiler, a directly run body recorded under its operator's name (else nothing)."""
+    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
+
+
 def _fwd(q, k, v, block_indices, block_size, scale, variant, cu_seqlens):
     """The forward operator (torch.ops.nsa_iree.selection_attention_fwd), its body called directly where nothing
     needs the dispatch (dispatch_free)."""
     if dispatch_free(q, k, v, block_indices, cu_seqlens):
-        return _forward(q, k, v, block_indices, block_size, scale, cu_seqlens)
+        with _as_operator("nsa_iree::selection_attention_fwd"):
+            return _forward(q, k, v, block_indices, block_size, scale, cu_seqlens)
     return torch.ops.nsa_iree.selection_attention_fwd(q, k, v, block_indices, block_size, scale, variant, cu_seqlens)
 
 
 def _bwd(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv, cu_seqlens):
     """The backward operator (torch.ops.nsa_iree.selection_attention_bwd), likewise."""
     if dispatch_free(do, q, k, v, o, lse, block_indices, cu_seqlens):
-        return _gradients(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv,
-                          cu_seqlens)
+        with _as_operator("nsa_iree::selection_attention_bwd"):
+            return _gradients(do, q, k, v, o, lse, block_indices, block_size, scale, variant, need_dq, need_dkdv,
+                              cu_seqlens)
     return torch.ops.nsa_iree.selection_attention_bwd(do, q, k, v, o, lse, block_indices, block_size, scale, variant,
                                                       need_dq, need_dkdv, cu_seqlens)
 
@@ -906,7 +914,7 @@ def selection_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, 
         # No gradient can flow and no torch.func transform is active (a grad around a vmap sees no requires_grad
         # inside it): the operator alone, which has its own fake and autocast rule; the autograd.Function's
         # per-call setup would buy nothing (its host cost: docs/design.md).
-        o, _ = torch.ops.nsa_iree.selection_attention_fwd(*args)
+        o, _ = _fwd(*args)
     else:
         o, _ = _SelectionAttention.apply(*args)
     return o

@@ -219,9 +219,8 @@ class Device:
     def import_tensor(self, t: torch.Tensor):
         """A HalBufferView over t's memory (over a contiguous aligned copy when t is not importable).
 
-        Through torch.utils.dlpack.to_dlpack, not Tensor.__dlpack__, which costs several times more host time and
-        orders only the legacy default stream after torch's current one (IREE's stream is not that one: callers
-        synchronise torch's stream instead, Module.call)."""
+        Through torch.utils.dlpack.to_dlpack, the capsule Tensor.__dlpack__ makes without its checks, at a few
+        times less host time. Neither orders IREE's stream after torch's: Module.call synchronises torch's stream."""
         if not importable(t):
             t = t.detach().clone(memory_format=torch.contiguous_format)
         return self.hal_device.from_dlpack_capsule(to_dlpack(t))
@@ -311,7 +310,7 @@ class Module:
         semaphore, waited on (polled on a GPU: _spin_until)."""
         import iree.runtime as rt
 
-        done = None
+        done, issued = None, False
         if fenced:
             done = self.device.next_fence()
             variants.push_ref(rt.HalFence(0))
@@ -319,13 +318,21 @@ class Module:
         try:
             if self.device.torch_device.type == "cpu":
                 with _no_wakeup_preemption():
+                    issued = True
                     self.context.invoke(fn, variants, outputs)
                     if done is not None:
                         done.wait()
             else:
+                issued = True
                 self.context.invoke(fn, variants, outputs)
                 if done is not None:
                     _spin_until(done)
+        except KeyboardInterrupt:
+            # (raised as the invoke returns or during the wait: the call's tensors, its workspace among them, are in
+            # use until its work ends)
+            if done is not None and issued:
+                done.wait()
+            raise
         except Exception:
             if done is not None:
                 self.device.forget_timeline()           # (a failed semaphore fails every later fence on it)
@@ -405,14 +412,10 @@ class Module:
 def _spin_until(fence) -> None:
     """Return once `fence` is signalled (raise if it failed), polling it: IREE's GPU drivers signal a call's fence from
     their completion thread, and a caller asleep on it wakes one thread handoff later, which on the H200 took 70-110
-    µs after the kernels ended (bench/call_trace.py). Each poll releases the GIL. Interrupted (Ctrl-C), it still
-    waits for the work to end before raising: the call's tensors, its workspace among them, are in use until then."""
-    try:
-        while not fence.wait(timeout=0):
-            pass
-    except KeyboardInterrupt:
-        fence.wait()
-        raise
+    µs after the kernels ended (bench/call_trace.py). Each poll releases the GIL (other Python threads run), but
+    the calling thread keeps a core busy until the call ends, as CUDA's own default synchronisation does."""
+    while not fence.wait(timeout=0):
+        pass
 
 
 class _no_wakeup_preemption:

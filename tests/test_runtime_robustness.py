@@ -564,22 +564,12 @@ def test_reused_workspaces_give_each_call_its_own_result():
         assert all(torch.equal(a, b) for a, b in zip(got, alone[(M, M // 2)[i % 2]])), i
 
 
-def test_fenced_calls_give_the_synchronous_bits_and_survive_a_failed_call(tmp_path, monkeypatch):
-    """Modules compiled with IREE's asynchronous calling convention (the GPU recipes' execution_model) take a wait
-    and a signal fence, which Module.call passes and waits on: a forward and a backward give the synchronous
-    modules' bits, from two threads at once too, and a call that fails leaves the thread's next calls working."""
-    import threading
-
-    from nsa_iree import api
+@pytest.fixture
+def fenced_cpu(tmp_path, monkeypatch):
+    """The CPU recipe with IREE's asynchronous calling convention (the GPU recipes' execution_model), in a cache of
+    its own: its modules take a wait and a signal fence, which Module.call passes and waits on."""
     from nsa_iree.recipes import PIPELINES_DIR
 
-    q, k, v, idx, do = _problem(seed=2)
-
-    def run():
-        o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
-        return (o, lse) + tuple(nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, BS))
-
-    synchronous = run()
     recipes = tmp_path / "recipes"
     shutil.copytree(PIPELINES_DIR, recipes)
     text = (recipes / "cpu.toml").read_text()
@@ -587,21 +577,85 @@ def test_fenced_calls_give_the_synchronous_bits_and_survive_a_failed_call(tmp_pa
                                                    'driver = "local-task"\nexecution_model = "async-external"\n'))
     monkeypatch.setenv("NSA_IREE_PIPELINES_DIR", str(recipes))
     monkeypatch.setenv("NSA_IREE_CACHE_DIR", str(tmp_path / "cache"))
-    assert all(torch.equal(a, b) for a, b in zip(run(), synchronous))
-    spec, _ = api.loaded_spec(api.describe(q, k, v, api.effective_block_indices(idx, None), BS), "forward")
-    module = api.kernels(spec, "forward", q.device)
-    assert module._lookup("selection_attention_fwd")[2], "the module is not fenced"
-    o, lse = torch.empty_like(synchronous[0]), torch.empty(1, dtype=torch.float32)     # lse of the wrong shape
-    with pytest.raises(ValueError, match="INVALID_ARGUMENT"):
-        module.call("selection_attention_fwd", q, k, v, api.effective_block_indices(idx, None), BS ** -0.5, o, lse)
+
+
+def _forward_and_backward(q, k, v, idx, do):
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    return (o, lse) + tuple(nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, BS))
+
+
+def test_fenced_calls_return_done_with_the_synchronous_bits(request, monkeypatch):
+    """Each fenced call returns once its semaphore reached the call's value (its work done), and a forward and a
+    backward give the synchronous modules' bits, from two threads at once too."""
+    import threading
+
+    from nsa_iree import runtime
+
+    problem = _problem(seed=2)
+    synchronous = _forward_and_backward(*problem)
+    request.getfixturevalue("fenced_cpu")
+    invoke, fenced_calls = runtime.Module._invoke, []
+
+    def checked_invoke(self, fn, variants, outputs, fenced):
+        invoke(self, fn, variants, outputs, fenced)
+        if fenced:
+            timeline = self.device._timelines.__dict__
+            fenced_calls.append(timeline["semaphore"].query() >= timeline["value"])
+
+    monkeypatch.setattr(runtime.Module, "_invoke", checked_invoke)
+    assert all(torch.equal(a, b) for a, b in zip(_forward_and_backward(*problem), synchronous))
+    assert fenced_calls and all(fenced_calls), fenced_calls
     results = {}
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run())) for i in range(2)]
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, _forward_and_backward(*problem)),
+                                daemon=True) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert sorted(results) == [0, 1]
     assert all(torch.equal(a, b) for got in results.values() for a, b in zip(got, synchronous))
+
+
+def test_a_failed_fenced_call_leaves_the_next_ones_working(fenced_cpu):
+    """A call that IREE refuses, and one whose semaphore failed, raise; the thread's next call works (it gets a new
+    semaphore: a failed one fails every later fence on it)."""
+    from nsa_iree import api
+
+    q, k, v, idx, do = _problem(seed=3)
+    o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    idx32 = api.effective_block_indices(idx, None)
+    module = api.kernels(api.loaded_spec(api.describe(q, k, v, idx32, BS), "forward")[0], "forward", q.device)
+    assert module._lookup("selection_attention_fwd")[2], "the module is not fenced"
+    with pytest.raises(ValueError, match="INVALID_ARGUMENT"):                 # lse of the wrong shape
+        module.call("selection_attention_fwd", q, k, v, idx32, BS ** -0.5, torch.empty_like(o), torch.empty(1))
+    assert torch.equal(nsa_iree.selection_attention_fwd(q, k, v, idx, BS)[0], o)
+    module.device._timelines.semaphore.fail("injected")
+    with pytest.raises(Exception, match="injected"):
+        nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    again = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+    assert torch.equal(again[0], o) and torch.equal(again[1], lse)
+
+
+@pytest.mark.parametrize("outcome", ("signalled", "failed"))
+def test_the_gpu_poll_returns_when_signalled_and_raises_when_failed(outcome):
+    """runtime._spin_until, the GPU calls' wait, on a semaphore another thread signals or fails later."""
+    import threading
+
+    import iree.runtime as rt
+
+    from nsa_iree import runtime
+
+    semaphore = runtime.device_for(torch.device("cpu")).hal_device.create_semaphore(0)
+    later = threading.Timer(0.05, semaphore.signal if outcome == "signalled" else semaphore.fail,
+                            (1,) if outcome == "signalled" else ("injected",))
+    later.start()
+    if outcome == "signalled":
+        runtime._spin_until(rt.HalFence.create_at(semaphore, 1))
+        assert semaphore.query() == 1
+    else:
+        with pytest.raises(Exception, match="injected"):
+            runtime._spin_until(rt.HalFence.create_at(semaphore, 1))
+    later.join()
 
 
 # --- no leak report at exit -------------------------------------------------------------------------------

@@ -111,10 +111,15 @@ def test_torch_export_of_a_module():
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
-def test_jit_trace():
+@pytest.mark.parametrize("function", ("selection_attention", "selection_attention_fwd"))
+def test_jit_trace(function):
     q, k, v, idx, _ = inputs()
-    traced = torch.jit.trace(attend, (q, k, v, idx), check_trace=False)
-    assert torch.equal(traced(q, k, v, idx), attend(q, k, v, idx))
+
+    def run(q, k, v, idx):
+        out = getattr(nsa_iree, function)(q, k, v, idx, block_size=BS, block_counts=2)
+        return out if function == "selection_attention" else out[0]
+    traced = torch.jit.trace(run, (q, k, v, idx), check_trace=False)
+    assert torch.equal(traced(q, k, v, idx), run(q, k, v, idx))
 
 
 def test_operators_pass_opcheck():
@@ -379,6 +384,15 @@ def test_dispatch_free_is_false_under_vmap():
     seen = []
     torch.func.vmap(lambda q: seen.append(api.dispatch_free(q, k, v)) or q)(q)
     assert seen == [False]
+
+
+def test_a_profile_shows_the_direct_calls_as_the_operators():
+    q, k, v, idx, do = inputs()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        o, lse = nsa_iree.selection_attention_fwd(q, k, v, idx, BS)
+        nsa_iree.selection_attention_bwd(q, k, v, o, lse, do, idx, BS)
+    names = {e.name for e in prof.events()}
+    assert {"nsa_iree::selection_attention_fwd", "nsa_iree::selection_attention_bwd"} <= names
 
 
 def test_direct_body_and_operator_give_the_same_bits():
