@@ -566,8 +566,7 @@ def dispatch_free(*tensors: Optional[Tensor]) -> bool:
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
             and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()
             and not torch._C._are_functorch_transforms_active()
-            and not (tensors and tensors[0].device.type in ("cpu", "cuda")
-                     and torch.is_autocast_enabled(tensors[0].device.type)))
+            and not (tensors and torch.is_autocast_enabled(tensors[0].device.type)))
 
 
 def _as_operator(name: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ....fragments import HEAD_ROWS, KEYS_PER_SUBGROUP, LAYOUTS, PAD, mma_kind_name, swizzle_mask
 from ....spec import KernelSpec
 from ...family import Family
+from .. import combine_values
 
 REGISTERS_PER_SM = 65536    # 32-bit registers of one NVIDIA multiprocessor (sm_80, sm_90)
 WORKGROUP_RESERVED = 1024   # workgroup memory the driver reserves per workgroup (sm_80, sm_90)
@@ -183,9 +184,7 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         "FWD_O_PARTS_BYTES": parts_bytes(subgroups, HEAD_ROWS, dv)["max"],
         "FWD_O_PARTS_STATS_BYTES": parts_bytes(subgroups, HEAD_ROWS, dv)["sum"],
         "FWD_SMEM_BYTES": workgroup_memory("forward", spec, recipe),
-        # The combine writes o four columns a lane (gpu/forward_combine.mlir): one store of 4 elements.
-        "FWD_O_QUADS": spec.heads_per_group * dv // 4,
-        "FWD_O_STORE_ALIGNMENT": 4 * (4 if spec.dtype == "f32" else 2),
+        **combine_values(spec),
         # Cache hint of the 16-byte asynchronous copies ("bypassL1": cp.async.cg, L2 only; "": cp.async.ca).
         "ASYNC_COPY_HINT": recipe.kernel_settings.get("async_copy_hint", ""),
         "G_D": spec.kv_heads * d, "G_DV": spec.kv_heads * dv,   # row strides of k and v

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ....fragments import HEAD_ROWS, KEYS_PER_SUBGROUP, LAYOUTS, PAD, UNIT, Unit, mma_kind_name
 from ....spec import KernelSpec
 from ...family import Family
+from .. import combine_values
 
 STAGES = ("forward", "dq", "dkdv", "onepass", "select_blocks")
 
@@ -189,9 +190,7 @@ def values(spec: KernelSpec, recipe) -> dict[str, str]:
         # The forward: a subgroup owns K keys of a block (its p v is whole units); the lanes holding one row
         # of an accumulator differ in the lane bits of the column placement (xor shuffles over them).
         "FWD_SUBGROUPS": bs // unit.k, "FWD_LANES": bs // unit.k * kind.subgroup_size,
-        # The combine writes o four columns a lane (gpu/forward_combine.mlir): one store of 4 elements.
-        "FWD_O_QUADS": spec.heads_per_group * dv // 4,
-        "FWD_O_STORE_ALIGNMENT": 4 * (4 if spec.dtype == "f32" else 2),
+        **combine_values(spec),
         "KEY_TILES": unit.k // UNIT, "UNIT_K_PADDED": unit.k + PAD,
         "ROW_SHUFFLES": kind.acc.thread[1].bit_length() - 1, "ROW_SHUFFLE_STRIDE": kind.acc.tstrides[1],
         "FWD_V_ITEMS_PER_LANE": -(-(bs * dv // 8) // (bs // unit.k * kind.subgroup_size)),
